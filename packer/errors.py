@@ -1,0 +1,25 @@
+"""The exceptions packer raises. Messages say what went wrong, where, and how to fix it."""
+
+from __future__ import annotations
+
+__all__ = ["PackerError", "SourceError", "DestinationError", "FormatError", "InputFileError"]
+
+
+class PackerError(Exception):
+    """Base class of every error packer raises on purpose."""
+
+
+class SourceError(PackerError):
+    """The source folder is missing, empty or not laid out as expected."""
+
+
+class DestinationError(PackerError):
+    """The destination cannot be written (exists, unwritable, unknown suffix)."""
+
+
+class FormatError(PackerError):
+    """A packed dataset on disk is incomplete, corrupt or of an unsupported layout version."""
+
+
+class InputFileError(PackerError):
+    """One input file cannot be used (unreadable, not an image, truncated)."""

@@ -1,0 +1,147 @@
+"""HDF5 layout: shards ``shard-NNNNN.h5``; each holds the encoded samples in one flat uint8 dataset.
+
+Per shard file::
+
+    /data      uint8 (planned bytes,), contiguous: encoded samples back to back
+    /offsets   int64 (n,)  byte offset of each sample in /data
+    /lengths   int64 (n,)  byte length of each sample
+    /labels    int64 (n,)  class label of each sample
+    attrs: packer_layout_version, used_bytes (bytes of /data in use; the tail is unused
+           when a planned input was skipped)
+
+``index.npy`` repeats shard/offset/length for all samples, so readers need not touch /offsets.
+A manifest entry::
+
+    {"format": "hdf5", "layout_version": 1,
+     "shards": [{"name": "shard-00000.h5", "samples": 12000, "bytes": 1073745920, "xxh3_64": "..."}]}
+
+h5py handles are not fork-safe: each process opens its own, and open files are closed in the
+parent right before a fork (see ``packer.handles``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from packer.errors import FormatError
+from packer.formats.common import ReaderBase
+from packer.handles import HandleCache
+from packer.manifest import Manifest, ShardInfo, file_checksum, shard_name
+
+__all__ = ["LAYOUT_VERSION", "NAME", "Reader", "Writer"]
+
+NAME = "hdf5"
+LAYOUT_VERSION = 1
+SHARDED = True
+TRANSCODE = None
+SUFFIX = ".h5"
+_FLUSH_BYTES = 32 << 20
+
+
+class Writer:
+    """Write samples into HDF5 shards, in order; a context manager."""
+
+    def __init__(self, root: str | os.PathLike[str], planned_shard_bytes: Sequence[int]) -> None:
+        self.root = Path(root)
+        self.planned = list(planned_shard_bytes)
+        self.shards: list[ShardInfo] = []
+        self._file: Any = None
+        self._current = -1
+        self._buffer = bytearray()
+        self._flushed = 0
+        self._offsets: list[int] = []
+        self._lengths: list[int] = []
+        self._labels: list[int] = []
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()
+        elif self._file is not None:
+            self._file.close()
+
+    def write(self, shard: int, key: str, label: int, data: bytes) -> tuple[int, int]:
+        """Append one sample to ``shard``; return its (byte offset in /data, length)."""
+        if shard != self._current:
+            self._finish_shard()
+            path = self.root / shard_name(shard, SUFFIX)
+            self._file = h5py.File(path, "w", libver="v110", track_order=False)
+            self._file.create_dataset(
+                "data", shape=(max(self.planned[shard], 1),), dtype=np.uint8, track_times=False
+            )
+            self._current = shard
+        offset = self._flushed + len(self._buffer)
+        self._buffer += data
+        self._offsets.append(offset)
+        self._lengths.append(len(data))
+        self._labels.append(label)
+        if len(self._buffer) >= _FLUSH_BYTES:
+            self._flush()
+        return offset, len(data)
+
+    def _flush(self) -> None:
+        if self._buffer:
+            end = self._flushed + len(self._buffer)
+            self._file["data"][self._flushed : end] = np.frombuffer(self._buffer, dtype=np.uint8)
+            self._flushed = end
+            self._buffer = bytearray()
+
+    def _finish_shard(self) -> None:
+        if self._file is None:
+            return
+        self._flush()
+        columns = (("offsets", self._offsets), ("lengths", self._lengths), ("labels", self._labels))
+        for name, values in columns:
+            self._file.create_dataset(
+                name, data=np.asarray(values, dtype=np.int64), track_times=False
+            )
+        self._file.attrs["packer_layout_version"] = LAYOUT_VERSION
+        self._file.attrs["used_bytes"] = self._flushed
+        self._file.close()
+        self._file = None
+        path = self.root / shard_name(self._current, SUFFIX)
+        self.shards.append(
+            ShardInfo(path.name, len(self._offsets), path.stat().st_size, file_checksum(path))
+        )
+        self._flushed = 0
+        self._offsets, self._lengths, self._labels = [], [], []
+
+    def close(self) -> list[ShardInfo]:
+        """Finish the last shard; return every shard's entry."""
+        self._finish_shard()
+        return self.shards
+
+
+class _File:
+    def __init__(self, path: Path) -> None:
+        try:
+            self.file = h5py.File(path, "r")
+            self.data = self.file["data"]
+        except (OSError, KeyError) as exc:
+            raise FormatError(f"cannot open HDF5 shard {str(path)!r}: {exc}") from exc
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class Reader(ReaderBase):
+    """Read samples' bytes from HDF5 shards (one h5py file per shard per process)."""
+
+    def __init__(self, root: str | os.PathLike[str], manifest: Manifest, index: np.ndarray) -> None:
+        super().__init__(root, manifest, index, HandleCache(capacity=256, close_before_fork=True))
+
+    def read(self, i: int) -> bytes:
+        """The stored bytes of sample ``i``."""
+        shard = int(self.shard[i])
+        path = self.root / self.shard_names[shard]
+        data = self.handles.get(shard, lambda: _File(path)).data
+        start = int(self.offset[i])
+        return data[start : start + int(self.length[i])].tobytes()  # type: ignore[no-any-return]

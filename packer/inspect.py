@@ -1,0 +1,50 @@
+"""Describe a packed dataset for ``packer inspect``: returns text, never prints."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from packer.manifest import load_index, load_keys, load_manifest
+from packer.sizes import format_size
+
+__all__ = ["describe"]
+
+
+def describe(path: str | os.PathLike[str], show_skipped: bool = False, num_keys: int = 5) -> str:
+    """A human-readable description of the packed dataset at ``path``."""
+    root = Path(path)
+    m = load_manifest(root)
+    index = load_index(root, m)
+    counts = np.bincount(index["label"], minlength=len(m.classes)) if len(index) else []
+    lines = [
+        f"{root}: packer {m.format} dataset (layout v{m.layout_version}, {m.kind}s)",
+        f"samples: {m.num_samples}    classes: {len(m.classes)}    "
+        f"stored: {format_size(int(index['length'].sum()))}    created: {m.created}",
+        f"source: {m.source.get('root')} ({m.source.get('files')} files, "
+        f"{format_size(m.source.get('bytes', 0))})",
+        "classes: "
+        + ", ".join(f"{c} ({n})" for c, n in list(zip(m.classes, counts))[:8])
+        + (" ..." if len(m.classes) > 8 else ""),
+    ]
+    if m.shards:
+        lines.append(f"shards: {len(m.shards)} ({format_size(m.data_bytes)})")
+        for shard in m.shards[:5]:
+            lines.append(f"  {shard.name}: {shard.samples} samples, {format_size(shard.bytes)}")
+        if len(m.shards) > 5:
+            lines.append(f"  ... {len(m.shards) - 5} more")
+    else:
+        lines.append(f"files: one per sample ({m.num_samples})")
+    if num_keys > 0:
+        keys = load_keys(root)
+        lines.append(
+            "keys: " + ", ".join(keys[:num_keys]) + (" ..." if len(keys) > num_keys else "")
+        )
+    lines.append(f"skipped inputs: {len(m.skipped)}")
+    if show_skipped:
+        lines += [f"  {s['path']}: {s['reason']}" for s in m.skipped]
+    elif m.skipped:
+        lines.append("  (list them with --skipped)")
+    return "\n".join(lines)

@@ -1,0 +1,175 @@
+"""Scan a source folder into an ordered list of samples. Scanning stats files but reads no bytes.
+
+Image kind: ``root/<class>/<image>``. Classes are the sorted first-level folder names and
+``class_to_idx`` maps them to ``0..C-1`` (torchvision ``ImageFolder`` convention); images are
+sorted by name within each class, so sample ``i`` is ImageFolder's sample ``i``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packer.errors import SourceError
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "Sample",
+    "Scan",
+    "SkippedInput",
+    "natural_key",
+    "scan",
+]
+
+IMAGE_EXTENSIONS = frozenset(
+    {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm", ".pgm", ".pbm"}
+)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One image of the source: its key (relative path, no suffix), label, path and size."""
+
+    key: str
+    label: int
+    path: str
+    size: int
+
+
+@dataclass(frozen=True)
+class SkippedInput:
+    """An input left out of the output, with the reason (recorded in the manifest)."""
+
+    path: str
+    reason: str
+
+
+@dataclass
+class Scan:
+    """The result of scanning a source folder."""
+
+    root: str
+    kind: str
+    classes: list[str]
+    samples: list[Sample]
+    skipped: list[SkippedInput] = field(default_factory=list)
+    ignored: int = 0  # non-image files and folders that are not samples
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Map class name to label."""
+        return {name: i for i, name in enumerate(self.classes)}
+
+    @property
+    def total_bytes(self) -> int:
+        """Sum of the sizes of all samples' files."""
+        return sum(s.size for s in self.samples)
+
+
+def natural_key(name: str) -> list[int | str]:
+    """Sort key that orders ``img_2`` before ``img_10``."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def is_image_name(name: str) -> bool:
+    """Whether a file name has an image extension (case-insensitive)."""
+    return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+
+
+def _class_dirs(root: Path) -> list[str]:
+    if not root.exists():
+        raise SourceError(f"source {str(root)!r} does not exist")
+    if not root.is_dir():
+        raise SourceError(
+            f"source {str(root)!r} is a file; expected a folder laid out as <class>/<image>"
+        )
+    try:
+        entries = list(os.scandir(root))
+    except PermissionError as exc:
+        raise SourceError(f"source {str(root)!r} cannot be listed: {exc.strerror}") from exc
+    classes = sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir())
+    if not classes:
+        raise SourceError(
+            f"source {str(root)!r} has no class folders; expected <class>/<image> "
+            "(like torchvision's ImageFolder)"
+        )
+    return classes
+
+
+def _keys_for(class_name: str, names: list[str]) -> list[str]:
+    stems = [os.path.splitext(n)[0] for n in names]
+    counts: dict[str, int] = {}
+    for stem in stems:
+        counts[stem] = counts.get(stem, 0) + 1
+    # Two files that differ only by extension keep their extension in the key, so keys stay unique.
+    return [f"{class_name}/{s if counts[s] == 1 else n}" for s, n in zip(stems, names)]
+
+
+def _scan_class(root: Path, class_name: str, label: int, scan_result: Scan) -> None:
+    folder = root / class_name
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError as exc:
+        scan_result.skipped.append(SkippedInput(str(folder), f"cannot list folder: {exc.strerror}"))
+        return
+    names: list[str] = []
+    sizes: list[int] = []
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        if not is_image_name(entry.name):
+            scan_result.ignored += 1
+            continue
+        if "\n" in entry.name or "\r" in entry.name:
+            scan_result.skipped.append(SkippedInput(entry.path, "line break in file name"))
+            continue
+        try:
+            if not entry.is_file():
+                reason = "is a folder" if entry.is_dir() else "broken symlink or not a file"
+                scan_result.skipped.append(SkippedInput(entry.path, reason))
+                continue
+            size = entry.stat().st_size
+        except OSError as exc:
+            scan_result.skipped.append(SkippedInput(entry.path, f"cannot stat: {exc.strerror}"))
+            continue
+        names.append(entry.name)
+        sizes.append(size)
+    for key, name, size in zip(_keys_for(class_name, names), names, sizes):
+        scan_result.samples.append(Sample(key, label, str(folder / name), size))
+
+
+def scan(root: str | os.PathLike[str], kind: str = "image") -> Scan:
+    """Scan ``root/<class>/<image>`` into an ordered :class:`Scan`.
+
+    Args:
+        root: the source folder.
+        kind: ``"image"`` (the only kind this version scans).
+
+    Raises:
+        SourceError: the folder is missing, a file, has no class folders, or no class has images.
+    """
+    if kind != "image":
+        raise SourceError(f"unknown source kind {kind!r}; expected 'image'")
+    root_path = Path(root)
+    classes = _class_dirs(root_path)
+    result = Scan(root=str(root_path.resolve()), kind=kind, classes=classes, samples=[])
+    per_class = []
+    for label, class_name in enumerate(classes):
+        before = len(result.samples)
+        _scan_class(root_path, class_name, label, result)
+        per_class.append(len(result.samples) - before)
+    empty = [c for c, n in zip(classes, per_class) if n == 0]
+    if not result.samples:
+        raise SourceError(
+            f"source {str(root_path)!r} has {len(classes)} class folder(s) but no images "
+            f"(looked for {', '.join(sorted(IMAGE_EXTENSIONS))})"
+        )
+    if empty:
+        shown = ", ".join(repr(c) for c in empty[:5]) + (" ..." if len(empty) > 5 else "")
+        raise SourceError(
+            f"{len(empty)} class folder(s) of {str(root_path)!r} have no images: {shown}; "
+            "remove them or add images (labels would otherwise shift)"
+        )
+    return result

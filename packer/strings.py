@@ -1,0 +1,36 @@
+"""A compact, picklable table of strings: one uint8 blob plus int64 offsets.
+
+DataLoader workers touch Python objects' refcounts when reading them, which copies the pages of
+a forked parent's lists of strings into every worker (pytorch#13246). Two numpy arrays do not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+__all__ = ["StringTable"]
+
+
+class StringTable:
+    """An immutable sequence of strings stored in two numpy arrays."""
+
+    def __init__(self, items: Iterable[str]) -> None:
+        encoded = [s.encode("utf-8", "surrogateescape") for s in items]
+        self._offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(b) for b in encoded], out=self._offsets[1:])
+        self._blob = np.frombuffer(b"".join(encoded), dtype=np.uint8).copy()
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def __getitem__(self, i: int) -> str:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"index {i} out of range for {len(self)} strings")
+        i %= len(self)
+        start, stop = self._offsets[i], self._offsets[i + 1]
+        return self._blob[start:stop].tobytes().decode("utf-8", "surrogateescape")
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return (self[i] for i in range(len(self)))
