@@ -17,6 +17,7 @@ times slower than plain files, so it is an option (``readahead=False``) and not 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -154,13 +155,17 @@ class Writer:
         return self.shards
 
 
-class _Handle:
-    """One process's view of one shard: the environment and a long-lived read transaction."""
+class _Env:
+    """One process's open environment of one shard, shared by every reader of that shard.
 
-    def __init__(self, path: Path, readahead: bool) -> None:
+    py-lmdb refuses to open the same environment twice in one process, so readers share it
+    (reference-counted) along with one long-lived ``buffers=True`` read transaction.
+    """
+
+    def __init__(self, path: str, readahead: bool) -> None:
         try:
             self.env = lmdb.open(
-                str(path),
+                path,
                 subdir=False,
                 readonly=True,
                 lock=False,
@@ -169,13 +174,45 @@ class _Handle:
                 max_spare_txns=1,
             )
         except lmdb.Error as exc:
-            raise FormatError(f"cannot open LMDB shard {str(path)!r}: {exc}") from exc
+            raise FormatError(f"cannot open LMDB shard {path!r}: {exc}") from exc
         self.txn = self.env.begin(buffers=True)
         self.cursor = self.txn.cursor()
+        self.users = 0
+
+
+_OPEN: dict[str, _Env] = {}
+_OPEN_PID = os.getpid()
+_OPEN_LOCK = threading.Lock()
+
+
+class _Handle:
+    """A reader's reference to a shared :class:`_Env`; ``close`` releases it."""
+
+    def __init__(self, path: Path, readahead: bool) -> None:
+        global _OPEN, _OPEN_PID
+        key = os.path.realpath(path)
+        with _OPEN_LOCK:
+            if _OPEN_PID != os.getpid():  # forked child: never touch the parent's environments
+                _OPEN, _OPEN_PID = {}, os.getpid()
+            shared = _OPEN.get(key)
+            if shared is None:
+                shared = _OPEN[key] = _Env(key, readahead)
+            shared.users += 1
+        self._key = key
+        self._shared: _Env | None = shared
+        self.txn = shared.txn
+        self.cursor = shared.cursor
 
     def close(self) -> None:
-        self.txn.abort()
-        self.env.close()
+        shared, self._shared = self._shared, None
+        if shared is None or _OPEN_PID != os.getpid():
+            return
+        with _OPEN_LOCK:
+            shared.users -= 1
+            if shared.users == 0 and _OPEN.get(self._key) is shared:
+                del _OPEN[self._key]
+                shared.txn.abort()
+                shared.env.close()
 
 
 class Reader(ReaderBase):

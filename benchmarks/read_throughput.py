@@ -1,0 +1,552 @@
+#!/usr/bin/env python
+"""Read throughput of packer's formats against a plain JPEG folder, through a real DataLoader.
+
+Generates (or reuses) a photo-like JPEG tree under ``--data``, converts it to ``.lmdb``, ``.h5``,
+``.npy`` and ``.bmp`` (reusing complete outputs of the same size), then times full passes over
+every dataset with ``packer.bench.measure_throughput``:
+
+- datasets: the JPEG folder (``packer.FolderDataset``, the baseline), an in-memory list of the
+  same JPEG bytes (the ceiling: no I/O at all) and each packed output (``packer.open_dataset``);
+- modes: ``bytes`` (``output="bytes"``) and ``decoded`` (``output="numpy"``);
+- ``num_workers`` 0 and 2, batch 64, page cache ``warm`` (files read once just before the pass)
+  and ``cold`` (``packer.bench.evict_page_cache`` just before the pass; residency is checked
+  with ``mincore`` and recorded); in bytes mode with workers > 0 also ``packer.collate_bytes``.
+
+Every configuration runs ``--repeats`` times, interleaved (one pass of each configuration per
+round), and the median pass is reported with its ratio to the JPEG folder measured in the same
+run and the same (mode, workers, cache) setting, and to the in-memory ceiling.
+
+Each pass builds a fresh dataset and closes its reader afterwards, so no process keeps a shard
+mapped between passes (a mapped page cannot be evicted, which would make "cold" warm).
+
+Usage::
+
+    python benchmarks/read_throughput.py --quick          # 500 images, 1 round: a smoke test
+    python benchmarks/read_throughput.py                  # 5000 images, 3 rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import gc
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+import packer
+from packer.bench import Throughput, data_files, evict_page_cache, measure_throughput, median_run
+from packer.decode import decode
+from packer.demo import make_image_tree
+from packer.manifest import MANIFEST_NAME, load_manifest
+from packer.sources import scan
+
+CLASSES = 10
+FOLDER = "jpeg folder"
+MEMORY = "memory"
+FORMATS = {"lmdb": ".lmdb", "hdf5": ".h5", "npy": ".npy", "bmp": ".bmp"}
+MODES = {"bytes": "bytes", "decoded": "numpy"}  # mode -> the datasets' output=
+DEFAULT_COLLATE = "default"  # measure_throughput's own list collate
+COLLATE_BYTES = "collate_bytes"
+
+
+# --------------------------------------------------------------------------------------------
+# The in-memory ceiling
+
+
+class InMemoryDataset(Dataset):
+    """The JPEG bytes held in a Python list: what reading costs with no I/O at all.
+
+    ``bytes`` returns the stored object itself (no copy); ``numpy`` decodes it with the same
+    ``packer.decode.decode`` every packer dataset uses.
+    """
+
+    def __init__(self, blobs: Sequence[bytes], labels: Sequence[int], output: str) -> None:
+        self.blobs = list(blobs)
+        self.labels = [int(x) for x in labels]
+        self.output = output
+
+    def __len__(self) -> int:
+        return len(self.blobs)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        data = self.blobs[i]
+        return (data if self.output == "bytes" else decode(data, self.output)), self.labels[i]
+
+
+# --------------------------------------------------------------------------------------------
+# Page-cache helpers
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _libc() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+    return libc
+
+
+_LIBC = _libc()
+
+
+def resident_fraction(paths: Iterable[Path]) -> float | None:
+    """Fraction of the files' pages in the page cache (``mincore``); None off Linux."""
+    if _LIBC is None:
+        return None
+    resident = total = 0
+    for path in paths:
+        size = os.path.getsize(path)
+        if size == 0:
+            continue
+        pages = (size + _PAGE - 1) // _PAGE
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            addr = _LIBC.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+            if addr is None or addr == ctypes.c_void_p(-1).value:
+                return None
+            try:
+                vec = (ctypes.c_ubyte * pages)()
+                if _LIBC.mincore(ctypes.c_void_p(addr), size, vec) != 0:
+                    return None
+                resident += sum(b & 1 for b in vec)
+            finally:
+                _LIBC.munmap(ctypes.c_void_p(addr), size)
+        finally:
+            os.close(fd)
+        total += pages
+    return resident / total if total else 1.0
+
+
+def prewarm(paths: Iterable[Path]) -> None:
+    """Read every file once so its pages are in the page cache."""
+    for path in paths:
+        with open(path, "rb", buffering=0) as fh:
+            while fh.read(8 << 20):
+                pass
+
+
+# --------------------------------------------------------------------------------------------
+# Data preparation
+
+
+def prepare_data(root: Path, images: int, log: Any) -> tuple[Path, dict[str, Path]]:
+    """Make (or reuse) the JPEG tree and its four packed copies; return their paths."""
+    per_class = images // CLASSES
+    work = root / f"n{images}"
+    src = work / "images"
+    marker = work / "images.json"
+    expected = {"classes": CLASSES, "per_class": per_class, "bad": 0, "seed": 0}
+    reuse = False
+    if marker.is_file() and src.is_dir():
+        try:
+            reuse = json.loads(marker.read_text()) == expected and len(scan(src).samples) == images
+        except (ValueError, packer.PackerError):
+            reuse = False
+    if reuse:
+        log(f"reusing {src} ({images} JPEGs)")
+    else:
+        if src.exists():
+            shutil.rmtree(src)
+        marker.unlink(missing_ok=True)
+        log(f"generating {images} photo-like JPEGs in {src} ...")
+        start = time.perf_counter()
+        make_image_tree(src, classes=CLASSES, per_class=per_class, bad=0)
+        marker.write_text(json.dumps(expected))
+        log(f"  done in {time.perf_counter() - start:.1f} s")
+    outputs: dict[str, Path] = {}
+    for name, suffix in FORMATS.items():
+        dst = work / f"images{suffix}"
+        outputs[name] = dst
+        if reuse and _is_complete(dst, images):  # a regenerated source invalidates outputs
+            log(f"reusing {dst}")
+            continue
+        log(f"converting to {dst} ...")
+        start = time.perf_counter()
+        packer.convert(src, dst, overwrite=True, progress=False)
+        log(f"  done in {time.perf_counter() - start:.1f} s")
+    return src, outputs
+
+
+def _is_complete(dst: Path, images: int) -> bool:
+    if not (dst / MANIFEST_NAME).is_file():
+        return False
+    try:
+        return load_manifest(dst).num_samples == images
+    except packer.PackerError:
+        return False
+
+
+def disk_bytes(path: Path) -> int:
+    """Bytes on disk of a file or a folder's files."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+# --------------------------------------------------------------------------------------------
+# Configurations and passes
+
+
+@dataclass(frozen=True)
+class Config:
+    """One measured configuration."""
+
+    dataset: str
+    mode: str
+    workers: int
+    cache: str  # "warm", "cold", or "-" for the in-memory dataset
+    collate: str
+
+    @property
+    def setting(self) -> tuple[str, int, str]:
+        """The (mode, workers, cache) the baseline ratios are taken in."""
+        return self.mode, self.workers, self.cache
+
+
+def make_configs(
+    datasets: Sequence[str], modes: Sequence[str], workers: Sequence[int], caches: Sequence[str]
+) -> list[Config]:
+    """Every configuration, in the order of the table and of each round."""
+    configs = []
+    for mode in modes:
+        for w in workers:
+            collates = [DEFAULT_COLLATE] + ([COLLATE_BYTES] if mode == "bytes" and w > 0 else [])
+            for collate in collates:
+                if MEMORY in datasets:
+                    configs.append(Config(MEMORY, mode, w, "-", collate))
+                for cache in caches:
+                    for name in datasets:
+                        if name != MEMORY:
+                            configs.append(Config(name, mode, w, cache, collate))
+    return configs
+
+
+class Bench:
+    """The datasets' paths and the in-memory bytes; runs single passes."""
+
+    def __init__(self, src: Path, outputs: dict[str, Path], batch_size: int) -> None:
+        self.paths: dict[str, Path] = {FOLDER: src, **outputs}
+        self.files = {name: data_files(path) for name, path in self.paths.items()}
+        self.batch_size = batch_size
+        samples = scan(src).samples
+        self.blobs = [Path(s.path).read_bytes() for s in samples]
+        self.labels = [s.label for s in samples]
+
+    def make_dataset(self, name: str, mode: str) -> Dataset:
+        output = MODES[mode]
+        if name == MEMORY:
+            return InMemoryDataset(self.blobs, self.labels, output)
+        if name == FOLDER:
+            return packer.FolderDataset(self.paths[name], output=output)
+        return packer.open_dataset(self.paths[name], output=output)
+
+    def run(self, config: Config) -> dict[str, Any]:
+        """One timed pass of ``config`` on a fresh dataset; returns the numbers."""
+        dataset = self.make_dataset(config.dataset, config.mode)
+        resident = None
+        if config.cache == "cold":
+            evict_page_cache(self.files[config.dataset])
+            resident = resident_fraction(self.files[config.dataset])
+        elif config.cache == "warm":
+            prewarm(self.files[config.dataset])
+            resident = resident_fraction(self.files[config.dataset])
+        gc.collect()
+        try:
+            result = measure_throughput(
+                dataset,
+                num_workers=config.workers,
+                batch_size=self.batch_size,
+                collate_fn=packer.collate_bytes if config.collate == COLLATE_BYTES else None,
+            )
+        finally:
+            reader = getattr(dataset, "reader", None)
+            if reader is not None:
+                reader.close()  # unmap shards: mapped pages cannot be evicted by the next pass
+            del dataset
+            gc.collect()
+        return {**result.to_dict(), "resident_before": resident}
+
+
+# --------------------------------------------------------------------------------------------
+# Results
+
+
+def summarise(configs: Sequence[Config], runs: dict[Config, list[dict[str, Any]]]) -> list[dict]:
+    """One row per configuration: median pass, spread, ratios to the folder and to memory."""
+    medians = {}
+    for config in configs:
+        passes = [Throughput(r["images"], r["bytes"], r["seconds"]) for r in runs[config]]
+        medians[config] = median_run(passes)
+    rows = []
+    for config in configs:
+        med = medians[config]
+        rates = [r["images_per_s"] for r in runs[config]]
+        # The folder with the default collate, in the same (mode, workers, cache); the memory
+        # rows have no cache setting and are compared with the warm folder.
+        cache = "warm" if config.cache == "-" else config.cache
+        folder = medians.get(Config(FOLDER, config.mode, config.workers, cache, DEFAULT_COLLATE))
+        memory = medians.get(Config(MEMORY, config.mode, config.workers, "-", config.collate))
+        residents = [r["resident_before"] for r in runs[config] if r["resident_before"] is not None]
+        rows.append(
+            {
+                "dataset": config.dataset,
+                "mode": config.mode,
+                "workers": config.workers,
+                "cache": config.cache,
+                "collate": config.collate,
+                "images_per_s": med.images_per_s,
+                "mb_per_s": med.mb_per_s,
+                "seconds": med.seconds,
+                "spread": (max(rates) - min(rates)) / med.images_per_s if med.seconds else 0.0,
+                "vs_folder": med.images_per_s / folder.images_per_s if folder else None,
+                "vs_memory": med.images_per_s / memory.images_per_s if memory else None,
+                "resident_before": (min(residents), max(residents)) if residents else None,
+                "runs": runs[config],
+            }
+        )
+    return rows
+
+
+def _find(rows: Sequence[dict], **match: Any) -> dict | None:
+    for row in rows:
+        if all(row[k] == v for k, v in match.items()):
+            return row
+    return None
+
+
+def evaluate_targets(rows: Sequence[dict], formats: Sequence[str]) -> list[dict[str, Any]]:
+    """The README's targets, one check per (target, format, setting) that was measured."""
+    checks = []
+
+    def add(target: str, threshold: float, row: dict | None, key: str) -> None:
+        if row is None or row[key] is None:
+            return
+        checks.append(
+            {
+                "target": target,
+                "dataset": row["dataset"],
+                "mode": row["mode"],
+                "workers": row["workers"],
+                "cache": row["cache"],
+                "collate": row["collate"],
+                "ratio": row[key],
+                "threshold": threshold,
+                "met": row[key] >= threshold,
+            }
+        )
+
+    for name in formats:
+        for cache in ("warm", "cold"):
+            if name in ("lmdb", "npy"):
+                row = _find(rows, dataset=name, mode="bytes", workers=0, cache=cache)
+                add("bytes, workers 0: >= 3x folder", 3.0, row, "vs_folder")
+            row = _find(
+                rows, dataset=name, mode="bytes", workers=2, cache=cache, collate=COLLATE_BYTES
+            )
+            add("bytes, workers 2, collate_bytes: >= 1.5x folder", 1.5, row, "vs_folder")
+            for w in (0, 2):
+                row = _find(rows, dataset=name, mode="decoded", workers=w, cache=cache)
+                add("decoded: >= 0.97x in-memory decode", 0.97, row, "vs_memory")
+    return checks
+
+
+def _ratio(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}×"
+
+
+def markdown_table(rows: Sequence[dict]) -> str:
+    """The results as a markdown table."""
+    lines = [
+        "| dataset | mode | workers | cache | collate | images/s | MB/s | × folder | × memory "
+        "| spread |",
+        "|---|---|--:|---|---|--:|--:|--:|--:|--:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['dataset']} | {r['mode']} | {r['workers']} | {r['cache']} | {r['collate']} "
+            f"| {r['images_per_s']:,.0f} | {r['mb_per_s']:,.0f} | {_ratio(r['vs_folder'])} "
+            f"| {_ratio(r['vs_memory'])} | {100 * r['spread']:.0f}% |"
+        )
+    return "\n".join(lines)
+
+
+def targets_table(checks: Sequence[dict]) -> str:
+    """The target checks as a markdown table."""
+    lines = [
+        "| target | dataset | workers | cache | ratio | met |",
+        "|---|---|--:|---|--:|---|",
+    ]
+    for c in checks:
+        lines.append(
+            f"| {c['target']} | {c['dataset']} | {c['workers']} | {c['cache']} "
+            f"| {c['ratio']:.2f}× | {'yes' if c['met'] else '**no**'} |"
+        )
+    return "\n".join(lines)
+
+
+def _git(*args: str) -> str:
+    try:
+        out = subprocess.run(
+            ["git", *args],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def machine_info() -> dict[str, Any]:
+    """Where and with what the numbers were measured."""
+    import h5py
+    import lmdb
+    import PIL
+
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "pillow": PIL.__version__,
+        "lmdb": getattr(lmdb, "__version__", ""),
+        "h5py": h5py.__version__,
+        "packer": packer.__version__,
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": _git("status", "--porcelain", "--untracked-files=no", "--", "packer"),
+    }
+    try:
+        with open("/proc/cpuinfo") as fh:
+            names = [line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")]
+        info["cpu_model"] = names[0] if names else ""
+        with open("/proc/meminfo") as fh:
+            info["mem_total"] = fh.readline().split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return info
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command-line options."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=Path("bench-data"), help="work folder")
+    parser.add_argument("--images", type=int, default=5000, help="images (a multiple of 10)")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds (median)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2], help="num_workers")
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--caches", nargs="+", choices=["warm", "cold"], default=["warm", "cold"])
+    parser.add_argument(
+        "--formats", nargs="+", choices=list(FORMATS), default=list(FORMATS), help="packed formats"
+    )
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="JSON folder")
+    parser.add_argument("--quick", action="store_true", help="smoke test: 500 images, 1 round")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.images, args.repeats = 500, 1
+    if args.images < CLASSES or args.images % CLASSES:
+        parser.error(f"--images must be a positive multiple of {CLASSES}")
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    return args
+
+
+def main(args: argparse.Namespace) -> int:
+    """Prepare the data, run every configuration, print the table, write the JSON."""
+    started = time.perf_counter()
+
+    def log(message: str) -> None:
+        print(f"[{time.perf_counter() - started:7.1f}s] {message}", file=sys.stderr, flush=True)
+
+    info = machine_info()
+    log(f"{info['platform']}, {info['cpu_count']} CPUs, torch {info['torch']}")
+    args.data.mkdir(parents=True, exist_ok=True)
+    src, outputs = prepare_data(args.data, args.images, log)
+    outputs = {name: path for name, path in outputs.items() if name in args.formats}
+    bench = Bench(src, outputs, args.batch_size)
+    datasets = [FOLDER, MEMORY, *outputs]
+    configs = make_configs(datasets, args.modes, args.workers, args.caches)
+    log(f"{len(configs)} configurations × {args.repeats} interleaved rounds")
+
+    runs: dict[Config, list[dict[str, Any]]] = {c: [] for c in configs}
+    for round_number in range(args.repeats):
+        round_start = time.perf_counter()
+        for config in configs:
+            result = bench.run(config)
+            runs[config].append(result)
+            log(
+                f"round {round_number + 1}/{args.repeats} {config.dataset:>11} {config.mode:>7} "
+                f"w{config.workers} {config.cache:>4} {config.collate:>13}: "
+                f"{result['images_per_s']:8,.0f} img/s {result['mb_per_s']:7,.0f} MB/s"
+                + (
+                    f" (resident {100 * result['resident_before']:.0f}%)"
+                    if result["resident_before"] is not None
+                    else ""
+                )
+            )
+        log(f"round {round_number + 1} took {time.perf_counter() - round_start:.0f} s")
+
+    rows = summarise(configs, runs)
+    checks = evaluate_targets(rows, list(outputs))
+    cold = [r["resident_before"][1] for r in rows if r["cache"] == "cold" and r["resident_before"]]
+    if cold and max(cold) > 0.01:
+        log(f"WARNING: up to {100 * max(cold):.1f}% of a dataset stayed cached before a cold pass")
+
+    print(markdown_table(rows))
+    print()
+    print(targets_table(checks))
+
+    sizes = {FOLDER: disk_bytes(src), **{n: disk_bytes(p) for n, p in outputs.items()}}
+    report = {
+        "benchmark": "read_throughput",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "machine": info,
+        "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "images": args.images,
+        "disk_bytes": sizes,
+        "seconds_total": time.perf_counter() - started,
+        "results": rows,
+        "targets": checks,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "read_throughput.json"
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    log(f"wrote {path} (total {time.perf_counter() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(parse_args()))

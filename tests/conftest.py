@@ -1,0 +1,42 @@
+"""Shared fixtures: tiny real image trees made by the same generator as `make demo`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import packer
+from packer.demo import DemoTree, make_image_tree
+from packer.formats import FORMATS
+
+_FIRST: dict[str, str] = {}
+for _suffix, _module in FORMATS.items():
+    _FIRST.setdefault(_module.NAME, _suffix)
+SUFFIXES = sorted(_FIRST.values())  # one suffix per format: .bmp .h5 .lmdb .npy
+
+
+@pytest.fixture(scope="session")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> DemoTree:
+    """3 classes × 4 small photo-like JPEGs, plus one truncated JPEG."""
+    return make_image_tree(
+        tmp_path_factory.mktemp("src") / "images", classes=3, per_class=4, size=(64, 48), bad=1
+    )
+
+
+@pytest.fixture(scope="session")
+def packed(tree: DemoTree, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tree converted once into every format, keyed by suffix."""
+    out = tmp_path_factory.mktemp("packed")
+    result = {}
+    for suffix in SUFFIXES:
+        dst = out / f"images{suffix}"
+        packer.convert(tree.root, dst, shard_size="20kB", workers=2, progress=False)
+        result[suffix] = dst
+    return result
+
+
+@pytest.fixture(params=SUFFIXES)
+def suffix(request: pytest.FixtureRequest) -> str:
+    """Every format's suffix in turn."""
+    return str(request.param)

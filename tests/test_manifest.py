@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import packer
+from packer.errors import FormatError, PackerError
+from packer.handles import HandleCache
+from packer.manifest import INDEX_NAME, MANIFEST_NAME, load_index, load_manifest
+from packer.sizes import format_size, parse_size
+
+
+def copy_dataset(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_newer_layout_version_refused(packed: dict[str, Path], tmp_path: Path) -> None:
+    root = copy_dataset(packed[".npy"], tmp_path / "x.npy")
+    data = json.loads((root / MANIFEST_NAME).read_text())
+    data["layout_version"] = 99
+    (root / MANIFEST_NAME).write_text(json.dumps(data))
+    with pytest.raises(FormatError, match="layout version 99; this packer reads up to version 1"):
+        packer.open_dataset(root)
+
+
+def test_unparsable_manifest_refused(packed: dict[str, Path], tmp_path: Path) -> None:
+    root = copy_dataset(packed[".npy"], tmp_path / "x.npy")
+    (root / MANIFEST_NAME).write_text("{not json")
+    with pytest.raises(FormatError, match="not a valid packer manifest"):
+        load_manifest(root)
+
+
+def test_index_length_mismatch_refused(packed: dict[str, Path], tmp_path: Path) -> None:
+    root = copy_dataset(packed[".lmdb"], tmp_path / "x.lmdb")
+    manifest = load_manifest(root)
+    index = load_index(root, manifest)
+    np.save(root / INDEX_NAME, index[:-1])
+    with pytest.raises(FormatError, match="rows but the manifest says"):
+        packer.open_dataset(root)
+
+
+def test_truncated_shard_refused_at_open(packed: dict[str, Path], tmp_path: Path) -> None:
+    root = copy_dataset(packed[".h5"], tmp_path / "x.h5")
+    shard = root / load_manifest(root).shards[0].name
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(FormatError, match="truncated or was modified"):
+        packer.open_dataset(root)
+
+
+def test_handle_cache_is_lru_and_drops_handles_when_pickled() -> None:
+    closed = []
+
+    class Handle:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def close(self) -> None:
+            closed.append(self.name)
+
+    cache = HandleCache(capacity=2)
+    for name in "abca":
+        cache.get(name, lambda name=name: Handle(name))
+    assert closed == ["a", "b"] and len(cache) == 2  # "a" was reopened, evicting "b"
+    clone = pickle.loads(pickle.dumps(cache))
+    assert len(clone) == 0 and clone.capacity == 2
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [("16MB", 16_000_000), ("512MiB", 512 << 20), ("1GB", 10**9), ("1.5kB", 1500), ("42", 42)],
+)
+def test_parse_size(text: str, value: int) -> None:
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "MB", "-1MB", "0", "12 parsecs"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(PackerError, match="invalid size"):
+        parse_size(text)
+
+
+def test_format_size() -> None:
+    assert format_size(999) == "999 B" and format_size(1_234_567) == "1.2 MB"
