@@ -158,3 +158,25 @@ def demo(workdir: Path, classes: int, per_class: int, quiet: bool) -> None:
             f"{row.bytes_per_s / base_bytes:.2f} | {row.decoded_per_s:,.0f} | "
             f"{row.decoded_per_s / base_decoded:.2f} |"
         )
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("dst", type=click.Path(exists=True, path_type=Path))
+@click.option("--full", is_flag=True, help="Also decode every sample.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@_friendly
+def verify(dst: Path, full: bool, quiet: bool) -> None:
+    """Check a packed dataset: file checksums, every sample's checksum, and (--full) decoding.
+
+    Each problem is reported with its shard and sample key; the exit status is 1 if any.
+
+    \b
+    Example:
+      packer verify train.lmdb --full
+    """
+    from packer.verify import verify as run
+
+    report = run(dst, full=full, progress=not quiet)
+    click.echo(report.summary())
+    if not report.ok:
+        sys.exit(1)

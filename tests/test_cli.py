@@ -17,7 +17,7 @@ def run(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-@pytest.mark.parametrize("command", [[], ["convert"], ["inspect"], ["demo"]])
+@pytest.mark.parametrize("command", [[], ["convert"], ["inspect"], ["demo"], ["verify"]])
 def test_help_everywhere(command: list[str]) -> None:
     code, out = run(*command, "--help")
     assert code == 0 and "Usage:" in out
