@@ -1,0 +1,39 @@
+"""Describe a packed video dataset for ``packer inspect``: returns text, never prints."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from packer.manifest import load_index, load_manifest
+from packer.sizes import format_size
+
+__all__ = ["describe_video"]
+
+
+def describe_video(path: str | os.PathLike[str]) -> str:
+    """Videos, frames, mean/max frames per video, bytes of frames and padding overhead.
+
+    Meant to follow :func:`packer.inspect.describe` for a manifest whose ``kind`` is ``"video"``.
+    """
+    root = Path(path)
+    manifest = load_manifest(root)
+    index = load_index(root, manifest)
+    counts = index["length"]
+    storage = manifest.options.get("storage", {})
+    lines = [
+        f"videos: {len(index)}    frames: {int(counts.sum())}    frames per video: "
+        f"mean {float(counts.mean()) if len(counts) else 0.0:.1f}, "
+        f"min {int(counts.min()) if len(counts) else 0}, max {int(counts.max()) if len(counts) else 0}",
+        f"frame bytes: {format_size(storage.get('frame_bytes', 0))}    on disk: "
+        f"{format_size(storage.get('data_bytes', 0))}    padding overhead: "
+        f"{storage.get('padding_overhead', 1.0):.3f}× (bytes on disk / bytes of frames)",
+    ]
+    frame_options = [
+        f"{name}={manifest.options[name]}"
+        for name in ("quality", "max_side", "short_side", "fps", "skip_bad_frames")
+        if manifest.options.get(name) not in (None, False)
+    ]
+    if frame_options:
+        lines.append("frame options: " + ", ".join(frame_options))
+    return "\n".join(lines)

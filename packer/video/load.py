@@ -1,0 +1,207 @@
+"""Read one source video into its list of encoded frames, in parallel and in scan order.
+
+Frame folders: every frame is read and checked (:func:`packer.check.check_image`); the bytes are
+kept unchanged unless a resize is asked (then re-encoded as JPEG at ``quality``). Video files:
+decoded once with PyAV (optional dependency), subsampled to ``fps`` if asked, resized, and
+encoded as JPEG at ``quality``. A ``transcode`` (BMP) then applies to every frame. Problems are
+returned as reasons, never raised, so one bad video does not stop a conversion.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from PIL import Image
+
+from packer.check import check_image
+from packer.errors import InputFileError, PackerError
+from packer.video.sources import VideoSample
+
+__all__ = [
+    "FrameOptions",
+    "LoadedVideo",
+    "import_av",
+    "load_in_order",
+    "load_video",
+    "resize_to",
+]
+
+_PYAV_HINT = "reading video files needs PyAV: pip install packer[video]  (or: pip install av)"
+
+
+def import_av() -> Any:
+    """Import PyAV, or raise a PackerError naming ``pip install packer[video]``."""
+    try:
+        import av
+    except ImportError as exc:
+        raise PackerError(_PYAV_HINT) from exc
+    return av
+
+
+@dataclass(frozen=True)
+class FrameOptions:
+    """How frames are produced from a source video."""
+
+    quality: int = 90
+    max_side: int | None = None
+    short_side: int | None = None
+    fps: float | None = None
+    skip_bad_frames: bool = False
+    transcode: Callable[[bytes], bytes] | None = None
+
+    @property
+    def resize(self) -> bool:
+        """Whether frames are resized (and so re-encoded)."""
+        return self.max_side is not None or self.short_side is not None
+
+
+@dataclass
+class LoadedVideo:
+    """One video after loading: its frames, or the reason it cannot be used."""
+
+    frames: list[bytes] | None
+    reason: str | None = None
+    dropped: list[tuple[str, str]] = field(default_factory=list)  # (frame path, reason)
+
+
+def resize_to(
+    width: int, height: int, max_side: int | None, short_side: int | None
+) -> tuple[int, int]:
+    """Target size: ``short_side`` sets the shorter side (as UCF/Kinetics preprocessing does);
+    ``max_side`` caps the longer side (never enlarges). Aspect ratio is kept."""
+    if short_side is not None:
+        scale = short_side / min(width, height)
+    elif max_side is not None and max(width, height) > max_side:
+        scale = max_side / max(width, height)
+    else:
+        return width, height
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def _encode(image: Image.Image, options: FrameOptions) -> bytes:
+    size = resize_to(image.width, image.height, options.max_side, options.short_side)
+    if size != image.size:
+        image = image.resize(size, Image.Resampling.BILINEAR)
+    out = io.BytesIO()
+    image.convert("RGB").save(out, format="JPEG", quality=options.quality)
+    return out.getvalue()
+
+
+def _load_folder(sample: VideoSample, options: FrameOptions) -> LoadedVideo:
+    frames: list[bytes] = []
+    dropped: list[tuple[str, str]] = []
+    for path in sample.frames or ():
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+            check_image(data)
+            if options.resize:
+                with Image.open(io.BytesIO(data)) as image:
+                    data = _encode(image, options)
+        except (OSError, InputFileError, ValueError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            if not options.skip_bad_frames:
+                return LoadedVideo(None, f"frame {path!r}: {reason}")
+            dropped.append((path, reason))
+            continue
+        frames.append(data)
+    if not frames:
+        return LoadedVideo(None, "no usable frame (all were dropped)", dropped)
+    return LoadedVideo(frames, None, dropped)
+
+
+class _FpsFilter:
+    """Keep the first frame at or after each tick of a ``fps`` clock started at the first frame."""
+
+    def __init__(self, fps: float | None) -> None:
+        self.step = 1.0 / fps if fps else 0.0
+        self.next: float | None = None
+
+    def keep(self, t: float) -> bool:
+        if not self.step:
+            return True
+        if self.next is None:
+            self.next = t
+        if t + 1e-6 < self.next:
+            return False
+        while self.next <= t + 1e-6:
+            self.next += self.step
+        return True
+
+
+def decode_video_file(path: str, options: FrameOptions) -> list[bytes]:
+    """Decode every frame of the first video stream of ``path`` into JPEG bytes.
+
+    Raises:
+        InputFileError: PyAV cannot open or decode it, or it has no video stream or no frame.
+        PackerError: PyAV is not installed.
+    """
+    av = import_av()
+    frames: list[bytes] = []
+    try:
+        with av.open(path) as container:
+            stream = next((s for s in container.streams if s.type == "video"), None)
+            if stream is None:
+                raise InputFileError("no video stream")
+            rate = float(stream.average_rate or stream.guessed_rate or 25)
+            clock = _FpsFilter(options.fps)
+            for number, frame in enumerate(container.decode(stream)):
+                t = frame.time if frame.time is not None else number / rate
+                if clock.keep(float(t)):
+                    frames.append(_encode(frame.to_image(), options))
+    except (av.FFmpegError, OSError, ValueError) as exc:
+        raise InputFileError(f"PyAV cannot decode it: {exc}") from exc
+    if not frames:
+        raise InputFileError("no frame decoded")
+    return frames
+
+
+def load_video(sample: VideoSample, options: FrameOptions) -> LoadedVideo:
+    """Load one video's frames; a problem becomes ``LoadedVideo(None, reason=...)``."""
+    if sample.frames is None:
+        try:
+            loaded = LoadedVideo(decode_video_file(sample.path, options))
+        except InputFileError as exc:
+            return LoadedVideo(None, str(exc))
+    else:
+        loaded = _load_folder(sample, options)
+    if loaded.frames is not None and options.transcode is not None:
+        try:
+            loaded.frames = [options.transcode(f) for f in loaded.frames]
+        except (OSError, ValueError) as exc:
+            return LoadedVideo(None, f"cannot decode a frame: {exc}", loaded.dropped)
+    return loaded
+
+
+def load_in_order(
+    samples: Iterable[VideoSample], options: FrameOptions, workers: int, cpu_bound: bool
+) -> Iterator[LoadedVideo]:
+    """Yield :func:`load_video` of every sample, in the order given, whatever ``workers``.
+
+    Threads when reading is IO-bound (frame folders copied unchanged), processes when frames
+    are decoded or encoded. At most ``4 × workers`` videos are in flight.
+    """
+    if workers <= 1:
+        for sample in samples:
+            yield load_video(sample, options)
+        return
+    executor: Executor = (
+        ProcessPoolExecutor(workers)
+        if cpu_bound
+        else ThreadPoolExecutor(workers, thread_name_prefix="packer-video")
+    )
+    pending: deque = deque()
+    try:
+        for sample in samples:
+            pending.append(executor.submit(load_video, sample, options))
+            if len(pending) >= 4 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)

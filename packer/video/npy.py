@@ -1,0 +1,108 @@
+"""NPY video layout: one ``<class>/<video>.npy`` per video, frames as zero-padded rows.
+
+Each file is a plain ``.npy`` array of shape ``(frames, max_frame_bytes)``, dtype uint8: row
+``j`` holds frame ``j``'s encoded bytes followed by zeros up to the video's largest frame. The
+true length of every frame is in ``frames.npy`` (``packer.video.layout``), so decoding never
+sees the padding. ``np.load(path, mmap_mode="r")`` opens a file; the reader memory-maps it and
+copies out only the sampled rows. A manifest entry::
+
+    {"format": "npy", "kind": "video", "layout_version": 1, "shards": [],
+     "options": {"storage": {"padding_overhead": 1.31, ...}, ...}}
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packer.errors import FormatError
+from packer.manifest import Manifest, ShardInfo
+from packer.video.common import VideoReaderBase, video_file
+
+__all__ = ["NAME", "Reader", "Writer"]
+
+NAME = "npy"
+SUFFIX = ".npy"
+SHARDED = False
+TRANSCODE = None
+
+
+def padded(frames: list[bytes]) -> np.ndarray:
+    """The ``(frames, max_frame_bytes)`` uint8 array of zero-padded rows."""
+    width = max(len(f) for f in frames)
+    rows = np.zeros((len(frames), width), dtype=np.uint8)
+    for row, frame in zip(rows, frames):
+        row[: len(frame)] = np.frombuffer(frame, dtype=np.uint8)
+    return rows
+
+
+class Writer:
+    """Write one padded ``.npy`` per video; a context manager."""
+
+    def __init__(self, root: str | os.PathLike[str], shard_size: int = 0) -> None:
+        self.root = Path(root)
+        self.data_bytes = 0
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def write(self, key: str, label: int, frames: list[bytes]) -> int:
+        """Write one video; return its shard (-1: the video is its own file)."""
+        path = video_file(self.root, key, SUFFIX)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as fh:
+            np.save(fh, padded(frames), allow_pickle=False)
+        self.data_bytes += path.stat().st_size
+        return -1
+
+    def close(self) -> list[ShardInfo]:
+        """Nothing to finish (checksums are in the index)."""
+        return []
+
+
+class _Map:
+    def __init__(self, path: Path) -> None:
+        try:
+            self.array: Any = np.load(path, mmap_mode="r")
+        except (OSError, ValueError) as exc:
+            raise FormatError(f"cannot open {str(path)!r}: {exc}") from exc
+
+    def close(self) -> None:
+        mm = getattr(self.array, "_mmap", None)
+        self.array = None
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:  # a view still references the map: let GC unmap it
+                pass
+
+
+class Reader(VideoReaderBase):
+    """Read sampled frames from memory-mapped per-video ``.npy`` files."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        manifest: Manifest,
+        index: np.ndarray,
+        frame_lengths: np.ndarray,
+        max_open_files: int = 128,
+    ) -> None:
+        super().__init__(root, manifest, index, frame_lengths, max_open_files)
+
+    def array(self, video: int) -> Any:
+        """The memory-mapped ``(frames, max_frame_bytes)`` array of ``video``."""
+        path = video_file(self.root, self.keys[video], SUFFIX)
+        return self.handles.get(video, lambda: _Map(path)).array
+
+    def read(self, video: int, frames: np.ndarray) -> list[bytes]:
+        """Copy only the sampled rows out of the map, each cut to its true length."""
+        rows = np.asarray(self.array(video)[frames])
+        lengths = self.lengths(video)[frames]
+        return [row[: int(n)].tobytes() for row, n in zip(rows, lengths)]
