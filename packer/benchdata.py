@@ -1,0 +1,152 @@
+"""Which datasets a measurement opens, which files hold them, and how their bytes are counted.
+
+Shared by :mod:`packer.bench`, :mod:`packer.storage` and :mod:`packer.doctor`; plain functions,
+no printing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset, default_collate
+
+from packer.collate import collate_bytes
+from packer.errors import PackerError
+from packer.manifest import MANIFEST_NAME, load_manifest
+from packer.sources import scan
+
+__all__ = [
+    "CACHES",
+    "MODES",
+    "bench_collate",
+    "close_dataset",
+    "cold_supported",
+    "data_files",
+    "evict_page_cache",
+    "files_for",
+    "open_for_mode",
+    "path_labels",
+    "stored_bytes",
+    "subset_indices",
+]
+
+
+def data_files(path: str | os.PathLike[str]) -> list[Path]:
+    """The files holding a dataset's data: a packer output's shards/files, or a folder's images."""
+    root = Path(path)
+    if (root / MANIFEST_NAME).is_file():
+        manifest = load_manifest(root)
+        if manifest.shards:
+            return [root / s.name for s in manifest.shards]
+        return sorted(p for p in root.rglob("*") if p.is_file())
+    return [Path(s.path) for s in scan(root).samples]
+
+
+def evict_page_cache(paths: Iterable[str | os.PathLike[str]]) -> int:
+    """Drop the files' pages from the page cache (``POSIX_FADV_DONTNEED`` after ``sync``).
+
+    Returns the number of files evicted; 0 where ``posix_fadvise`` does not exist.
+    """
+    if not hasattr(os, "posix_fadvise"):
+        return 0
+    os.sync()
+    count = 0
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            count += 1
+        finally:
+            os.close(fd)
+    return count
+
+
+MODES = ("bytes", "decode", "transform")
+CACHES = ("warm", "cold")
+
+
+def open_for_mode(path: str | os.PathLike[str], mode: str) -> Dataset:
+    """Open a packer output or image folder for a bench mode.
+
+    ``bytes``: stored bytes, no decode (IO + format cost); ``decode``: decoded H×W×3 arrays;
+    ``transform``: decoded then :func:`packer.transforms.train_transform` (224×224 crops).
+
+    Raises:
+        PackerError: unknown mode, or the path is neither a packer output nor an image folder.
+    """
+    from packer.datasets import open_dataset
+    from packer.transforms import train_transform
+
+    if mode not in MODES:
+        raise PackerError(f"unknown bench mode {mode!r}; expected one of {', '.join(MODES)}")
+    if not Path(path).exists():
+        raise PackerError(f"{str(path)!r} does not exist")
+    if mode == "bytes":
+        return open_dataset(path, output="bytes")
+    if mode == "decode":
+        return open_dataset(path, output="numpy")
+    return open_dataset(path, output="pil", transform=train_transform())
+
+
+def bench_collate(batch: Sequence[Any]) -> Any:
+    """Collate as a training loop would: encoded bytes → :func:`packer.collate_bytes`; equal-shape
+    arrays (transform mode) → stacked tensors; anything else (decoded images of varied sizes,
+    clips) → the list as is."""
+    first = batch[0][0] if batch and isinstance(batch[0], (tuple, list)) else None
+    if isinstance(first, (bytes, bytearray, memoryview)):
+        return collate_bytes(batch)  # type: ignore[arg-type]
+    if hasattr(first, "shape") and all(getattr(b[0], "shape", None) == first.shape for b in batch):
+        return default_collate(batch)
+    return list(batch)
+
+
+def subset_indices(dataset: Dataset, limit: int | None) -> list[int]:
+    """The first ``limit`` samples of the dataset (all of them when ``limit`` is None)."""
+    n = len(dataset)  # type: ignore[arg-type]
+    return list(range(n if limit is None else min(limit, n)))
+
+
+def stored_bytes(dataset: Dataset, path: str | os.PathLike[str], indices: Sequence[int]) -> int:
+    """Bytes the samples occupy on storage (the index's lengths, or the files' sizes)."""
+    reader = getattr(dataset, "reader", None)
+    lengths = getattr(reader, "length", None)
+    if lengths is not None:
+        return int(lengths[np.asarray(indices, dtype=np.int64)].sum())
+    paths = getattr(dataset, "paths", None)
+    if paths is not None:
+        return sum(os.path.getsize(paths[i]) for i in indices)
+    total = sum(f.stat().st_size for f in data_files(path))
+    return int(total * len(indices) / max(1, len(dataset)))  # type: ignore[arg-type]
+
+
+def files_for(dataset: Dataset, path: str | os.PathLike[str], indices: Sequence[int]) -> list[Path]:
+    """The files holding these samples: a folder's image files, else the dataset's data files."""
+    paths = getattr(dataset, "paths", None)
+    if paths is not None:
+        return [Path(paths[i]) for i in indices]
+    return data_files(path)
+
+
+def close_dataset(dataset: Dataset) -> None:
+    """Close a dataset's handles in this process, so no mapping pins pages in the cache."""
+    target = getattr(dataset, "dataset", dataset)  # a Subset or wrapper
+    for obj in (getattr(target, "reader", None), target):
+        close = getattr(obj, "close", None)
+        if callable(close):
+            close()
+            return
+
+
+def cold_supported() -> bool:
+    """Whether page-cache eviction (``posix_fadvise``) exists on this platform."""
+    return hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_DONTNEED")
+
+
+def path_labels(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """Short unique labels: the paths' names, or the paths themselves when names repeat."""
+    names = [Path(p).name or str(p) for p in paths]
+    return names if len(set(names)) == len(names) else [str(p) for p in paths]

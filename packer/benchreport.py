@@ -1,0 +1,145 @@
+"""Bench results as markdown tables, JSON (with the machine and the command) and a PNG plot."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from packer.bench import RunResult
+from packer.errors import PackerError
+from packer.storage import StorageCost
+from packer.workers import available_cpus
+
+__all__ = ["machine", "plot_runs", "runs_table", "stalls_text", "storage_table", "write_json"]
+
+
+def _pct(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:.0f} %"
+
+
+def runs_table(runs: Sequence[RunResult]) -> str:
+    """One row per configuration: throughput, ratio to the first path, per-batch waits."""
+    lines = [
+        "| dataset | mode | workers | cache | resident | images/s | MB/s | × first "
+        "| wait p50 ms | p95 ms | max ms | stall |",
+        "|---|---|--:|---|--:|--:|--:|--:|--:|--:|--:|---|",
+    ]
+    for r in runs:
+        w, stall = r.waits_summary(), r.stall()
+        period = f"every {stall.period}" if stall.period else stall.kind
+        ratio = "" if r.ratio is None else f"{r.ratio:.2f}×"
+        lines.append(
+            f"| {r.label} | {r.mode} | {r.workers} | {r.cache} | {_pct(r.resident_before)} "
+            f"| {r.images_per_s:,.0f} | {r.mb_per_s:,.1f} | {ratio} | {w.p50_ms:.1f} "
+            f"| {w.p95_ms:.1f} | {w.max_ms:.1f} | {period} |"
+        )
+    return "\n".join(lines)
+
+
+def storage_table(costs: Sequence[StorageCost]) -> str:
+    """Per-sample storage cost of each dataset, from the reading process's kernel counters."""
+    lines = [
+        "| dataset | cache | samples | files opened | read syscalls | storage KB "
+        "| major faults | stored KB |",
+        "|---|---|--:|--:|--:|--:|--:|--:|",
+    ]
+    for c in costs:
+        p = c.per_sample()
+        cache = f"cold ({_pct(c.resident_before)} resident)" if c.cold else "warm"
+        lines.append(
+            f"| {c.label} | {cache} | {c.samples} | {p['opens']:.3f} | {p['read_syscalls']:.2f} "
+            f"| {p['storage_bytes'] / 1e3:.1f} | {p['major_faults']:.3f} "
+            f"| {p['stored_bytes'] / 1e3:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def stalls_text(runs: Sequence[RunResult]) -> list[str]:
+    """One sentence per run whose waits show a periodic stall."""
+    out = []
+    for r in runs:
+        stall = r.stall()
+        if stall.kind != "periodic":
+            continue
+        text = (
+            f"{r.label} {r.mode} workers={r.workers}: one slow batch every {stall.period} "
+            f"({stall.slow_ms:.1f} ms against {stall.fast_ms:.1f} ms)"
+        )
+        if stall.period == r.workers:
+            text += (
+                " = num_workers: each worker builds a whole batch alone and the batches"
+                " arrive in rounds; more workers (num_workers >= W / t) or cheaper samples"
+                " remove the wait"
+            )
+        out.append(text)
+    return out
+
+
+def machine() -> dict[str, Any]:
+    """Where the numbers come from."""
+    return {
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cpus": available_cpus(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_json(
+    path: str | os.PathLike[str],
+    runs: Sequence[RunResult],
+    costs: Sequence[StorageCost],
+    options: dict[str, Any],
+    complete: bool = True,
+) -> None:
+    """Save every run (with its per-batch waits), the storage costs, the machine and command."""
+    data = {
+        "machine": machine(),
+        "command": " ".join(sys.argv),
+        "options": options,
+        "complete": complete,
+        "runs": [r.to_dict() for r in runs],
+        "storage": [c.to_dict() for c in costs],
+    }
+    Path(path).write_text(json.dumps(data, indent=2, default=str))
+
+
+def plot_runs(path: str | os.PathLike[str], runs: Sequence[RunResult]) -> None:
+    """Images/s against num_workers, one line per (dataset, mode, cache), saved as a PNG.
+
+    Raises:
+        PackerError: matplotlib is not installed (``pip install 'packer[plot]'``).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise PackerError("--plot needs matplotlib: pip install 'packer[plot]'") from exc
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in runs:
+        series.setdefault(f"{r.label} {r.mode} {r.cache}", []).append((r.workers, r.images_per_s))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, points in series.items():
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    ax.set_xlabel("num_workers")
+    ax.set_ylabel("images / s")
+    ax.set_title("DataLoader throughput per dataset and worker count")
+    ax.set_xticks(sorted({r.workers for r in runs}))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,166 @@
+"""The ``packer bench`` and ``packer doctor`` commands (registered on the main group in cli.py)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from packer.errors import PackerError
+
+__all__ = ["bench", "doctor"]
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _friendly(func: Callable[..., Any]) -> Callable[..., Any]:
+    """A PackerError becomes a one-line message and exit status 1."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except PackerError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+    return wrapper
+
+
+def _int_list(text: str, name: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise PackerError(
+            f"{name} expects comma-separated integers such as 0,2,4, got {text!r}"
+        ) from None
+    if not values or min(values) < 0:
+        raise PackerError(f"{name} expects integers >= 0 such as 0,2,4, got {text!r}")
+    return values
+
+
+def _report(runs: list[Any], costs: list[Any], options: dict[str, Any], complete: bool) -> None:
+    from packer.benchreport import plot_runs, runs_table, stalls_text, storage_table, write_json
+
+    if costs:
+        click.echo(
+            "\nwhat each sample costs the storage (kernel counters of the reading process):\n"
+        )
+        click.echo(storage_table(costs))
+    if runs:
+        click.echo(f"\nthroughput through a DataLoader (batch {options['batch_size']}; × first = "
+                   f"ratio to {runs[0].label} in the same mode, workers and cache):\n")  # fmt: skip
+        click.echo(runs_table(runs))
+        for line in stalls_text(runs):
+            click.echo(f"\nstall: {line}")
+    if options.get("json"):
+        write_json(options["json"], runs, costs, options, complete)
+        click.echo(f"\nwrote {options['json']}")
+    if options.get("plot") and runs:
+        plot_runs(options["plot"], runs)
+        click.echo(f"wrote {options['plot']}")
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--workers", default="0,2,4", show_default=True, help="num_workers values to sweep.")
+@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option("--mode", "modes", default="bytes", show_default=True,
+              help="Comma-separated: bytes (IO + format), decode, transform (decode + crop/flip).")  # fmt: skip
+@click.option("--epochs", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--warmup", default=1, show_default=True, type=click.IntRange(min=0),
+              help="Untimed epochs before the timed ones (warm runs).")  # fmt: skip
+@click.option("--cold", is_flag=True, help="Evict the files from the page cache before each epoch.")
+@click.option("--limit", type=click.IntRange(min=1), help="Read only the first N samples.")
+@click.option("--shuffle", is_flag=True, help="Random order (seeded), as in training.")
+@click.option(
+    "--step-ms", default=0.0, type=click.FloatRange(min=0), help="Simulated step (sleep)."
+)
+@click.option("--storage/--no-storage", default=True, help="Measure per-sample storage cost.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Save results here.")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Save a PNG plot here.")
+@_friendly
+def bench(paths: tuple[Path, ...], workers: str, modes: str, json_path: Path | None,
+          plot_path: Path | None, storage: bool, **kw: Any) -> None:  # fmt: skip
+    """Time reading packer outputs and image folders through a real DataLoader.
+
+    The first PATH is the baseline of the ratios. Ctrl-C prints what was measured so far.
+
+    \b
+    Example:
+      packer bench images/ images.lmdb images.npy --workers 0,2 --mode bytes,decode --plot b.png
+    """
+    from packer.bench import BenchSpec, check_paths, cold_supported, path_labels, plan, run_bench
+    from packer.iostats import io_available
+    from packer.storage import measure_storage
+
+    spec = BenchSpec(workers=_int_list(workers, "--workers"), modes=modes.split(","), **kw)
+    spec.validate()
+    check_paths(paths)
+    options = {**kw, "paths": [str(p) for p in paths], "workers": spec.workers,
+               "modes": list(spec.modes), "json": json_path, "plot": plot_path}  # fmt: skip
+    if spec.cold and not cold_supported():
+        click.echo("warning: --cold needs os.posix_fadvise, absent here; warm runs only", err=True)
+    total = len(plan(paths, spec))
+    runs: list[Any] = []
+    costs: list[Any] = []
+    try:
+        if storage and not io_available():
+            click.echo("warning: /proc/<pid>/io is not readable; no storage counters", err=True)
+        elif storage:
+            for path, label in zip(paths, path_labels(paths)):
+                costs.append(measure_storage(path, label, spec.limit, spec.batch_size))
+        for run in run_bench(paths, spec):
+            runs.append(run)
+            click.echo(f"[{len(runs)}/{total}] {run.label} {run.mode} workers={run.workers} "
+                       f"{run.cache}: {run.images_per_s:,.0f} images/s", err=True)  # fmt: skip
+    except KeyboardInterrupt:
+        click.echo(f"\ninterrupted: {len(runs)} of {total} runs measured", err=True)
+        _report(runs, costs, options, complete=False)
+        sys.exit(130)
+    _report(runs, costs, options, complete=True)
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("path", required=False, type=click.Path(path_type=Path))
+@click.option("--step-ms", type=click.FloatRange(min=0, min_open=True),
+              help="Your training step time; the worker count is computed for it.")  # fmt: skip
+@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option("--workers", type=click.IntRange(min=0), help="num_workers of the loader run.")
+@click.option("--budget", default=60.0, show_default=True, type=click.FloatRange(min=1),
+              help="Upper bound on the measuring time, in seconds.")  # fmt: skip
+@click.option("--loader", "loader_spec", help="module:function returning YOUR DataLoader.")
+@click.option("--steps", default=50, show_default=True, type=click.IntRange(min=2),
+              help="Batches to time with --loader.")  # fmt: skip
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Save the report.")
+@_friendly
+def doctor(path: Path | None, step_ms: float | None, batch_size: int, workers: int | None,
+           budget: float, loader_spec: str | None, steps: int, json_path: Path | None) -> None:  # fmt: skip
+    """Measure where loading time goes on this machine, explain stalls, say what to change.
+
+    Give a dataset PATH (packer output or image folder), or --loader module:function for
+    your own DataLoader.
+
+    \b
+    Example:
+      packer doctor imagenet/train --step-ms 120
+      packer doctor --loader train:make_loader --step-ms 120
+    """
+    if (path is None) == (loader_spec is None):
+        raise click.UsageError("give either a dataset PATH or --loader module:function")
+    if loader_spec is not None:
+        from packer.diagnose import diagnose, load_loader
+
+        report: Any = diagnose(load_loader(loader_spec), steps, step_ms or 0.0, budget)
+    else:
+        from packer.doctor import doctor as run
+
+        report = run(path, step_ms, batch_size, workers, budget)  # type: ignore[arg-type]
+    click.echo(str(report))
+    if json_path is not None:
+        json_path.write_text(json.dumps(report.to_dict(), indent=2, default=str))
+        click.echo(f"\nwrote {json_path}")

@@ -1,0 +1,359 @@
+"""``packer doctor PATH``: a short, bounded set of measurements on the user's data, and a diagnosis.
+
+1. disk: cold (evicted) vs page-cache read speed of a spread sample of the samples;
+2. per-sample cost in one process: read vs decode vs transform;
+3. CPUs vs workers, and the thread pools a worker starts;
+4. a real DataLoader run with the standard transform and the per-batch waits
+   (:func:`packer.diagnose`);
+5. the recommendation: format and ``packer convert`` command, ``num_workers`` for the step time,
+   ``persistent_workers``, ``pin_memory``, staging in ``/dev/shm``, thread limits.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from packer.benchdata import (
+    bench_collate,
+    close_dataset,
+    cold_supported,
+    evict_page_cache,
+    files_for,
+    open_for_mode,
+    stored_bytes,
+)
+from packer.decode import decode
+from packer.diagnose import LoaderReport, diagnose
+from packer.errors import PackerError
+from packer.iostats import resident_fraction
+from packer.manifest import MANIFEST_NAME, load_manifest
+from packer.sizes import format_size
+from packer.stalls import HEADROOM, recommend_workers
+from packer.transforms import train_transform
+from packer.workers import ThreadReport, available_cpus, worker_thread_report
+
+__all__ = ["DiskSpeed", "DoctorReport", "doctor", "measure_disk", "measure_split"]
+
+STEPS_MS = (50, 100, 200)  # step times the worker table covers when none is given
+
+
+@dataclass
+class DiskSpeed:
+    """Reading ``samples`` samples (``bytes`` stored bytes) one by one, cold then warm."""
+
+    samples: int
+    bytes: int
+    cold_s: float | None
+    warm_s: float
+    resident_before: float | None
+
+    def rates(self, seconds: float | None) -> tuple[float, float]:
+        """(MB/s, samples/s) for a duration."""
+        if not seconds:
+            return 0.0, 0.0
+        return self.bytes / seconds / 1e6, self.samples / seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict with the rates."""
+        cold, warm = self.rates(self.cold_s), self.rates(self.warm_s)
+        return {**asdict(self), "cold_mb_s": cold[0], "cold_files_s": cold[1],
+                "warm_mb_s": warm[0], "warm_files_s": warm[1]}  # fmt: skip
+
+
+def spread_indices(n: int, count: int) -> list[int]:
+    """``count`` indices spread evenly over ``range(n)`` (random-access-like, deterministic)."""
+    return sorted({int(i) for i in np.linspace(0, n - 1, min(n, count)).round()})
+
+
+def _read_all(dataset: Any, indices: list[int], deadline: float) -> tuple[int, float]:
+    start = time.perf_counter()
+    done = 0
+    for i in indices:
+        dataset[i]
+        done += 1
+        if time.perf_counter() > deadline:
+            break
+    return done, time.perf_counter() - start
+
+
+def measure_disk(
+    path: str | os.PathLike[str], indices: list[int], time_limit_s: float
+) -> DiskSpeed:
+    """Read the samples one by one after evicting their files (cold), then again (warm)."""
+    dataset = open_for_mode(path, "bytes")
+    files = files_for(dataset, path, indices)
+    cold_s = resident = None
+    if cold_supported():
+        evict_page_cache(files)
+        resident = resident_fraction(files)
+        count, cold_s = _read_all(dataset, indices, time.perf_counter() + time_limit_s)
+        indices = indices[:count]
+    count, warm_s = _read_all(dataset, indices, float("inf"))
+    close_dataset(dataset)
+    return DiskSpeed(count, stored_bytes(dataset, path, indices), cold_s, warm_s, resident)
+
+
+def measure_split(
+    path: str | os.PathLike[str], indices: list[int], time_limit_s: float
+) -> dict[str, float]:
+    """Milliseconds per sample of read (warm), decode and transform, in this process."""
+    dataset = open_for_mode(path, "bytes")
+    transform = train_transform()
+    totals = {"read": 0.0, "decode": 0.0, "transform": 0.0}
+    deadline, done = time.perf_counter() + time_limit_s, 0
+    for i in indices:
+        t0 = time.perf_counter()
+        data = dataset[i][0]
+        t1 = time.perf_counter()
+        image = [decode(d) for d in data] if isinstance(data, list) else decode(data)
+        t2 = time.perf_counter()
+        transform(image)
+        t3 = time.perf_counter()
+        for name, seconds in zip(totals, (t1 - t0, t2 - t1, t3 - t2)):
+            totals[name] += seconds
+        done += 1
+        if t3 > deadline:
+            break
+    close_dataset(dataset)
+    return {name: 1e3 * value / max(1, done) for name, value in totals.items()}
+
+
+def _memory_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _format_of(path: Path) -> str:
+    if (path / MANIFEST_NAME).is_file():
+        return load_manifest(path).format
+    return "folder"
+
+
+@dataclass
+class DoctorReport:
+    """Everything ``packer doctor`` measured and concluded; ``str()`` is the printed diagnosis."""
+
+    path: str
+    format: str
+    samples: int
+    dataset_bytes: int
+    batch_size: int
+    step_ms: float | None
+    cpus: int
+    disk: DiskSpeed
+    split_ms: dict[str, float]
+    cold_read_ms: float | None
+    worker_threads: ThreadReport
+    loader: LoaderReport | None
+    workers_needed: dict[float, int] = field(default_factory=dict)
+    findings: list[str] = field(default_factory=list)
+    recommendations: list[str] = field(default_factory=list)
+    convert_command: str | None = None
+    elapsed_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of every measurement and conclusion."""
+        out = asdict(self)
+        out["disk"] = self.disk.to_dict()
+        out["worker_threads"] = self.worker_threads.to_dict()
+        out["loader"] = self.loader.to_dict() if self.loader else None
+        return out
+
+    def __str__(self) -> str:
+        return render(self)
+
+
+def _batch_ms(report: DoctorReport, fits_ram: bool) -> float:
+    """W: one worker building one batch (read + decode + transform, per sample × batch)."""
+    read = report.split_ms["read"]
+    if not fits_ram and report.cold_read_ms is not None:
+        read = report.cold_read_ms
+    per_sample = read + report.split_ms["decode"] + report.split_ms["transform"]
+    return per_sample * report.batch_size
+
+
+def _findings(report: DoctorReport) -> list[str]:
+    cpu_ms = report.split_ms["decode"] + report.split_ms["transform"]
+    out = []
+    cold = report.cold_read_ms
+    if cold is not None and cold > cpu_ms:
+        out.append(
+            f"your disk, not decode, is the bottleneck when the data is not in the page cache: "
+            f"a cold read takes {cold:.2f} ms per sample, decode + transform {cpu_ms:.2f} ms"
+        )
+    else:
+        read = f"{cold:.2f} ms cold" if cold is not None else f"{report.split_ms['read']:.2f} ms"
+        out.append(
+            f"decode + transform (CPU) dominate: {cpu_ms:.2f} ms per sample against {read} to read"
+        )
+    threads = report.worker_threads
+    if threads.largest_pool > 1:
+        unset = [k for k, v in threads.env.items() if not v]
+        out.append(
+            f"in a worker {', '.join(unset) or 'a thread variable'} "
+            f"{'is' if len(unset) == 1 else 'are'} unset: an OpenMP/MKL library used there starts"
+            f" up to {threads.largest_pool} threads, so N workers run N × {threads.largest_pool}"
+            f" threads on {report.cpus} CPUs"
+        )
+    return out
+
+
+def _recommend(report: DoctorReport, fits_ram: bool) -> tuple[list[str], str | None]:
+    path = Path(report.path)
+    out, command = [], None
+    ram_dir = Path("/dev/shm")
+    if report.format == "folder":
+        dst = path.parent / f"{path.name}.lmdb"
+        if fits_ram and ram_dir.is_dir():
+            dst = ram_dir / f"{path.name}.lmdb"
+        command = f"packer convert {path} {dst} --shard-size 1GB"
+        out.append(f"convert the folder to LMDB (one open per shard, not per image): {command}")
+    elif report.format == "bmp":
+        out.append("BMP stores ~10× the bytes of JPEG: convert the source folder to .lmdb instead")
+    if fits_ram and report.format != "folder" and not str(path).startswith(str(ram_dir)):
+        out.append(
+            f"the dataset fits in RAM: stage it with  cp -r {path} {ram_dir}/  and read it there"
+        )
+    for step, need in report.workers_needed.items():
+        note = (
+            f" (more than the {report.cpus} CPUs: make samples cheaper)"
+            if need > report.cpus
+            else ""
+        )
+        out.append(f"step {step:g} ms: num_workers={need}{note}")
+    out.append("persistent_workers=True (workers and their open files survive epochs)")
+    if report.worker_threads.largest_pool > 1:
+        out.append("worker_init_fn=packer.worker_init_fn (one thread per library in each worker)")
+    if torch.cuda.is_available():
+        out.append("pin_memory=True, and .to(device, non_blocking=True) in the loop")
+    return out, command
+
+
+def doctor(
+    path: str | os.PathLike[str],
+    step_ms: float | None = None,
+    batch_size: int = 64,
+    workers: int | None = None,
+    budget_s: float = 60.0,
+    sample: int = 256,
+) -> DoctorReport:
+    """Measure a dataset on this machine and say what limits loading and what to change.
+
+    Args:
+        path: a packer output or an image folder.
+        step_ms: the training step time to feed (None: a table for 50/100/200 ms).
+        batch_size: batch size of the loader run and the worker formula.
+        workers: num_workers of the loader run (default: min(4, CPUs)).
+        budget_s: upper bound on the time spent measuring.
+        sample: how many samples (spread over the dataset) the disk and split measure.
+
+    Raises:
+        PackerError: bad path or argument.
+    """
+    if budget_s <= 0 or batch_size < 1 or (step_ms is not None and step_ms <= 0):
+        raise PackerError("need budget_s > 0, batch_size >= 1 and step_ms > 0")
+    start = time.perf_counter()
+    root = Path(path)
+    probe = open_for_mode(root, "bytes")
+    n = len(probe)
+    indices = spread_indices(n, sample)
+    disk = measure_disk(root, indices, 0.2 * budget_s)
+    split = measure_split(root, indices[: disk.samples], 0.15 * budget_s)
+    per_sample = stored_bytes(probe, root, indices[: disk.samples]) / max(1, disk.samples)
+    num_workers = min(4, available_cpus()) if workers is None else workers
+    threads = worker_thread_report(open_for_mode(root, "transform"))
+    report = DoctorReport(
+        str(root), _format_of(root), n, int(per_sample * n), batch_size, step_ms,
+        available_cpus(), disk, split,
+        1e3 * disk.cold_s / disk.samples if disk.cold_s else None, threads, None,
+    )  # fmt: skip
+    report.loader = _loader_run(root, report, num_workers, budget_s - (time.perf_counter() - start))
+    memory = _memory_available()
+    fits_ram = memory is not None and report.dataset_bytes < memory // 2
+    batch_ms = _batch_ms(report, fits_ram)
+    for step in [step_ms] if step_ms else STEPS_MS:
+        report.workers_needed[step] = recommend_workers(batch_ms / 1e3, step / 1e3, HEADROOM)
+    report.findings = _findings(report)
+    report.recommendations, report.convert_command = _recommend(report, fits_ram)
+    report.elapsed_s = time.perf_counter() - start
+    return report
+
+
+def _loader_run(
+    root: Path, report: DoctorReport, num_workers: int, time_left_s: float
+) -> LoaderReport | None:
+    """The real DataLoader run with the standard transform, in what is left of the budget."""
+    batches = report.samples // report.batch_size
+    if batches < 3 or time_left_s < 2:
+        return None
+    loader = DataLoader(
+        open_for_mode(root, "transform"),
+        batch_size=report.batch_size,
+        shuffle=True,
+        num_workers=num_workers,
+        collate_fn=bench_collate,
+        drop_last=True,
+    )
+    steps = max(2, min(batches, 8 * max(1, num_workers) + 1, 60))
+    return diagnose(loader, steps, report.step_ms or 0.0, time_limit_s=0.8 * time_left_s)
+
+
+def _rate_line(name: str, disk: DiskSpeed, seconds: float | None) -> str:
+    mb_s, files_s = disk.rates(seconds)
+    per = 1e3 * seconds / max(1, disk.samples) if seconds else 0.0
+    return f"  {name:<34} {mb_s:>9,.1f} MB/s {files_s:>9,.0f} files/s  ({per:.2f} ms per sample)"
+
+
+def render(report: DoctorReport) -> str:
+    """The diagnosis as text: measurements first, then findings and recommendations."""
+    r, disk, split = report, report.disk, report.split_ms
+    resident = (
+        "" if disk.resident_before is None else f", {100 * disk.resident_before:.0f} % resident"
+    )
+    lines = [
+        f"packer doctor: {r.path} ({r.format}, {r.samples:,} samples, "
+        f"≈ {format_size(r.dataset_bytes)}), batch {r.batch_size}, {r.cpus} CPUs, "
+        f"measured in {r.elapsed_s:.1f} s",
+        "",
+        f"disk: {disk.samples} samples spread over the dataset, read one by one",
+    ]
+    if disk.cold_s is not None:
+        lines.append(_rate_line(f"cold (evicted{resident}):", disk, disk.cold_s))
+    else:
+        lines.append("  cold: not measured (no posix_fadvise on this platform)")
+    lines += [
+        _rate_line("warm (page cache):", disk, disk.warm_s),
+        "",
+        "per sample in one process: "
+        + f"read {split['read']:.2f} ms warm"
+        + (f" / {r.cold_read_ms:.2f} ms cold" if r.cold_read_ms is not None else "")
+        + f" | decode {split['decode']:.2f} ms | transform {split['transform']:.2f} ms",
+    ]
+    t = r.worker_threads
+    lines.append(
+        f"threads in a DataLoader worker: torch {t.torch_threads}, "
+        f"OMP_NUM_THREADS={t.env.get('OMP_NUM_THREADS') or 'unset'}, "
+        f"MKL_NUM_THREADS={t.env.get('MKL_NUM_THREADS') or 'unset'}, "
+        f"OpenCV {t.opencv_threads if t.opencv_threads is not None else 'not loaded'}, "
+        f"{t.os_threads} OS threads after one sample; {t.cpus} CPUs"
+    )
+    if r.loader is not None:
+        lines += ["", "a DataLoader with the standard transform (RandomResizedCrop 224 + flip):"]
+        lines += ["  " + line for line in str(r.loader).splitlines()]
+    lines += ["", "findings:"] + [f"  - {f}" for f in r.findings]
+    lines += ["", "recommendation:"] + [f"  - {x}" for x in r.recommendations]
+    return "\n".join(lines)
