@@ -164,7 +164,13 @@ def _write_videos(
 
 
 def _manifest(
-    module: ModuleType, partial: Path, source: VideoScan, rows: _Rows, written: Any, options: dict
+    module: ModuleType,
+    partial: Path,
+    source: VideoScan,
+    rows: _Rows,
+    written: Any,
+    options: dict,
+    skipped: list[SkippedInput],
 ) -> Manifest:
     shards, data_bytes = written
     index = np.array(rows.videos, dtype=INDEX_DTYPE)
@@ -190,6 +196,7 @@ def _manifest(
         num_samples=len(index),
         classes=source.classes,
         shards=shards,
+        skipped=[{"path": s.path, "reason": s.reason} for s in skipped],
         source={
             "root": source.root,
             "files": source.num_files,
@@ -268,7 +275,7 @@ def convert_video(
             frame_options,
             progress,
         )
-        manifest = _manifest(module, partial, source, rows, written, options)
+        manifest = _manifest(module, partial, source, rows, written, options, skipped)
         write_manifest(partial, manifest)
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
