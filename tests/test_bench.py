@@ -1,0 +1,176 @@
+"""packer bench: throughput runs, per-batch waits, per-sample storage counters, the CLI command."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import packer
+from packer.bench import BenchSpec, check_paths, open_for_mode, run_bench
+from packer.benchdata import bench_collate, evict_page_cache
+from packer.cli_measure import bench
+from packer.demo import make_image_tree
+from packer.errors import PackerError
+from packer.iostats import io_available, resident_fraction
+from packer.storage import measure_storage
+
+SAMPLES = 12
+BATCH = 4
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tree without broken files (decode modes read every file) and its LMDB and NPY copies."""
+    root = tmp_path_factory.mktemp("bench")
+    tree = make_image_tree(root / "images", classes=3, per_class=4, size=(64, 48), bad=0)
+    out = {"folder": tree.root}
+    for suffix in (".lmdb", ".npy"):
+        out[suffix] = root / f"images{suffix}"
+        packer.convert(tree.root, out[suffix], shard_size="20kB", workers=2, progress=False)
+    return out
+
+
+def _fstype(path: Path) -> str:
+    best, fstype = "", ""
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            fields = line.split()
+            mount, kind = fields[4], fields[fields.index("-") + 1]
+            if str(path).startswith(mount) and len(mount) >= len(best):
+                best, fstype = mount, kind
+    return fstype
+
+
+def test_run_bench_returns_documented_fields(clean: dict[str, Path]) -> None:
+    spec = BenchSpec(workers=(0, 2), modes=("bytes",), batch_size=BATCH, warmup=0)
+    runs = list(run_bench([clean["folder"], clean[".lmdb"]], spec))
+    assert [(r.label, r.workers) for r in runs] == [
+        ("images", 0), ("images.lmdb", 0), ("images", 2), ("images.lmdb", 2)
+    ]  # fmt: skip
+    stored = sum(p.stat().st_size for p in clean["folder"].rglob("*.JPEG"))
+    for run in runs:
+        assert run.images == SAMPLES and run.bytes == stored
+        assert run.seconds > 0 and run.images_per_s > 0 and run.mb_per_s > 0
+        assert len(run.waits) == math.ceil(SAMPLES / BATCH) and min(run.waits) >= 0
+        assert run.resident_before is None or 0.0 <= run.resident_before <= 1.0
+        row = run.to_dict()
+        assert {"images_per_s", "mb_per_s", "wait", "stall", "ratio"} <= set(row)
+        assert row["wait"]["max_ms"] >= row["wait"]["p95_ms"] >= row["wait"]["p50_ms"] >= 0
+    assert runs[0].ratio == 1.0 and runs[2].ratio == 1.0  # the first path is the baseline
+    assert runs[1].ratio == pytest.approx(runs[1].images_per_s / runs[0].images_per_s)
+
+
+def test_cold_epochs_limit_and_step(clean: dict[str, Path]) -> None:
+    spec = BenchSpec(workers=(0,), batch_size=BATCH, epochs=2, cold=True, limit=5, step_ms=1)
+    (run,) = run_bench([clean[".npy"]], spec)
+    assert run.cache == "cold" and run.images == 10 and len(run.epoch_seconds) == 2
+    assert len(run.waits) == 2 * math.ceil(5 / BATCH)
+    assert run.seconds >= 4 * 1e-3  # four simulated steps of 1 ms
+
+
+def test_eviction_takes_effect(clean: dict[str, Path]) -> None:
+    files = sorted(clean["folder"].rglob("*.JPEG"))
+    for path in files:
+        path.read_bytes()
+    if _fstype(files[0]) in {"tmpfs", "ramfs"}:
+        pytest.skip("a RAM filesystem has no page cache to evict")
+    assert resident_fraction(files) == 1.0
+    assert evict_page_cache(files) == len(files)
+    assert resident_fraction(files) == 0.0
+
+
+def test_transform_mode_gives_224_crops(clean: dict[str, Path]) -> None:
+    dataset = open_for_mode(clean[".lmdb"], "transform")
+    batch = bench_collate([dataset[i] for i in range(3)])
+    assert isinstance(batch[0], torch.Tensor) and tuple(batch[0].shape) == (3, 224, 224, 3)
+    assert batch[1].tolist() == [int(dataset.targets[i]) for i in range(3)]
+    data, offsets, labels = bench_collate([open_for_mode(clean["folder"], "bytes")[0]])
+    assert int(offsets[-1]) == data.numel() > 0 and labels.tolist() == [0]
+
+
+@pytest.mark.skipif(not io_available(), reason="needs /proc/<pid>/io")
+def test_storage_counters_fewer_opens_and_reads_when_packed(clean: dict[str, Path]) -> None:
+    costs = {name: measure_storage(path, batch_size=BATCH) for name, path in clean.items()}
+    folder = costs["folder"].per_sample()
+    assert costs["folder"].samples == SAMPLES
+    assert folder["opens"] >= 1.0 and folder["read_syscalls"] >= 1.0
+    for name in (".lmdb", ".npy"):
+        packed = costs[name].per_sample()
+        assert packed["opens"] < folder["opens"], name
+        assert packed["read_syscalls"] < folder["read_syscalls"], name
+        assert packed["stored_bytes"] == folder["stored_bytes"]  # the same JPEG bytes
+        assert costs[name].to_dict()["per_sample"] == packed
+
+
+def test_bad_paths_are_clear_errors(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file.txt").write_text("x")
+    for bad in (tmp_path / "missing", tmp_path / "file.txt", tmp_path / "empty"):
+        with pytest.raises(PackerError):
+            check_paths([bad])
+    with pytest.raises(PackerError, match="mode"):
+        open_for_mode(tmp_path, "fast")
+    with pytest.raises(PackerError, match="workers"):
+        BenchSpec(workers=(-1,)).validate()
+
+
+def test_cli_bench_prints_tables_and_writes_json_and_plot(
+    clean: dict[str, Path], tmp_path: Path
+) -> None:
+    out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
+    args = [str(clean["folder"]), str(clean[".lmdb"]), "--workers", "0,2", "--batch-size", "4"]
+    result = CliRunner().invoke(bench, args + ["--json", str(out_json), "--plot", str(out_png)])
+    assert result.exit_code == 0, result.output
+    assert "| dataset | mode | workers |" in result.output
+    assert "| files opened | read syscalls |" in result.output
+    assert "| images.lmdb | bytes | 2 | warm |" in result.output
+    data = json.loads(out_json.read_text())
+    assert len(data["runs"]) == 4 and data["complete"] and data["machine"]["cpus"] >= 1
+    assert out_png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_bench_bad_input(tmp_path: Path) -> None:
+    result = CliRunner().invoke(bench, [str(tmp_path / "nope")])
+    assert result.exit_code == 1 and "does not exist" in result.output
+    result = CliRunner().invoke(bench, [str(tmp_path), "--workers", "a,b"])
+    assert result.exit_code == 1 and "--workers" in result.output
+
+
+def test_ctrl_c_prints_what_was_measured(clean: dict[str, Path]) -> None:
+    code = "import sys; from packer.cli_measure import bench; bench.main(sys.argv[1:])"
+    args = [str(clean["folder"]), "--workers", "0", "--mode", "bytes,decode,transform"]
+    args += ["--batch-size", "4", "--step-ms", "300", "--no-storage", "--warmup", "0"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    assert line.startswith("[1/3]"), line
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "interrupted: 1 of 3 runs measured" in err
+    assert "| images | bytes | 0 | warm |" in out and "| decode |" not in out
+
+
+# REGISTRATION: fails until packer/cli.py registers the commands
+# (`from packer.cli_measure import bench, doctor; main.add_command(bench); main.add_command(doctor)`).
+def test_packer_help_lists_bench_and_doctor() -> None:
+    from packer.cli import main
+
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0
+    assert "bench" in result.output and "doctor" in result.output
