@@ -94,17 +94,34 @@ def make_video_tree(
     return tree
 
 
-def write_video(path: str | os.PathLike[str], images: list[Image.Image], rate: int = 25) -> None:
-    """Encode ``images`` into a video file with PyAV (MPEG-4 part 2 in .mp4/.avi/.mkv, VP8 in .webm)."""
+def write_video(
+    path: str | os.PathLike[str],
+    images: list[Image.Image],
+    rate: int = 25,
+    codec: str | None = None,
+    gop: int | None = None,
+) -> None:
+    """Encode ``images`` into a video file with PyAV.
+
+    Args:
+        path: the file to write; its suffix picks the container.
+        images: the frames, all of one size (even width and height).
+        rate: frames per second.
+        codec: encoder name (default: MPEG-4 part 2, or VP8 for .webm).
+        gop: keyframe interval in frames (default: the encoder's).
+    """
     from packer.video.load import import_av
 
     av = import_av()
-    codec = "libvpx" if str(path).endswith(".webm") else "mpeg4"
+    if codec is None:
+        codec = "libvpx" if str(path).endswith(".webm") else "mpeg4"
     with av.open(str(path), mode="w") as container:
         stream: Any = container.add_stream(codec, rate=rate)
         stream.width, stream.height = images[0].size
         stream.pix_fmt = "yuv420p"
         stream.bit_rate = 2_000_000
+        if gop is not None:
+            stream.codec_context.gop_size = gop
         for image in images:
             for packet in stream.encode(av.VideoFrame.from_image(image)):
                 container.mux(packet)
