@@ -1,0 +1,156 @@
+"""The stall detector on synthetic waits, the worker formula, diagnose() on a real slow loader."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from torch.utils.data import DataLoader, Dataset
+
+from packer.cli_measure import doctor
+from packer.diagnose import diagnose, load_loader
+from packer.errors import PackerError
+from packer.stalls import batch_build_seconds, detect_stall, recommend_workers, wait_stats
+from packer.workers import make_worker_init_fn, worker_init_fn, worker_thread_report
+
+
+class SlowDataset(Dataset):
+    """Every item sleeps: a worker needs ``batch × delay`` seconds per batch, using no CPU.
+
+    Workers begin together at ``start_at`` (wall clock), as they effectively do when building
+    a batch takes much longer than forking them; on a loaded machine the forks are staggered.
+    """
+
+    def __init__(self, n: int = 400, delay: float = 0.05, start_at: float = 0.0) -> None:
+        self.n, self.delay, self.start_at = n, delay, start_at
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(max(0.0, self.start_at - time.time()) + self.delay)
+        return i
+
+
+def test_every_fourth_wait_large_gives_period_four() -> None:
+    rng = np.random.default_rng(0)
+    waits = [(0.2 if i % 4 == 0 else 0.001) + 0.0005 * rng.random() for i in range(40)]
+    stall = detect_stall(waits)
+    assert stall.kind == "periodic" and stall.period == 4
+    assert stall.slow_batches == list(range(4, 40, 4))
+    assert stall.slow_ms > 100 and stall.fast_ms < 2 and stall.regularity == 1.0
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.1, 0.3])
+def test_uniform_waits_have_no_stall(noise: float) -> None:
+    rng = np.random.default_rng(1)
+    waits = list(0.02 * (1 + noise * rng.uniform(-1, 1, size=50)))
+    stall = detect_stall(waits)
+    assert stall.kind == "none" and stall.period is None and stall.slow == 0
+
+
+def test_scattered_slow_batches_are_irregular() -> None:
+    waits = [0.001] * 40
+    for i in (3, 4, 11, 25, 26, 38):
+        waits[i] = 0.1
+    stall = detect_stall(waits)
+    assert stall.kind == "irregular" and stall.period is None and stall.slow == 6
+
+
+def test_wait_stats() -> None:
+    stats = wait_stats([0.001] * 19 + [0.1])
+    assert stats.count == 20 and stats.max_ms == pytest.approx(100)
+    assert stats.p50_ms == pytest.approx(1) and stats.total_s == pytest.approx(0.119)
+
+
+@pytest.mark.parametrize(
+    "batch_s, step_s, headroom",
+    [(0.4, 0.05, 1.25), (0.4, 0.05, 1.0), (1.0, 0.3, 1.25), (0.01, 1, 2)],
+)
+def test_recommended_workers_follow_the_formula(
+    batch_s: float, step_s: float, headroom: float
+) -> None:
+    expected = max(1, math.ceil(headroom * batch_s / step_s))
+    assert recommend_workers(batch_s, step_s, headroom) == expected
+    assert recommend_workers(0.4, 0.05) == 10  # ceil(1.25 × 400 ms / 50 ms)
+    with pytest.raises(ValueError):
+        recommend_workers(0.4, 0)
+
+
+def test_batch_build_time_from_waits() -> None:
+    # 4 workers, 10 ms step, each round of 4 batches: one 360 ms wait, three of 0 ms
+    waits = [0.5] + [0.36 if i % 4 == 0 else 0.0 for i in range(1, 41)]
+    assert batch_build_seconds(waits, 0.01, 4) == pytest.approx(4 * (0.36 / 4 + 0.01))
+    assert batch_build_seconds([0.2, 0.1, 0.1], 0.0, 0) == pytest.approx(0.1)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_diagnose_finds_the_stall_with_period_num_workers() -> None:
+    loader = DataLoader(SlowDataset(start_at=time.time() + 0.5), batch_size=4, num_workers=3)
+    report = diagnose(loader, steps=16, step_ms=5)
+    assert report.steps == 16 and report.num_workers == 3 and report.batch_size == 4
+    assert report.stall.kind == "periodic" and report.stall.period == 3, report.waits
+    assert report.recommended_workers == recommend_workers(report.batch_ms / 1e3, 0.005)
+    assert report.batch_ms > 0 and 0 < report.wait_fraction <= 1
+    text = str(report)
+    assert "one every 3 batches" in text and "num_workers=3" in text
+    assert json.loads(json.dumps(report.to_dict()))["stall"]["period"] == 3
+
+
+def test_diagnose_bad_input() -> None:
+    with pytest.raises(PackerError, match="DataLoader"):
+        diagnose([1, 2, 3])  # type: ignore[arg-type]
+    with pytest.raises(PackerError, match="steps"):
+        diagnose(DataLoader(SlowDataset(4, 0)), steps=1)
+
+
+def test_load_loader_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "myloaders.py").write_text(
+        "from torch.utils.data import DataLoader\n"
+        "def not_a_loader():\n    return 42\n"
+        "def good():\n    return DataLoader(list(range(8)), batch_size=2)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PackerError, match="cannot import module 'no_such_module_xyz'"):
+        load_loader("no_such_module_xyz:make")
+    with pytest.raises(PackerError, match="has no function 'missing'"):
+        load_loader("myloaders:missing")
+    with pytest.raises(PackerError, match="returned int, not a torch DataLoader"):
+        load_loader("myloaders:not_a_loader")
+    with pytest.raises(PackerError, match="module:function"):
+        load_loader("myloaders")
+    assert isinstance(load_loader("myloaders:good"), DataLoader)
+    assert isinstance(load_loader(f"{tmp_path / 'myloaders.py'}:good"), DataLoader)
+
+
+def test_cli_doctor_loader(tmp_path: Path) -> None:
+    module = tmp_path / "slowloader.py"
+    module.write_text(
+        "import time\nfrom torch.utils.data import DataLoader, Dataset\n"
+        "class Slow(Dataset):\n"
+        "    def __len__(self):\n        return 64\n"
+        "    def __getitem__(self, i):\n        time.sleep(0.005)\n        return i\n"
+        "def make():\n    return DataLoader(Slow(), batch_size=4, num_workers=2)\n"
+    )
+    result = CliRunner().invoke(
+        doctor, ["--loader", f"{module}:make", "--steps", "8", "--step-ms", "2"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "wait per batch: p50" in result.output and "stall:" in result.output
+    result = CliRunner().invoke(doctor, ["--loader", f"{module}:nothing"])
+    assert result.exit_code == 1 and "has no function 'nothing'" in result.output
+
+
+def test_worker_init_fn_limits_threads_in_the_worker() -> None:
+    report = worker_thread_report(worker_init=worker_init_fn)
+    assert report.env["OMP_NUM_THREADS"] == "1" and report.torch_threads == 1
+    assert report.largest_pool == 1 and report.os_threads is not None
+    calls: list[int] = []
+    chained = make_worker_init_fn(1, then=calls.append)
+    chained(0)
+    assert calls == [0]
