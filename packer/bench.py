@@ -268,7 +268,7 @@ def run_config(
         if cache == "cold" or loader is None:
             dataset = open_for_mode(path, mode)
             indices = subset_indices(dataset, spec.limit)
-            subset = Subset(dataset, indices) if len(indices) < len(dataset) else dataset
+            subset = Subset(dataset, indices) if len(indices) < len(dataset) else dataset  # type: ignore[arg-type]
             loader = _loader(subset, spec, workers, persistent=cache == "warm")
             sample_bytes = stored_bytes(dataset, path, indices)
             files = files_for(dataset, path, indices)

@@ -96,11 +96,12 @@ def bench_collate(batch: Sequence[Any]) -> Any:
     """Collate as a training loop would: encoded bytes → :func:`packer.collate_bytes`; equal-shape
     arrays (transform mode) → stacked tensors; anything else (decoded images of varied sizes,
     clips) → the list as is."""
-    first = batch[0][0] if batch and isinstance(batch[0], (tuple, list)) else None
+    first: Any = batch[0][0] if batch and isinstance(batch[0], (tuple, list)) else None
     if isinstance(first, (bytes, bytearray, memoryview)):
-        return collate_bytes(batch)  # type: ignore[arg-type]
-    if hasattr(first, "shape") and all(getattr(b[0], "shape", None) == first.shape for b in batch):
-        return default_collate(batch)
+        return collate_bytes(batch)
+    shape = getattr(first, "shape", None)
+    if shape is not None and all(getattr(b[0], "shape", None) == shape for b in batch):
+        return default_collate(list(batch))
     return list(batch)
 
 

@@ -269,7 +269,7 @@ def doctor(
     start = time.perf_counter()
     root = Path(path)
     probe = open_for_mode(root, "bytes")
-    n = len(probe)
+    n = len(probe)  # type: ignore[arg-type]
     indices = spread_indices(n, sample)
     disk = measure_disk(root, indices, 0.2 * budget_s)
     split = measure_split(root, indices[: disk.samples], 0.15 * budget_s)

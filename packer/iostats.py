@@ -118,7 +118,7 @@ def _install_hook() -> None:
 
 def _file_fds() -> dict[int, str]:
     """Open descriptors of this process that point at regular files, with their targets."""
-    out = {}
+    out: dict[int, str] = {}
     try:
         names = os.listdir("/proc/self/fd")
     except OSError:
@@ -139,7 +139,7 @@ def _overhead() -> IOCounters:
     return read_counters() - first
 
 
-class MeteredBatch(list):  # type: ignore[type-arg]
+class MeteredBatch(list):
     """A batch of samples plus the counters and seconds of the read that produced it."""
 
     counters: IOCounters

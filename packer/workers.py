@@ -171,4 +171,5 @@ def worker_thread_report(
         worker_init_fn=worker_init,
         multiprocessing_context=multiprocessing_context,
     )
-    return next(iter(loader))  # type: ignore[no-any-return]
+    report: ThreadReport = next(iter(loader))
+    return report
