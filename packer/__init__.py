@@ -1,20 +1,30 @@
-"""packer: pack folders of small images into LMDB, HDF5, NPY or BMP and read them fast in PyTorch."""
+"""packer: pack folders of small images into LMDB, HDF5, NPY or BMP and read them fast in PyTorch.
+
+Public names load on first use (PEP 562), so ``packer convert`` starts without importing torch.
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from packer.collate import collate_bytes, unpack_bytes
-from packer.convert import ConvertResult, convert
-from packer.datasets import (
-    BMPDataset,
-    FolderDataset,
-    HDF5Dataset,
-    LMDBDataset,
-    NpyDataset,
-    open_dataset,
-)
-from packer.errors import DestinationError, FormatError, PackerError, SourceError
+# Eager (and torch-free): these functions share their module's name, so they must be bound here.
+from packer.convert import ConvertResult, convert  # noqa: E402
+from packer.errors import DestinationError, FormatError, PackerError, SourceError  # noqa: E402
+from packer.verify import verify  # noqa: E402
+
+_EXPORTS = {
+    "BMPDataset": "packer.datasets",
+    "FolderDataset": "packer.datasets",
+    "HDF5Dataset": "packer.datasets",
+    "LMDBDataset": "packer.datasets",
+    "NpyDataset": "packer.datasets",
+    "open_dataset": "packer.datasets",
+    "collate_bytes": "packer.collate",
+    "unpack_bytes": "packer.collate",
+}
 
 __all__ = [
     "BMPDataset",
@@ -32,4 +42,29 @@ __all__ = [
     "convert",
     "open_dataset",
     "unpack_bytes",
+    "verify",
 ]
+
+if TYPE_CHECKING:
+    from packer.collate import collate_bytes, unpack_bytes
+    from packer.datasets import (
+        BMPDataset,
+        FolderDataset,
+        HDF5Dataset,
+        LMDBDataset,
+        NpyDataset,
+        open_dataset,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'packer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

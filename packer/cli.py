@@ -61,6 +61,11 @@ def main() -> None:
 )
 @click.option("--overwrite", is_flag=True, help="Replace DST (only once the new one is complete).")
 @click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue an interrupted conversion (DST.partial) from its last complete shard.",
+)
+@click.option(
     "--strict", is_flag=True, help="Fail on the first unusable input instead of skipping."
 )
 @click.option(
@@ -79,6 +84,7 @@ def convert(
     shard_size: str,
     workers: int | None,
     overwrite: bool,
+    resume: bool,
     strict: bool,
     check: str,
     quiet: bool,
@@ -87,6 +93,7 @@ def convert(
 
     The format follows DST's suffix: .lmdb, .h5/.hdf5, .npy, .bmp. Encoded bytes are copied
     unchanged (except .bmp, which stores decoded pixels). Unusable files are skipped and listed.
+    An interrupted run leaves DST.partial/; run the same command with --resume to finish it.
 
     \b
     Example:
@@ -103,6 +110,7 @@ def convert(
         overwrite=overwrite,
         strict=strict,
         check=check,
+        resume=resume,
         progress=not quiet,
     )
     click.echo(result.summary())
@@ -180,3 +188,13 @@ def verify(dst: Path, full: bool, quiet: bool) -> None:
     click.echo(report.summary())
     if not report.ok:
         sys.exit(1)
+
+
+def _register_measure_commands() -> None:
+    from packer.cli_measure import bench, doctor
+
+    main.add_command(bench)
+    main.add_command(doctor)
+
+
+_register_measure_commands()

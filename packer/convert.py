@@ -28,11 +28,13 @@ from packer.manifest import (
     INDEX_NAME,
     KEYS_NAME,
     Manifest,
+    shard_name,
     write_index,
     write_keys,
     write_manifest,
 )
 from packer.pipeline import default_workers, load_in_order
+from packer.resume import Checkpoint, Progress, fault_point, fingerprint, skipped_dicts
 from packer.sizes import format_size, parse_size
 from packer.sources import Scan, SkippedInput, scan
 
@@ -107,65 +109,110 @@ def _validate(fmt_name: str | None, dst: Path, workers: int | None, check: str) 
     return fmt
 
 
-def _write_all(
-    fmt: ModuleType,
-    partial: Path,
-    source: Scan,
-    shard_size: int,
-    workers: int,
-    strict: bool,
-    check: str,
-    progress: bool,
-) -> tuple[Manifest, list[SkippedInput]]:
-    samples = source.samples
-    shard_of, planned = plan_shards([s.size for s in samples], shard_size)
-    skipped = list(source.skipped)
-    if strict and skipped:
-        raise InputFileError(f"{skipped[0].path}: {skipped[0].reason} (--strict)")
-    rows: list[tuple[int, int, int, int, int]] = []
-    keys: list[str] = []
-    bar = tqdm(total=len(samples), unit="img", desc=f"convert → {fmt.NAME}", disable=not progress)
+@dataclass
+class _Job:
+    """Everything one conversion needs, validated."""
+
+    fmt: ModuleType
+    partial: Path
+    source: Scan
+    shard_size: int
+    workers: int
+    strict: bool
+    check: str
+    progress: bool
+
+
+def _shard_starts(shard_of: np.ndarray) -> list[int]:
+    """The first sample of every planned shard."""
+    return [0, *(np.flatnonzero(np.diff(shard_of)) + 1).tolist()] if len(shard_of) else []
+
+
+def _convert_shards(job: _Job, done: list[Checkpoint], progress: Progress) -> list[Checkpoint]:
+    """Write every shard after the ``done`` ones, checkpointing each as it completes."""
+    samples, fmt = job.source.samples, job.fmt
+    shard_of, planned = plan_shards([s.size for s in samples], job.shard_size)
+    starts = _shard_starts(shard_of)
+    # fault tests: "mid-shard-K" fires after the first of K's samples when K holds two or more
+    middles = {a for a, b in zip(starts, [*starts[1:], len(samples)]) if b - a >= 2}
+    first = starts[len(done)] if len(done) < len(starts) else len(samples)
+    for k in range(len(done), len(planned)):  # a half-written shard is rewritten from scratch
+        (job.partial / shard_name(k, getattr(fmt, "SUFFIX", ""))).unlink(missing_ok=True)
+    todo = samples[first:]
+    bar = tqdm(
+        total=len(samples),
+        initial=first,
+        unit="img",
+        desc=f"convert → {fmt.NAME}",
+        disable=not job.progress,
+    )
+    current = Checkpoint(None, [], [], [])
     start, done_bytes, last = time.perf_counter(), 0, 0.0
-    loaded_iter = load_in_order((s.path for s in samples), workers, check, fmt.TRANSCODE)
-    with fmt.Writer(partial, planned) as writer:
-        for sample, shard, loaded in zip(samples, shard_of, loaded_iter):
+    loaded_iter = load_in_order((s.path for s in todo), job.workers, job.check, fmt.TRANSCODE)
+    with fmt.Writer(job.partial, planned) as writer:
+        for i, (sample, loaded) in enumerate(zip(todo, loaded_iter), start=first):
+            shard = int(shard_of[i])
             if loaded.data is None:
-                skipped.append(SkippedInput(sample.path, loaded.reason or "unknown"))
-                if strict:
+                if job.strict:
                     raise InputFileError(f"{sample.path}: {loaded.reason} (--strict)")
+                current.skipped.append({"path": sample.path, "reason": loaded.reason or "?"})
             else:
-                stored_shard = int(shard) if fmt.SHARDED else -1
-                offset, length = writer.write(int(shard), sample.key, sample.label, loaded.data)
-                rows.append((sample.label, stored_shard, offset, length, loaded.checksum))
-                keys.append(sample.key)
+                offset, length = writer.write(shard, sample.key, sample.label, loaded.data)
+                stored = shard if fmt.SHARDED else -1
+                current.rows.append([sample.label, stored, offset, length, loaded.checksum])
+                current.keys.append(sample.key)
+            if i + 1 == len(samples) or shard_of[i + 1] != shard:
+                current.shard = writer.finish_shard()
+                progress.save(shard, current)
+                done.append(current)
+                current = Checkpoint(None, [], [], [])
+                fault_point(f"after-shard-{shard}")
+            elif i in middles:
+                fault_point(f"mid-shard-{shard}")
             done_bytes += sample.size
             bar.update(1)
-            now = time.perf_counter()
-            if progress and now - last > 0.5:
+            if job.progress and (now := time.perf_counter()) - last > 0.5:
                 bar.set_postfix_str(f"{done_bytes / (now - start) / 1e6:.1f} MB/s")
                 last = now
-        shards = writer.close()
     bar.close()
-    index = np.array(rows, dtype=INDEX_DTYPE) if rows else np.zeros(0, dtype=INDEX_DTYPE)
-    files = {INDEX_NAME: write_index(partial, index), KEYS_NAME: write_keys(partial, keys)}
-    manifest = Manifest(
-        format=fmt.NAME,
-        kind=source.kind,
-        num_samples=len(rows),
-        classes=source.classes,
-        shards=shards,
-        skipped=[{"path": s.path, "reason": s.reason} for s in skipped],
-        source={"root": source.root, "files": len(samples), "bytes": source.total_bytes},
-        options={"shard_size": shard_size, "check": check},
-        files=files,
-        layout_version=fmt.LAYOUT_VERSION,
-    )
+    return done
+
+
+def _finalize(job: _Job, done: list[Checkpoint]) -> tuple[Manifest, list[SkippedInput]]:
+    """Write index, keys and (last) the manifest from all checkpoints."""
+    shards = [c.shard for c in done if c.shard is not None]
+    position = {int(s.name[6:11]): n for n, s in enumerate(shards)}  # planned → listed shard
+    rows = [r for c in done for r in c.rows]
+    index = np.array([tuple(r) for r in rows], dtype=INDEX_DTYPE)
+    if job.fmt.SHARDED and len(index):
+        index["shard"] = [position[int(k)] for k in index["shard"]]
+    skipped = skipped_dicts(job.source.skipped) + [s for c in done for s in c.skipped]
     if not rows:
         raise PackerError(
-            f"no usable image in {source.root!r}: all {len(samples)} inputs were skipped"
+            f"no usable image in {job.source.root!r}: all {len(job.source.samples)} inputs were skipped"
         )
-    write_manifest(partial, manifest)
-    return manifest, skipped
+    keys = [k for c in done for k in c.keys]
+    files = {INDEX_NAME: write_index(job.partial, index), KEYS_NAME: write_keys(job.partial, keys)}
+    manifest = Manifest(
+        format=job.fmt.NAME,
+        kind=job.source.kind,
+        num_samples=len(rows),
+        classes=job.source.classes,
+        shards=shards,
+        skipped=skipped,
+        source={
+            "root": job.source.root,
+            "files": len(job.source.samples),
+            "bytes": job.source.total_bytes,
+        },
+        options={"shard_size": job.shard_size, "check": job.check},
+        files=files,
+        layout_version=job.fmt.LAYOUT_VERSION,
+    )
+    fault_point("before-manifest")
+    write_manifest(job.partial, manifest)
+    fault_point("after-manifest")
+    return manifest, [SkippedInput(s["path"], s["reason"]) for s in skipped]
 
 
 def _publish(partial: Path, dst: Path) -> None:
@@ -182,11 +229,14 @@ def _publish(partial: Path, dst: Path) -> None:
             old.unlink()
 
 
-def _disk_full_error(exc: OSError, partial: Path, source: Scan) -> DestinationError:
+def _disk_full_error(partial: Path, source: Scan) -> DestinationError:
     free = shutil.disk_usage(partial.parent).free
+    written = sum(f.stat().st_size for f in partial.rglob("*") if f.is_file())
+    needed = max(source.total_bytes - written, 0)
     return DestinationError(
-        f"disk full while writing {str(partial)!r}: the source holds {format_size(source.total_bytes)}"
-        f" and {format_size(free)} is free on that disk; free space and convert again"
+        f"disk full while writing {str(partial)!r}: about {format_size(needed)} more is needed "
+        f"and {format_size(free)} is free. The finished shards are kept: free space, then run "
+        "the same command with --resume"
     )
 
 
@@ -200,6 +250,7 @@ def convert(
     overwrite: bool = False,
     strict: bool = False,
     check: str = "fast",
+    resume: bool = False,
     progress: bool = True,
 ) -> ConvertResult:
     """Convert the image folder ``src`` (``<class>/<image>``) into a packed dataset at ``dst``.
@@ -213,6 +264,9 @@ def convert(
         overwrite: replace an existing ``dst`` (only once the new one is complete).
         strict: make an unusable input file fatal instead of skipping and recording it.
         check: ``"fast"`` (header, verify, JPEG end marker) or ``"decode"`` (decode every pixel).
+        resume: continue an interrupted conversion from its last complete shard (``DST.partial``
+            must exist and the source and options must be unchanged); the result is identical
+            to an uninterrupted run.
         progress: show a tqdm progress bar.
 
     Raises:
@@ -223,19 +277,29 @@ def convert(
     size = parse_size(shard_size)
     _check_destination(dst_path, overwrite)
     source = scan(src_path)
+    if strict and source.skipped:
+        raise InputFileError(f"{source.skipped[0].path}: {source.skipped[0].reason} (--strict)")
     partial = dst_path.with_name(dst_path.name + ".partial")
-    if partial.exists():
-        shutil.rmtree(partial)
-    partial.mkdir()
+    job = _Job(fmt, partial, source, size, workers or default_workers(), strict, check, progress)
+    progress_dir = Progress(partial)
+    fp = fingerprint(source, fmt.NAME, {"shard_size": size, "check": check})
     start = time.perf_counter()
+    if resume and partial.is_dir():
+        done = progress_dir.resume(fp)
+    else:
+        if partial.exists():
+            shutil.rmtree(partial)
+        partial.mkdir()
+        progress_dir.start(fp)
+        done = []
     try:
-        manifest, skipped = _write_all(
-            fmt, partial, source, size, workers or default_workers(), strict, check, progress
-        )
+        done = _convert_shards(job, done, progress_dir)
+        manifest, skipped = _finalize(job, done)
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
-            raise _disk_full_error(exc, partial, source) from exc
+            raise _disk_full_error(partial, source) from exc
         raise DestinationError(f"writing {str(partial)!r} failed: {exc}") from exc
+    progress_dir.remove()
     _publish(partial, dst_path)
     bytes_out = sum(f.stat().st_size for f in dst_path.rglob("*") if f.is_file())
     return ConvertResult(

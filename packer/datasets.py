@@ -223,6 +223,8 @@ def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> ImageDataset:
         PackerError: the path is neither a packer output nor an image folder.
     """
     root = Path(path)
+    if not root.exists():
+        raise PackerError(f"{str(root)!r} does not exist")
     if (root / MANIFEST_NAME).is_file():
         manifest = load_manifest(root)
         return _CLASSES[manifest.format](root, **kwargs)

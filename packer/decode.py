@@ -13,7 +13,6 @@ import warnings
 from typing import Any
 
 import numpy as np
-import torch
 from PIL import Image
 
 from packer.errors import PackerError
@@ -86,6 +85,8 @@ def decode(data: bytes | memoryview, output: str = "pil") -> Any:
     if output == "numpy":
         return pixels
     if output == "tensor":
+        import torch  # imported here so that converting never loads torch
+
         return torch.from_numpy(pixels).permute(2, 0, 1)
     raise PackerError(f"unknown output {output!r}; expected one of {', '.join(OUTPUTS)}")
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
@@ -44,9 +48,29 @@ def load_file(
     return Loaded(data, bytes_checksum(data))
 
 
+def _die_with_parent(parent: int) -> None:
+    """Pool-worker initializer: exit when the converting process dies, even by SIGKILL.
+
+    Forked pool workers hold the task pipe open themselves, so they never see EOF when the
+    parent is killed; without this they would linger forever.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def _executor(workers: int, cpu_bound: bool) -> Executor:
     if cpu_bound:
-        return ProcessPoolExecutor(workers)
+        return ProcessPoolExecutor(workers, initializer=_die_with_parent, initargs=(os.getpid(),))
     return ThreadPoolExecutor(workers, thread_name_prefix="packer-read")
 
 

@@ -59,6 +59,10 @@ class Writer:
             fh.write(data)
         return 0, len(data)
 
+    def finish_shard(self) -> ShardInfo | None:
+        """Nothing to finish: each sample is its own file."""
+        return None
+
     def close(self) -> list[ShardInfo]:
         """Nothing to finish: each sample is its own file (checksums are in the index)."""
         return []

@@ -71,7 +71,7 @@ class Writer:
     def write(self, shard: int, key: str, label: int, data: bytes) -> tuple[int, int]:
         """Append one sample to ``shard``; return its (byte offset in /data, length)."""
         if shard != self._current:
-            self._finish_shard()
+            self.finish_shard()
             path = self.root / shard_name(shard, SUFFIX)
             self._file = h5py.File(path, "w", libver="v110", track_order=False)
             self._file.create_dataset(
@@ -94,9 +94,10 @@ class Writer:
             self._flushed = end
             self._buffer = bytearray()
 
-    def _finish_shard(self) -> None:
+    def finish_shard(self) -> ShardInfo | None:
+        """Close the open shard (if any), fsync it and return its manifest entry."""
         if self._file is None:
-            return
+            return None
         self._flush()
         columns = (("offsets", self._offsets), ("lengths", self._lengths), ("labels", self._labels))
         for name, values in columns:
@@ -113,10 +114,11 @@ class Writer:
         )
         self._flushed = 0
         self._offsets, self._lengths, self._labels = [], [], []
+        return self.shards[-1]
 
     def close(self) -> list[ShardInfo]:
         """Finish the last shard; return every shard's entry."""
-        self._finish_shard()
+        self.finish_shard()
         return self.shards
 
 

@@ -1,9 +1,9 @@
 """LMDB layout: shards ``shard-NNNNN.mdb`` (one file each, ``subdir=False``), one record per sample.
 
-The record key is the sample's position in the dataset as 8 big-endian bytes, so keys are
-appended in order and records lie on disk in dataset order (sequential reads stay sequential);
+The record key is the sample's record number within its shard as 8 big-endian bytes, so keys
+are appended in order and records lie on disk in dataset order (sequential reads stay sequential);
 the value is the encoded image exactly as in the source. ``index.npy`` gives each sample's shard
-and key (``offset`` column). A manifest entry::
+and record number (``offset`` column). A manifest entry::
 
     {"format": "lmdb", "layout_version": 1,
      "shards": [{"name": "shard-00000.mdb", "samples": 12000, "bytes": 1074003968, "xxh3_64": "..."}]}
@@ -65,7 +65,6 @@ class Writer:
         self._count = 0
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
-        self._position = 0
 
     def __enter__(self) -> Writer:
         return self
@@ -77,7 +76,7 @@ class Writer:
             self._abort()
 
     def _open_shard(self, shard: int) -> None:
-        self._finish_shard()
+        self.finish_shard()
         path = self.root / shard_name(shard, SUFFIX)
         self._env = lmdb.open(
             str(path),
@@ -94,14 +93,13 @@ class Writer:
         self._count = 0
 
     def write(self, shard: int, key: str, label: int, data: bytes) -> tuple[int, int]:
-        """Append one sample to ``shard``; return its (record key number, length)."""
+        """Append one sample to ``shard``; return its (record number in the shard, length)."""
         if shard != self._current:
             self._open_shard(shard)
-        position = self._position
-        self._put(record_key(position), data)
-        self._position += 1
+        record = self._count
+        self._put(record_key(record), data)
         self._count += 1
-        return position, len(data)
+        return record, len(data)
 
     def _put(self, key: bytes, data: bytes) -> None:
         self._pending.append((key, data))
@@ -129,9 +127,10 @@ class Writer:
             except lmdb.MapFullError:
                 continue
 
-    def _finish_shard(self) -> None:
+    def finish_shard(self) -> ShardInfo | None:
+        """Close the open shard (if any), fsync it and return its manifest entry."""
         if self._env is None:
-            return
+            return None
         self._txn.commit()
         self._env.sync(True)
         self._env.close()
@@ -142,6 +141,7 @@ class Writer:
         self._env = self._txn = None
         self._pending = []
         self._pending_bytes = 0
+        return self.shards[-1]
 
     def _abort(self) -> None:
         if self._env is not None:
@@ -151,7 +151,7 @@ class Writer:
 
     def close(self) -> list[ShardInfo]:
         """Commit and close the last shard; return every shard's entry."""
-        self._finish_shard()
+        self.finish_shard()
         return self.shards
 
 

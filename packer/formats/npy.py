@@ -66,7 +66,7 @@ class Writer:
     def write(self, shard: int, key: str, label: int, data: bytes) -> tuple[int, int]:
         """Append one sample to ``shard``; return its (byte offset in the data, length)."""
         if shard != self._current:
-            self._finish_shard()
+            self.finish_shard()
             self._file = open(self.root / shard_name(shard, SUFFIX), "wb")  # noqa: SIM115
             self._file.write(npy_header(0))
             self._current, self._count, self._size = shard, 0, 0
@@ -77,9 +77,10 @@ class Writer:
         self._count += 1
         return offset, len(data)
 
-    def _finish_shard(self) -> None:
+    def finish_shard(self) -> ShardInfo | None:
+        """Close the open shard (if any), fsync it and return its manifest entry."""
         if self._file is None:
-            return
+            return None
         self._file.seek(0)
         self._file.write(npy_header(self._size))
         self._file.flush()
@@ -90,10 +91,11 @@ class Writer:
         self.shards.append(
             ShardInfo(path.name, self._count, path.stat().st_size, file_checksum(path))
         )
+        return self.shards[-1]
 
     def close(self) -> list[ShardInfo]:
         """Finish the last shard; return every shard's entry."""
-        self._finish_shard()
+        self.finish_shard()
         return self.shards
 
 
