@@ -34,6 +34,7 @@ from packer.manifest import MANIFEST_NAME, load_index, load_manifest
 from packer.sampling import SAMPLINGS, clip_indices, clip_rng
 from packer.strings import StringTable
 from packer.video.formats import video_format
+from packer.video.layout import load_frames
 from packer.video.sources import scan_videos
 
 __all__ = [
@@ -167,8 +168,6 @@ class PackedVideoDataset(VideoDataset):
     FORMAT = ""
 
     def __init__(self, root: str | os.PathLike[str], num_frames: int = 8, **kwargs: Any) -> None:
-        from packer.video.layout import load_frames
-
         manifest = load_manifest(root)
         if self.FORMAT and manifest.format != self.FORMAT:
             raise FormatError(
@@ -193,13 +192,13 @@ class PackedVideoDataset(VideoDataset):
     @property
     def keys(self) -> StringTable:
         """Each video's key (``<class>/<video>``)."""
-        return self.reader.keys  # type: ignore[no-any-return]
+        return self.reader.keys
 
     def _describe(self, i: int) -> str:
         return f"video {i} ({self.keys[i]!r} in {str(self.root)!r})"
 
     def _read_frames(self, i: int, frames: np.ndarray) -> list[bytes]:
-        return self.reader.read(i, frames)  # type: ignore[no-any-return]
+        return self.reader.read(i, frames)
 
 
 class NpyVideoDataset(PackedVideoDataset):

@@ -197,7 +197,7 @@ def run_video_demo(
     for _ in range(repeats):
         for name, path in targets:
             for output in ("bytes", "numpy"):
-                dataset = open_video_dataset(path, num_frames=num_frames, output=output)
+                dataset: Any = open_video_dataset(path, num_frames=num_frames, output=output)
                 if path == tree.root:  # the folder as a user reads it: bad videos left out
                     good = [i for i, k in enumerate(dataset.keys) if tree.root / k in tree.videos]
                     dataset = Subset(dataset, good)

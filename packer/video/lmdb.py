@@ -138,7 +138,7 @@ class Reader(VideoReaderBase):
 
     def _handle(self, shard: int) -> core._Handle:
         path = Path(self.root) / self.shard_names[shard]
-        return self.handles.get(shard, lambda: core._Handle(path, self.readahead))  # type: ignore[no-any-return]
+        return self.handles.get(shard, lambda: core._Handle(path, self.readahead))
 
     def read(self, video: int, frames: np.ndarray) -> list[bytes]:
         """One ``getmulti`` for the clip's frames (keys ascending, so on-disk order)."""
