@@ -24,6 +24,9 @@ _EXPORTS = {
     "open_dataset": "packer.datasets",
     "collate_bytes": "packer.collate",
     "unpack_bytes": "packer.collate",
+    "LoaderReport": "packer.diagnose",
+    "diagnose": "packer.diagnose",
+    "worker_init_fn": "packer.workers",
 }
 
 __all__ = [
@@ -34,15 +37,18 @@ __all__ = [
     "FormatError",
     "HDF5Dataset",
     "LMDBDataset",
+    "LoaderReport",
     "NpyDataset",
     "PackerError",
     "SourceError",
     "__version__",
     "collate_bytes",
     "convert",
+    "diagnose",
     "open_dataset",
     "unpack_bytes",
     "verify",
+    "worker_init_fn",
 ]
 
 if TYPE_CHECKING:
@@ -55,6 +61,8 @@ if TYPE_CHECKING:
         NpyDataset,
         open_dataset,
     )
+    from packer.diagnose import LoaderReport, diagnose
+    from packer.workers import worker_init_fn
 
 
 def __getattr__(name: str) -> Any:

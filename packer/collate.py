@@ -42,6 +42,6 @@ def collate_bytes(
 
 def unpack_bytes(data: torch.Tensor, offsets: torch.Tensor) -> list[memoryview]:
     """Split a packed batch back into one read-only buffer per sample (no copy)."""
-    flat = memoryview(data.numpy()).cast("B")
+    flat = memoryview(data.numpy().data).cast("B")
     bounds = offsets.tolist()
     return [flat[start:stop] for start, stop in zip(bounds[:-1], bounds[1:])]

@@ -296,7 +296,7 @@ def convert(
         done = _convert_shards(job, done, progress_dir)
         manifest, skipped = _finalize(job, done)
     except OSError as exc:
-        if exc.errno == errno.ENOSPC:
+        if exc.errno == errno.ENOSPC or shutil.disk_usage(partial.parent).free < (1 << 20):
             raise _disk_full_error(partial, source) from exc
         raise DestinationError(f"writing {str(partial)!r} failed: {exc}") from exc
     progress_dir.remove()

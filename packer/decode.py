@@ -56,7 +56,7 @@ def decode_rgb(data: bytes | memoryview) -> Image.Image:
         return Image.fromarray(pixels, "RGB")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        image = Image.open(io.BytesIO(data))
+        image: Image.Image = Image.open(io.BytesIO(data))
         if image.mode != "RGB":
             if image.mode.startswith("I") or image.mode == "F":  # 16/32-bit grayscale
                 wide = np.asarray(image, dtype=np.float64)

@@ -135,6 +135,7 @@ def run_demo(
     for _ in range(repeats):
         for name, path in targets:
             for output in ("bytes", "numpy"):
+                dataset: Any
                 if path == tree.root:  # the folder as a user would read it: broken files left out
                     dataset = FolderDataset(path, output=output, is_valid_file=good.__contains__)
                 else:

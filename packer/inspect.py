@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -18,7 +19,7 @@ def describe(path: str | os.PathLike[str], show_skipped: bool = False, num_keys:
     root = Path(path)
     m = load_manifest(root)
     index = load_index(root, m)
-    counts = np.bincount(index["label"], minlength=len(m.classes)) if len(index) else []
+    counts: Any = np.bincount(index["label"], minlength=len(m.classes)) if len(index) else []
     lines = [
         f"{root}: packer {m.format} dataset (layout v{m.layout_version}, {m.kind}s)",
         f"samples: {m.num_samples}    classes: {len(m.classes)}    "

@@ -101,7 +101,7 @@ class Progress:
                 f"cannot resume {str(self.dir.parent)!r}: {change}. Convert again without "
                 "--resume (with --overwrite) to start over"
             )
-        done = []
+        done: list[Checkpoint] = []
         while (ckpt := self.dir / f"shard-{len(done):05d}.json").is_file():
             data = json.loads(ckpt.read_text(encoding="utf-8", errors="surrogateescape"))
             shard = ShardInfo(**data["shard"]) if data["shard"] else None

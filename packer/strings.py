@@ -6,7 +6,7 @@ a forked parent's lists of strings into every worker (pytorch#13246). Two numpy 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -32,5 +32,5 @@ class StringTable:
         start, stop = self._offsets[i], self._offsets[i + 1]
         return self._blob[start:stop].tobytes().decode("utf-8", "surrogateescape")
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[str]:
         return (self[i] for i in range(len(self)))

@@ -65,7 +65,9 @@ class VerifyReport:
 
 def _check_files(root: Path, manifest: Manifest, report: VerifyReport) -> set[str]:
     bad: set[str] = set()
-    named = [(s.name, s.xxh3_64, s.bytes) for s in manifest.shards]
+    named: list[tuple[str, str, int | None]] = [
+        (s.name, s.xxh3_64, s.bytes) for s in manifest.shards
+    ]
     named += [(name, digest, None) for name, digest in manifest.files.items()]
     for name, digest, size in named:
         path = root / name

@@ -60,7 +60,8 @@ class Writer:
         return 0, len(data)
 
     def finish_shard(self) -> ShardInfo | None:
-        """Nothing to finish: each sample is its own file."""
+        """Make the files written so far durable (one ``sync`` per planned group of samples)."""
+        os.sync()
         return None
 
     def close(self) -> list[ShardInfo]:

@@ -21,7 +21,9 @@ parent right before a fork (see ``packer.handles``).
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,15 @@ SHARDED = True
 TRANSCODE = None
 SUFFIX = ".h5"
 _FLUSH_BYTES = 32 << 20
+
+
+def _check_space(root: Path, planned: int) -> None:
+    """Refuse to start a shard that cannot fit: the HDF5 library does not survive a full disk
+    mid-write (its later clean-up can crash the process), so the space is checked first."""
+    need = planned + planned // 100 + (64 << 10)
+    free = shutil.disk_usage(root).free
+    if free < need:
+        raise OSError(errno.ENOSPC, f"{need} bytes needed for the next HDF5 shard, {free} free")
 
 
 class Writer:
@@ -65,14 +76,24 @@ class Writer:
     def __exit__(self, *exc: object) -> None:
         if exc[0] is None:
             self.close()
-        elif self._file is not None:
-            self._file.close()
+        else:
+            self._abort()
+
+    def _abort(self) -> None:
+        """Drop the open shard after a failure (e.g. disk full), never raising from here."""
+        handle, self._file = self._file, None
+        if handle is not None:
+            try:
+                handle.close()
+            except Exception:  # HDF5 cannot flush a file on a full disk; the shard is redone
+                pass
 
     def write(self, shard: int, key: str, label: int, data: bytes) -> tuple[int, int]:
         """Append one sample to ``shard``; return its (byte offset in /data, length)."""
         if shard != self._current:
             self.finish_shard()
             path = self.root / shard_name(shard, SUFFIX)
+            _check_space(self.root, self.planned[shard])
             self._file = h5py.File(path, "w", libver="v110", track_order=False)
             self._file.create_dataset(
                 "data", shape=(max(self.planned[shard], 1),), dtype=np.uint8, track_times=False
@@ -106,9 +127,16 @@ class Writer:
             )
         self._file.attrs["packer_layout_version"] = LAYOUT_VERSION
         self._file.attrs["used_bytes"] = self._flushed
-        self._file.close()
-        self._file = None
+        handle, self._file = self._file, None
+        try:
+            handle.close()
+        except Exception:
+            self._file = handle
+            self._abort()
+            raise
         path = self.root / shard_name(self._current, SUFFIX)
+        with open(path, "rb+") as fh:  # durable before the shard is checkpointed
+            os.fsync(fh.fileno())
         self.shards.append(
             ShardInfo(path.name, len(self._offsets), path.stat().st_size, file_checksum(path))
         )
@@ -146,4 +174,4 @@ class Reader(ReaderBase):
         path = self.root / self.shard_names[shard]
         data = self.handles.get(shard, lambda: _File(path)).data
         start = int(self.offset[i])
-        return data[start : start + int(self.length[i])].tobytes()  # type: ignore[no-any-return]
+        return data[start : start + int(self.length[i])].tobytes()

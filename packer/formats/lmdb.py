@@ -16,6 +16,7 @@ times slower than plain files, so it is an option (``readahead=False``) and not 
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections.abc import Sequence
@@ -94,10 +95,13 @@ class Writer:
 
     def write(self, shard: int, key: str, label: int, data: bytes) -> tuple[int, int]:
         """Append one sample to ``shard``; return its (record number in the shard, length)."""
-        if shard != self._current:
-            self._open_shard(shard)
-        record = self._count
-        self._put(record_key(record), data)
+        try:
+            if shard != self._current:
+                self._open_shard(shard)
+            record = self._count
+            self._put(record_key(record), data)
+        except lmdb.Error as exc:  # LMDB reports a failed write (e.g. disk full) as EIO
+            raise OSError(errno.EIO, f"LMDB write failed: {exc}") from exc
         self._count += 1
         return record, len(data)
 
@@ -131,8 +135,11 @@ class Writer:
         """Close the open shard (if any), fsync it and return its manifest entry."""
         if self._env is None:
             return None
-        self._txn.commit()
-        self._env.sync(True)
+        try:
+            self._txn.commit()
+            self._env.sync(True)
+        except lmdb.Error as exc:
+            raise OSError(errno.EIO, f"LMDB commit failed: {exc}") from exc
         self._env.close()
         path = self.root / shard_name(self._current, SUFFIX)
         self.shards.append(
@@ -235,7 +242,7 @@ class Reader(ReaderBase):
 
     def _shard(self, shard: int) -> _Handle:
         path = self.root / self.shard_names[shard]
-        return self.handles.get(shard, lambda: _Handle(path, self.readahead))  # type: ignore[no-any-return]
+        return self.handles.get(shard, lambda: _Handle(path, self.readahead))
 
     def read(self, i: int) -> bytes:
         """The stored bytes of sample ``i``."""

@@ -129,4 +129,4 @@ class Reader(ReaderBase):
     def read(self, i: int) -> bytes:
         """The stored bytes of sample ``i``."""
         start = int(self.offset[i])
-        return self._array(int(self.shard[i]))[start : start + int(self.length[i])].tobytes()  # type: ignore[no-any-return]
+        return self._array(int(self.shard[i]))[start : start + int(self.length[i])].tobytes()

@@ -1,0 +1,156 @@
+"""Hostile inputs, disk full, and long multi-epoch runs: nothing lost, nothing corrupt, no leaks."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from test_convert import tree_files
+from torch.utils.data import DataLoader
+
+import packer
+from packer.demo import DemoTree, photo_like
+from packer.errors import DestinationError
+from packer.manifest import MANIFEST_NAME
+
+
+def jpeg(image: Image.Image, **kw: object) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format="JPEG", **kw)
+    return out.getvalue()
+
+
+@pytest.fixture
+def hostile(tmp_path: Path) -> tuple[Path, dict[str, bytes], set[str]]:
+    """A tree mixing good images of every kind with every kind of bad input."""
+    root = tmp_path / "hostile"
+    (root / "a").mkdir(parents=True)
+    (root / "b").mkdir()
+    photo = photo_like(np.random.default_rng(1), 64, 48)
+    good = {
+        "a/plain": jpeg(photo),
+        "a/gray": jpeg(photo.convert("L")),
+        "a/cmyk": jpeg(photo.convert("CMYK")),
+        "a/with space ünïcödé": jpeg(photo),
+        "b/palette": b"",
+        "b/sixteen": b"",
+        "b/big": jpeg(Image.new("RGB", (70, 70), (9, 99, 199))),  # over the lowered limit
+    }
+    buf = io.BytesIO()
+    photo.convert("P").save(buf, format="PNG")
+    good["b/palette"] = buf.getvalue()
+    buf = io.BytesIO()
+    Image.fromarray(np.full((6, 5), 50000, dtype=np.uint16)).save(buf, format="PNG")
+    good["b/sixteen"] = buf.getvalue()
+    names = {"a/plain": ".jpg", "a/gray": ".JPG", "a/cmyk": ".jpeg", "a/with space ünïcödé": ".jpg"}
+    names |= {"b/palette": ".png", "b/sixteen": ".png", "b/big": ".jpg"}
+    for key, data in good.items():
+        (root / (key + names[key])).write_bytes(data)
+    bad = {
+        "a/empty.jpg": b"",
+        "a/truncated.jpg": jpeg(photo)[:300],
+        "a/notes.jpg": b"this is a text file, not a picture\n",
+        "b/bomb.jpg": jpeg(Image.new("RGB", (90, 90))),  # over twice the lowered limit
+    }
+    for name, data in bad.items():
+        (root / name).write_bytes(data)
+    os.symlink("loop2.jpg", root / "b/loop1.jpg")
+    os.symlink("loop1.jpg", root / "b/loop2.jpg")
+    # Reading /proc/self/mem at offset 0 fails with EIO even for root: an unreadable file.
+    os.symlink("/proc/self/mem", root / "b/unreadable.jpg")
+    bad_names = set(bad) | {"b/loop1.jpg", "b/loop2.jpg", "b/unreadable.jpg"}
+    return root, good, bad_names
+
+
+def test_hostile_tree_converts_with_every_problem_reported(
+    hostile: tuple[Path, dict[str, bytes], set[str]],
+    tmp_path: Path,
+    suffix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    root, good, bad = hostile
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 3100)  # 70×70 warns, 90×90 is a bomb
+    result = packer.convert(root, tmp_path / f"out{suffix}", workers=1, progress=False)
+    reported = {str(Path(s.path).relative_to(root)): s.reason for s in result.skipped}
+    assert set(reported) == bad
+    assert "empty file" in reported["a/empty.jpg"]
+    assert "not an image" in reported["a/notes.jpg"]
+    assert "decompression bomb" in reported["b/bomb.jpg"]
+    assert "cannot read" in reported["b/unreadable.jpg"]
+    dataset = packer.open_dataset(result.dst, output="bytes")
+    assert sorted(dataset.keys) == sorted(good)
+    for i, key in enumerate(dataset.keys):
+        if suffix != ".bmp":
+            assert dataset[i][0] == good[key]
+    rgb = packer.open_dataset(result.dst)
+    arrays = packer.open_dataset(result.dst, output="numpy")
+    for i in range(len(rgb)):
+        assert rgb[i][0].mode == "RGB"
+        assert arrays[i][0].ndim == 3 and arrays[i][0].shape[2] == 3
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 40 kB tmpfs (CI runs as root); remountable larger to let a resume finish."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40k", "tmpfs", str(mount)])
+    assert done.returncode == 0, "mounting a tmpfs needs root, as in CI"
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)])
+
+
+def test_disk_full_keeps_a_resumable_partial(
+    tree: DemoTree, tmp_path: Path, small_disk: Path, suffix: str
+) -> None:
+    reference = tmp_path / f"ref{suffix}"
+    packer.convert(tree.root, reference, shard_size="10kB", workers=1, progress=False)
+    dst = small_disk / f"out{suffix}"
+    with pytest.raises(DestinationError, match="disk full.*--resume"):
+        packer.convert(tree.root, dst, shard_size="10kB", workers=2, progress=False)
+    partial = small_disk / f"out{suffix}.partial"
+    assert partial.is_dir() and not (partial / MANIFEST_NAME).exists() and not dst.exists()
+    subprocess.run(["mount", "-o", "remount,size=4m", str(small_disk)], check=True)
+    packer.convert(tree.root, dst, shard_size="10kB", workers=2, resume=True, progress=False)
+    assert tree_files(dst) == tree_files(reference)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+
+
+@pytest.mark.parametrize("fmt", [".lmdb", ".h5"])
+def test_twenty_epochs_of_fresh_workers_leak_nothing(packed: dict[str, Path], fmt: str) -> None:
+    dataset = packer.open_dataset(packed[fmt], output="bytes")
+    loader = DataLoader(
+        dataset,
+        batch_size=3,
+        num_workers=4,
+        persistent_workers=False,
+        multiprocessing_context="fork",
+        collate_fn=packer.collate_bytes,
+    )
+    counts, fds, rss = [], [], []
+    for _ in range(20):
+        counts.append(sum(len(labels) for _, _, labels in loader))
+        dataset[0]  # the parent reads too, between epochs
+        fds.append(_open_fds())
+        rss.append(_rss_kb())
+    print(f"{fmt}: open fds per epoch {fds}; RSS kB first/last {rss[0]}/{rss[-1]}")
+    assert counts == [len(dataset)] * 20
+    # workers shut down asynchronously, so a pipe may linger at one sample; a leak never shrinks
+    assert min(fds[-5:]) <= min(fds[:5])
+    assert rss[-1] - rss[1] < 20_000
