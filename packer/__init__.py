@@ -27,25 +27,37 @@ _EXPORTS = {
     "LoaderReport": "packer.diagnose",
     "diagnose": "packer.diagnose",
     "worker_init_fn": "packer.workers",
+    "BMPVideoDataset": "packer.video.datasets",
+    "HDF5VideoDataset": "packer.video.datasets",
+    "LMDBVideoDataset": "packer.video.datasets",
+    "NpyVideoDataset": "packer.video.datasets",
+    "VideoFolderDataset": "packer.video.datasets",
+    "open_video_dataset": "packer.video.datasets",
 }
 
 __all__ = [
     "BMPDataset",
+    "BMPVideoDataset",
     "ConvertResult",
     "DestinationError",
     "FolderDataset",
     "FormatError",
     "HDF5Dataset",
+    "HDF5VideoDataset",
     "LMDBDataset",
+    "LMDBVideoDataset",
     "LoaderReport",
     "NpyDataset",
+    "NpyVideoDataset",
     "PackerError",
     "SourceError",
+    "VideoFolderDataset",
     "__version__",
     "collate_bytes",
     "convert",
     "diagnose",
     "open_dataset",
+    "open_video_dataset",
     "unpack_bytes",
     "verify",
     "worker_init_fn",
@@ -62,6 +74,14 @@ if TYPE_CHECKING:
         open_dataset,
     )
     from packer.diagnose import LoaderReport, diagnose
+    from packer.video.datasets import (
+        BMPVideoDataset,
+        HDF5VideoDataset,
+        LMDBVideoDataset,
+        NpyVideoDataset,
+        VideoFolderDataset,
+        open_video_dataset,
+    )
     from packer.workers import worker_init_fn
 
 

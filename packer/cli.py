@@ -75,6 +75,37 @@ def main() -> None:
     show_default=True,
     help="fast: header + JPEG end marker; decode: decode every image.",
 )
+@click.option(
+    "--kind",
+    type=click.Choice(["image", "video"]),
+    help="image: <class>/<image>; video: <class>/<video>/<frame> or <class>/<video>.mp4 "
+    "(default: detected from the tree).",
+)
+@click.option(
+    "--quality",
+    type=click.IntRange(1, 100),
+    help="Video files: JPEG quality of the decoded frames [default: 90].",
+)
+@click.option(
+    "--max-side",
+    type=click.IntRange(min=1),
+    help="Video files: shrink frames to this longest side.",
+)
+@click.option(
+    "--short-side",
+    type=click.IntRange(min=1),
+    help="Video files: resize frames to this shortest side (e.g. 256).",
+)
+@click.option(
+    "--fps",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Video files: keep this many frames per second.",
+)
+@click.option(
+    "--skip-bad-frames",
+    is_flag=True,
+    help="Video: drop an unreadable frame instead of skipping its video.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @_friendly
 def convert(
@@ -87,9 +118,18 @@ def convert(
     resume: bool,
     strict: bool,
     check: str,
+    kind: str | None,
+    quality: int | None,
+    max_side: int | None,
+    short_side: int | None,
+    fps: float | None,
+    skip_bad_frames: bool,
     quiet: bool,
 ) -> None:
     """Convert the image folder SRC (<class>/<image>) into the packed dataset DST.
+
+    Video sources work the same way: <class>/<video>/<frame>.jpg frame folders (kept as they
+    are) or <class>/<video>.mp4|.avi|.webm|.mkv files (decoded once with PyAV, stored as JPEG).
 
     The format follows DST's suffix: .lmdb, .h5/.hdf5, .npy, .bmp. Encoded bytes are copied
     unchanged (except .bmp, which stores decoded pixels). Unusable files are skipped and listed.
@@ -98,9 +138,14 @@ def convert(
     \b
     Example:
       packer convert imagenet/train train.lmdb --shard-size 1GB
+      packer convert ucf101/ ucf101.npy --short-side 256 --fps 10
     """
     from packer.convert import convert as run
 
+    given = {"quality": quality, "max_side": max_side, "short_side": short_side, "fps": fps}
+    video = {name: value for name, value in given.items() if value is not None}
+    if skip_bad_frames:
+        video["skip_bad_frames"] = True
     result = run(
         src,
         dst,
@@ -112,6 +157,8 @@ def convert(
         check=check,
         resume=resume,
         progress=not quiet,
+        kind=kind,
+        **video,
     )
     click.echo(result.summary())
 
@@ -129,42 +176,62 @@ def inspect(dst: Path, skipped: bool, num_keys: int) -> None:
       packer inspect train.lmdb --skipped
     """
     from packer.inspect import describe
+    from packer.manifest import load_manifest
 
     click.echo(describe(dst, show_skipped=skipped, num_keys=num_keys))
+    if load_manifest(dst).kind == "video":
+        from packer.video.inspect import describe_video
+
+        click.echo(describe_video(dst))
 
 
 @main.command(context_settings=CONTEXT)
 @click.argument("workdir", type=click.Path(path_type=Path), default="demo-data")
 @click.option("--classes", default=8, show_default=True, help="Class folders to generate.")
-@click.option("--per-class", default=100, show_default=True, help="Images per class.")
+@click.option("--per-class", default=100, show_default=True, help="Images (or videos) per class.")
+@click.option(
+    "--kind",
+    type=click.Choice(["image", "video"]),
+    default="image",
+    show_default=True,
+    help="Demo images or video frame folders.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @_friendly
-def demo(workdir: Path, classes: int, per_class: int, quiet: bool) -> None:
-    """Generate photo-like JPEGs, convert them to every format, and time reading each back.
+def demo(workdir: Path, classes: int, per_class: int, kind: str, quiet: bool) -> None:
+    """Generate photo-like JPEGs (or video frame folders), convert them to every format, and
+    time reading each back.
 
     \b
     Example:
       packer demo /tmp/packer-demo --per-class 200
+      packer demo /tmp/packer-video --kind video
     """
-    from packer.demo import run_demo
+    results: list[Any]
+    if kind == "video":
+        from packer.video.demo import run_video_demo
 
-    tree, results, rows = run_demo(workdir, classes, per_class, progress=not quiet)
-    click.echo(
-        f"generated {len(tree.good)} JPEGs and {len(tree.bad)} truncated one(s) in {tree.root}"
-    )
+        video_tree, results, rows = run_video_demo(workdir, classes, per_class, progress=not quiet)
+        click.echo(f"generated {len(video_tree.videos)} frame folders in {video_tree.root}")
+        unit, batch = "clips", 16
+    else:
+        from packer.demo import run_demo
+
+        tree, results, rows = run_demo(workdir, classes, per_class, progress=not quiet)
+        click.echo(f"generated {len(tree.good)} JPEGs, {len(tree.bad)} truncated, in {tree.root}")
+        unit, batch = "img", 64
     for result in results:
         click.echo(result.summary())
-    base_bytes, base_decoded = rows[0].bytes_per_s, rows[0].decoded_per_s
     click.echo(
-        "\nreading through a DataLoader (num_workers=0, batch 64, warm cache, median of 3):\n"
+        f"\nreading through a DataLoader (num_workers=0, batch {batch}, warm cache, median of 3):\n"
     )
-    click.echo("| dataset | on disk | bytes img/s | × folder | decoded img/s | × folder |")
+    click.echo(f"| dataset | on disk | bytes {unit}/s | × folder | decoded {unit}/s | × folder |")
     click.echo("|---|---:|---:|---:|---:|---:|")
     for row in rows:
         click.echo(
             f"| {row.name} | {format_size(row.disk_bytes)} | {row.bytes_per_s:,.0f} | "
-            f"{row.bytes_per_s / base_bytes:.2f} | {row.decoded_per_s:,.0f} | "
-            f"{row.decoded_per_s / base_decoded:.2f} |"
+            f"{row.bytes_per_s / rows[0].bytes_per_s:.2f} | {row.decoded_per_s:,.0f} | "
+            f"{row.decoded_per_s / rows[0].decoded_per_s:.2f} |"
         )
 
 

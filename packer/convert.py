@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -37,8 +38,16 @@ from packer.pipeline import default_workers, load_in_order
 from packer.resume import Checkpoint, Progress, fault_point, fingerprint, skipped_dicts
 from packer.sizes import format_size, parse_size
 from packer.sources import Scan, SkippedInput, scan
+from packer.video.sources import detect_kind
 
-__all__ = ["ConvertResult", "convert", "plan_shards"]
+__all__ = [
+    "DEFAULT_SHARD_SIZE",
+    "ConvertResult",
+    "check_destination",
+    "convert",
+    "plan_shards",
+    "publish",
+]
 
 DEFAULT_SHARD_SIZE = 1 << 30
 
@@ -88,7 +97,7 @@ def plan_shards(sizes: Sequence[int], shard_size: int) -> tuple[np.ndarray, list
     return shard_of, planned
 
 
-def _check_destination(dst: Path, overwrite: bool) -> None:
+def check_destination(dst: Path, overwrite: bool) -> None:
     if dst.exists() and not overwrite:
         raise DestinationError(f"destination {str(dst)!r} exists; pass --overwrite to replace it")
     parent = dst.parent if str(dst.parent) else Path(".")
@@ -215,7 +224,7 @@ def _finalize(job: _Job, done: list[Checkpoint]) -> tuple[Manifest, list[Skipped
     return manifest, [SkippedInput(s["path"], s["reason"]) for s in skipped]
 
 
-def _publish(partial: Path, dst: Path) -> None:
+def publish(partial: Path, dst: Path) -> None:
     """Move the finished ``partial`` into place, replacing an old ``dst`` only at the end."""
     old = None
     if dst.exists() or dst.is_symlink():
@@ -252,6 +261,8 @@ def convert(
     check: str = "fast",
     resume: bool = False,
     progress: bool = True,
+    kind: str | None = None,
+    **video_options: Any,
 ) -> ConvertResult:
     """Convert the image folder ``src`` (``<class>/<image>``) into a packed dataset at ``dst``.
 
@@ -268,14 +279,39 @@ def convert(
             must exist and the source and options must be unchanged); the result is identical
             to an uninterrupted run.
         progress: show a tqdm progress bar.
+        kind: ``"image"`` (``<class>/<image>``) or ``"video"`` (``<class>/<video>/<frame>`` or
+            ``<class>/<video>.mp4``); detected from the tree when None.
+        video_options: for video sources, ``quality``, ``max_side``, ``short_side``, ``fps``,
+            ``skip_bad_frames`` (see :func:`packer.video.convert.convert_video`).
 
     Raises:
         PackerError: bad arguments, a bad source or destination, or (with ``strict``) a bad file.
     """
     src_path, dst_path = Path(src), Path(os.fspath(dst).rstrip("/") or "/")
+    kind = kind or detect_kind(src_path)
+    if kind == "video":
+        if resume:
+            raise PackerError("--resume is not supported for video sources yet; convert again")
+        from packer.video.convert import convert_video  # lazy: it imports this module
+
+        return convert_video(
+            src,
+            dst,
+            format=format,
+            shard_size=shard_size,
+            workers=workers,
+            overwrite=overwrite,
+            strict=strict,
+            progress=progress,
+            **video_options,
+        )
+    if kind != "image":
+        raise PackerError(f"unknown kind {kind!r}; expected image or video")
+    if video_options:
+        raise PackerError(f"{', '.join(sorted(video_options))} only apply to video sources")
     fmt = _validate(format, dst_path, workers, check)
     size = parse_size(shard_size)
-    _check_destination(dst_path, overwrite)
+    check_destination(dst_path, overwrite)
     source = scan(src_path)
     if strict and source.skipped:
         raise InputFileError(f"{source.skipped[0].path}: {source.skipped[0].reason} (--strict)")
@@ -300,7 +336,7 @@ def convert(
             raise _disk_full_error(partial, source) from exc
         raise DestinationError(f"writing {str(partial)!r} failed: {exc}") from exc
     progress_dir.remove()
-    _publish(partial, dst_path)
+    publish(partial, dst_path)
     bytes_out = sum(f.stat().st_size for f in dst_path.rglob("*") if f.is_file())
     return ConvertResult(
         dst=dst_path,

@@ -215,9 +215,11 @@ _CLASSES: dict[str, type[PackedDataset]] = {
 
 
 def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> ImageDataset:
-    """Open a packer output (any format, read from its manifest) or a plain image folder.
+    """Open a packer output (any format and kind, read from its manifest) or a plain folder
+    (``<class>/<image>`` or ``<class>/<video>/<frame>``).
 
-    Keyword arguments go to the dataset class (``transform``, ``output``, reader options).
+    Keyword arguments go to the dataset class (``transform``, ``output``, reader options; for
+    video ``num_frames``, ``sampling``, ``stride``, ``seed``).
 
     Raises:
         PackerError: the path is neither a packer output nor an image folder.
@@ -227,11 +229,21 @@ def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> ImageDataset:
         raise PackerError(f"{str(root)!r} does not exist")
     if (root / MANIFEST_NAME).is_file():
         manifest = load_manifest(root)
+        if manifest.kind == "video":
+            from packer.video.datasets import open_video_dataset
+
+            return open_video_dataset(root, **kwargs)  # type: ignore[return-value]
         return _CLASSES[manifest.format](root, **kwargs)
     if root.suffix.lower() in {".lmdb", ".h5", ".hdf5", ".npy", ".bmp"} and root.is_dir():
         raise FormatError(
             f"{str(root)!r} has no {MANIFEST_NAME}: it is not a complete packer output"
         )
     if root.is_dir():
+        from packer.video.sources import detect_kind
+
+        if detect_kind(root) == "video":
+            from packer.video.datasets import open_video_dataset
+
+            return open_video_dataset(root, **kwargs)  # type: ignore[return-value]
         return FolderDataset(root, **kwargs)
     raise PackerError(f"{str(root)!r} is neither a packer output nor an image folder")

@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from packer.decode import decode
@@ -86,6 +87,41 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport) -> set[st
     return bad
 
 
+def _check_videos(
+    root: Path,
+    manifest: Manifest,
+    index: np.ndarray,
+    report: VerifyReport,
+    full: bool,
+    progress: bool,
+) -> None:
+    """Per-video checks: every frame's checksum (``frames.npy``) and, with ``full``, decoding."""
+    from packer.video.formats import video_format
+    from packer.video.layout import load_frames
+
+    frames = load_frames(root, manifest, index)
+    reader = video_format(manifest.format).Reader(root, manifest, index, frames["length"])
+    for v in tqdm(range(len(index)), unit="video", desc="verify", disable=not progress):
+        where = f"video {reader.keys[v]!r}"
+        first, count = int(index["offset"][v]), int(index["length"][v])
+        try:
+            stored = reader.read(v, np.arange(count))
+        except (PackerError, OSError) as exc:
+            report.problems.append(Problem(where, f"cannot read: {exc}"))
+            continue
+        report.samples_checked += 1
+        for j, data in enumerate(stored):
+            if bytes_checksum(data) != int(frames["checksum"][first + j]):
+                report.problems.append(Problem(f"{where} frame {j}", "bytes differ from checksum"))
+            elif full:
+                try:
+                    decode(data, "numpy")
+                    report.decoded += 1
+                except (OSError, ValueError, SyntaxError) as exc:
+                    report.problems.append(Problem(f"{where} frame {j}", f"does not decode: {exc}"))
+    reader.close()
+
+
 def verify(path: str | os.PathLike[str], full: bool = False, progress: bool = True) -> VerifyReport:
     """Verify the packed dataset at ``path``.
 
@@ -100,6 +136,9 @@ def verify(path: str | os.PathLike[str], full: bool = False, progress: bool = Tr
     if {"index.npy", "keys.txt"} & bad_files:
         return report  # per-sample checks need a sound index
     index = load_index(root, manifest)
+    if manifest.kind == "video":
+        _check_videos(root, manifest, index, report, full, progress)
+        return report
     keys = load_keys(root)
     reader = by_name(manifest.format).Reader(root, manifest, index)
     names = [s.name for s in manifest.shards]

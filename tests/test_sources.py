@@ -80,3 +80,15 @@ def test_bad_sources_are_clear_errors(tmp_path: Path, layout: str | None, messag
 def test_natural_key_orders_numbers() -> None:
     names = ["img_10.jpg", "img_2.jpg", "img_1.jpg"]
     assert sorted(names, key=natural_key) == ["img_1.jpg", "img_2.jpg", "img_10.jpg"]
+
+
+def test_stray_subfolder_does_not_make_an_image_tree_video(tmp_path: Path) -> None:
+    from packer.video.sources import detect_kind
+
+    touch(tmp_path / "a/1.jpg")
+    (tmp_path / "a/thumbnails").mkdir()
+    touch(tmp_path / "a/notes/readme.txt")
+    assert detect_kind(tmp_path) == "image"
+    touch(tmp_path / "b/clip/img_1.jpg")
+    with pytest.raises(SourceError, match="mixes kinds"):
+        detect_kind(tmp_path)

@@ -21,7 +21,7 @@ import numpy as np
 import xxhash
 from tqdm.auto import tqdm
 
-from packer.convert import DEFAULT_SHARD_SIZE, ConvertResult, _check_destination, _publish
+from packer.convert import DEFAULT_SHARD_SIZE, ConvertResult, check_destination, publish
 from packer.errors import DestinationError, InputFileError, PackerError
 from packer.formats import format_for
 from packer.manifest import (
@@ -252,7 +252,7 @@ def convert_video(
     sizes = {"max_side": max_side, "short_side": short_side, "fps": fps}
     module = _validate(format, dst_path, workers, quality, sizes)
     size = parse_size(shard_size)
-    _check_destination(dst_path, overwrite)
+    check_destination(dst_path, overwrite)
     source = scan_videos(src_path)
     _check_source(source, fps)
     frame_options = FrameOptions(
@@ -285,7 +285,7 @@ def convert_video(
                 "free space and convert again"
             ) from exc
         raise DestinationError(f"writing {str(partial)!r} failed: {exc}") from exc
-    _publish(partial, dst_path)
+    publish(partial, dst_path)
     return VideoConvertResult(
         dst=dst_path,
         manifest=manifest,

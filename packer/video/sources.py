@@ -97,6 +97,15 @@ def _class_dirs(root: Path) -> list[str]:
     return sorted(names)
 
 
+def _holds_images(folder: str) -> bool:
+    """Whether a sub-folder holds at least one image (a frame folder, not a stray folder)."""
+    try:
+        with os.scandir(folder) as entries:
+            return any(is_image_name(e.name) and not e.name.startswith(".") for e in entries)
+    except OSError:
+        return False
+
+
 def _class_kind(folder: Path) -> str | None:
     """``"image"``, ``"video"``, ``"mixed"``, or None for a folder with neither."""
     images = videos = False
@@ -107,8 +116,12 @@ def _class_kind(folder: Path) -> str | None:
     for entry in entries:
         if entry.name.startswith("."):
             continue
-        if entry.is_dir():
-            videos = True
+        try:
+            is_dir = entry.is_dir()
+        except OSError:  # a symlink loop or an unreadable entry: the scan reports it
+            continue
+        if is_dir:
+            videos = videos or _holds_images(entry.path)
         elif is_video_name(entry.name):
             videos = True
         elif is_image_name(entry.name):
