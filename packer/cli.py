@@ -2,35 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
 from packer import __version__
-from packer.errors import PackerError
+from packer.cliutil import CONTEXT, friendly
 from packer.sizes import format_size
-
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-
-
-def _friendly(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn a PackerError into a one-line message and exit status 1; Ctrl-C into status 130."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except PackerError as exc:
-            raise click.ClickException(str(exc)) from exc
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(130)
-
-    return wrapper
 
 
 @click.group(context_settings=CONTEXT)
@@ -107,7 +87,7 @@ def main() -> None:
     help="Video: drop an unreadable frame instead of skipping its video.",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-@_friendly
+@friendly
 def convert(
     src: Path,
     dst: Path,
@@ -167,7 +147,7 @@ def convert(
 @click.argument("dst", type=click.Path(exists=True, path_type=Path))
 @click.option("--skipped", is_flag=True, help="List every skipped input with its reason.")
 @click.option("--keys", "num_keys", default=5, show_default=True, help="How many keys to show.")
-@_friendly
+@friendly
 def inspect(dst: Path, skipped: bool, num_keys: int) -> None:
     """Show what a packed dataset holds: format, counts, classes, shards, keys, skipped inputs.
 
@@ -197,7 +177,7 @@ def inspect(dst: Path, skipped: bool, num_keys: int) -> None:
     help="Demo images or video frame folders.",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
-@_friendly
+@friendly
 def demo(workdir: Path, classes: int, per_class: int, kind: str, quiet: bool) -> None:
     """Generate photo-like JPEGs (or video frame folders), convert them to every format, and
     time reading each back.
@@ -239,7 +219,7 @@ def demo(workdir: Path, classes: int, per_class: int, kind: str, quiet: bool) ->
 @click.argument("dst", type=click.Path(exists=True, path_type=Path))
 @click.option("--full", is_flag=True, help="Also decode every sample.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-@_friendly
+@friendly
 def verify(dst: Path, full: bool, quiet: bool) -> None:
     """Check a packed dataset: file checksums, every sample's checksum, and (--full) decoding.
 

@@ -2,33 +2,17 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
+from packer.cliutil import CONTEXT, friendly
 from packer.errors import PackerError
 
 __all__ = ["bench", "doctor"]
-
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-
-
-def _friendly(func: Callable[..., Any]) -> Callable[..., Any]:
-    """A PackerError becomes a one-line message and exit status 1."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except PackerError as exc:
-            raise click.ClickException(str(exc)) from exc
-
-    return wrapper
 
 
 def _int_list(text: str, name: str) -> list[int]:
@@ -83,7 +67,7 @@ def _report(runs: list[Any], costs: list[Any], options: dict[str, Any], complete
 @click.option("--storage/--no-storage", default=True, help="Measure per-sample storage cost.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Save results here.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Save a PNG plot here.")
-@_friendly
+@friendly
 def bench(paths: tuple[Path, ...], workers: str, modes: str, json_path: Path | None,
           plot_path: Path | None, storage: bool, **kw: Any) -> None:  # fmt: skip
     """Time reading packer outputs and image folders through a real DataLoader.
@@ -137,7 +121,7 @@ def bench(paths: tuple[Path, ...], workers: str, modes: str, json_path: Path | N
 @click.option("--steps", default=50, show_default=True, type=click.IntRange(min=2),
               help="Batches to time with --loader.")  # fmt: skip
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Save the report.")
-@_friendly
+@friendly
 def doctor(path: Path | None, step_ms: float | None, batch_size: int, workers: int | None,
            budget: float, loader_spec: str | None, steps: int, json_path: Path | None) -> None:  # fmt: skip
     """Measure where loading time goes on this machine, explain stalls, say what to change.

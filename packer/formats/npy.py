@@ -23,7 +23,7 @@ from packer.errors import FormatError
 from packer.formats.common import ReaderBase
 from packer.manifest import Manifest, ShardInfo, file_checksum, shard_name
 
-__all__ = ["HEADER_BYTES", "LAYOUT_VERSION", "NAME", "Reader", "Writer"]
+__all__ = ["HEADER_BYTES", "LAYOUT_VERSION", "NAME", "MappedArray", "Reader", "Writer"]
 
 NAME = "npy"
 LAYOUT_VERSION = 1
@@ -99,12 +99,14 @@ class Writer:
         return self.shards
 
 
-class _Map:
+class MappedArray:
+    """A read-only memory map of one ``.npy`` file, closable (a HandleCache entry)."""
+
     def __init__(self, path: Path) -> None:
         try:
             self.array: Any = np.load(path, mmap_mode="r")
         except (OSError, ValueError) as exc:
-            raise FormatError(f"cannot open NPY shard {str(path)!r}: {exc}") from exc
+            raise FormatError(f"cannot open {str(path)!r}: {exc}") from exc
 
     def close(self) -> None:
         mm = getattr(self.array, "_mmap", None)
@@ -124,7 +126,7 @@ class Reader(ReaderBase):
 
     def _array(self, shard: int) -> Any:
         path = self.root / self.shard_names[shard]
-        return self.handles.get(shard, lambda: _Map(path)).array
+        return self.handles.get(shard, lambda: MappedArray(path)).array
 
     def read(self, i: int) -> bytes:
         """The stored bytes of sample ``i``."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.errors import FormatError
+from packer.formats.npy import MappedArray
 from packer.manifest import Manifest, ShardInfo
 from packer.video.common import VideoReaderBase, video_file
 
@@ -66,23 +66,6 @@ class Writer:
         return []
 
 
-class _Map:
-    def __init__(self, path: Path) -> None:
-        try:
-            self.array: Any = np.load(path, mmap_mode="r")
-        except (OSError, ValueError) as exc:
-            raise FormatError(f"cannot open {str(path)!r}: {exc}") from exc
-
-    def close(self) -> None:
-        mm = getattr(self.array, "_mmap", None)
-        self.array = None
-        if mm is not None:
-            try:
-                mm.close()
-            except BufferError:  # a view still references the map: let GC unmap it
-                pass
-
-
 class Reader(VideoReaderBase):
     """Read sampled frames from memory-mapped per-video ``.npy`` files."""
 
@@ -99,7 +82,7 @@ class Reader(VideoReaderBase):
     def array(self, video: int) -> Any:
         """The memory-mapped ``(frames, max_frame_bytes)`` array of ``video``."""
         path = video_file(self.root, self.keys[video], SUFFIX)
-        return self.handles.get(video, lambda: _Map(path)).array
+        return self.handles.get(video, lambda: MappedArray(path)).array
 
     def read(self, video: int, frames: np.ndarray) -> list[bytes]:
         """Copy only the sampled rows out of the map, each cut to its true length."""
