@@ -94,10 +94,26 @@ class ImageDataset(Dataset):
         position = self._position(i)
         return self._finish(self._read(position), position)
 
+    def _positions(self, indices: Sequence[int]) -> list[int]:
+        n = len(self.targets)
+        try:
+            idx = np.asarray(indices, dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            return [self._position(i) for i in indices]  # raises the precise error
+        if idx.ndim != 1:
+            raise TypeError("a batch of indices must be a flat sequence of integers")
+        if len(idx) and (idx.min() < -n or idx.max() >= n):
+            bad = next(int(i) for i in idx if not -n <= i < n)
+            raise IndexError(f"index {bad} out of range for a dataset of {n} samples")
+        return (idx % n).tolist() if n else []
+
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
         """A whole batch: read in one pass (one transaction per shard), then decode each."""
-        positions = [self._position(i) for i in indices]
-        return [self._finish(d, i) for d, i in zip(self._read_many(positions), positions)]
+        positions = self._positions(indices)
+        data = self._read_many(positions)
+        if self.output == "bytes" and self.transform is None and self.target_transform is None:
+            return list(zip(data, self.targets[positions].tolist()))
+        return [self._finish(d, i) for d, i in zip(data, positions)]
 
     def __repr__(self) -> str:
         return (

@@ -253,20 +253,22 @@ class Reader(ReaderBase):
 
     def read_many(self, indices: Sequence[int]) -> list[bytes]:
         """Several samples with one ``getmulti`` per shard, keys in on-disk order."""
-        out: list[bytes | None] = [None] * len(indices)
+        out: list[bytes] = [b""] * len(indices)
         idx = np.asarray(indices, dtype=np.int64)
         shards = self.shard[idx]
-        for shard in np.unique(shards):
-            where = np.flatnonzero(shards == shard)
-            order = where[np.argsort(self.offset[idx[where]], kind="stable")]
-            keys = [record_key(int(self.offset[idx[j]])) for j in order]
+        groups = [shards[0]] if len(idx) and (shards == shards[0]).all() else np.unique(shards)
+        for shard in groups:
+            where = np.arange(len(idx)) if len(groups) == 1 else np.flatnonzero(shards == shard)
+            records = self.offset[idx[where]]
+            order = np.argsort(records, kind="stable")
+            keys = [n.to_bytes(8, "big") for n in records[order].tolist()]
             pairs = self._shard(int(shard)).cursor.getmulti(keys)
             if len(pairs) != len(keys):
                 missing = sorted(set(keys) - {bytes(k) for k, _ in pairs})
-                position = int.from_bytes(missing[0], "big")
                 raise FormatError(
-                    f"record {position} is missing from {self.shard_names[int(shard)]!r}"
+                    f"record {int.from_bytes(missing[0], 'big')} is missing from "
+                    f"{self.shard_names[int(shard)]!r}"
                 )
-            for j, (_, value) in zip(order, pairs):
+            for j, (_, value) in zip(where[order].tolist(), pairs):
                 out[j] = bytes(value)
-        return out  # type: ignore[return-value]
+        return out

@@ -107,10 +107,16 @@ class MappedArray:
             self.array: Any = np.load(path, mmap_mode="r")
         except (OSError, ValueError) as exc:
             raise FormatError(f"cannot open {str(path)!r}: {exc}") from exc
+        self.view = memoryview(self.array.data).cast("B") if self.array.ndim == 1 else None
 
     def close(self) -> None:
         mm = getattr(self.array, "_mmap", None)
-        self.array = None
+        if self.view is not None:
+            try:
+                self.view.release()
+            except BufferError:
+                pass
+        self.array = self.view = None
         if mm is not None:
             try:
                 mm.close()
@@ -124,11 +130,23 @@ class Reader(ReaderBase):
     def __init__(self, root: str | os.PathLike[str], manifest: Manifest, index: np.ndarray) -> None:
         super().__init__(root, manifest, index)
 
-    def _array(self, shard: int) -> Any:
+    def _view(self, shard: int) -> memoryview:
         path = self.root / self.shard_names[shard]
-        return self.handles.get(shard, lambda: MappedArray(path)).array
+        return self.handles.get(shard, lambda: MappedArray(path)).view
 
     def read(self, i: int) -> bytes:
         """The stored bytes of sample ``i``."""
         start = int(self.offset[i])
-        return self._array(int(self.shard[i]))[start : start + int(self.length[i])].tobytes()
+        return bytes(self._view(int(self.shard[i]))[start : start + int(self.length[i])])
+
+    def read_many(self, indices: Sequence[int]) -> list[bytes]:
+        """Several samples: one map lookup per shard, then plain slice copies."""
+        idx = np.asarray(indices, dtype=np.int64)
+        shards = self.shard[idx]
+        starts = self.offset[idx].tolist()
+        stops = (self.offset[idx] + self.length[idx]).tolist()
+        if len(shards) and (shards == shards[0]).all():
+            view = self._view(int(shards[0]))
+            return [bytes(view[a:b]) for a, b in zip(starts, stops)]
+        views = {int(s): self._view(int(s)) for s in np.unique(shards)}
+        return [bytes(views[s][a:b]) for s, a, b in zip(shards.tolist(), starts, stops)]
