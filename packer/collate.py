@@ -21,8 +21,18 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 __all__ = ["collate_bytes", "unpack_bytes"]
+
+
+def _empty_bytes(size: int) -> torch.Tensor:
+    """A uint8 tensor; inside a DataLoader worker, allocated in shared memory right away, so
+    sending it to the main process moves a file descriptor instead of copying the batch again."""
+    if get_worker_info() is None:
+        return torch.empty(size, dtype=torch.uint8)
+    storage = torch.UntypedStorage._new_shared(size)
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
 
 
 def collate_bytes(
@@ -32,7 +42,7 @@ def collate_bytes(
     blobs = [item[0] for item in batch]
     offsets = np.zeros(len(blobs) + 1, dtype=np.int64)
     np.cumsum([len(b) for b in blobs], out=offsets[1:])
-    data = torch.empty(int(offsets[-1]), dtype=torch.uint8)
+    data = _empty_bytes(int(offsets[-1]))
     view = data.numpy()
     for blob, start, stop in zip(blobs, offsets[:-1], offsets[1:]):
         view[start:stop] = np.frombuffer(blob, dtype=np.uint8)

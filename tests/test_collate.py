@@ -31,3 +31,21 @@ def test_collate_through_workers_equals_item_access(packed: dict[str, Path]) -> 
         for buf, y in zip(packer.unpack_bytes(data, offsets), labels)
     ]
     assert got == [dataset[i] for i in range(len(dataset))]
+
+
+def _shared_flag(batch: list) -> bool:
+    return packer.collate_bytes(batch)[0].is_shared()
+
+
+def test_worker_batches_are_built_in_shared_memory(packed: dict[str, Path]) -> None:
+    """Inside a worker the batch tensor starts in shared memory, so it is not copied again."""
+    dataset = packer.open_dataset(packed[".lmdb"], output="bytes")
+    assert _shared_flag([dataset[0]]) is False  # main process: ordinary memory
+    loader = DataLoader(
+        dataset,
+        batch_size=4,
+        num_workers=1,
+        multiprocessing_context="fork",
+        collate_fn=_shared_flag,
+    )
+    assert list(loader) == [True, True, True]
