@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -12,7 +13,7 @@ from packer.errors import FormatError
 from packer.handles import HandleCache
 from packer.manifest import Manifest
 
-__all__ = ["ReaderBase", "check_shard_files"]
+__all__ = ["ReaderBase", "SliceReader", "check_shard_files"]
 
 
 def check_shard_files(root: Path, manifest: Manifest) -> None:
@@ -63,3 +64,30 @@ class ReaderBase:
     def close(self) -> None:
         """Close this process's handles (they reopen on the next read)."""
         self.handles.close_all()
+
+
+class SliceReader(ReaderBase):
+    """A reader whose shards are flat byte buffers: a sample is ``view[offset:offset+length]``.
+
+    Subclasses implement ``_view(shard)``, returning this process's buffer of one shard.
+    """
+
+    def _view(self, shard: int) -> Any:
+        raise NotImplementedError
+
+    def read(self, i: int) -> bytes:
+        """The stored bytes of sample ``i``."""
+        start = int(self.offset[i])
+        return bytes(self._view(int(self.shard[i]))[start : start + int(self.length[i])])
+
+    def read_many(self, indices: Sequence[int]) -> list[bytes]:
+        """Several samples: one buffer lookup per shard, then plain slice copies."""
+        idx = np.asarray(indices, dtype=np.int64)
+        shards = self.shard[idx]
+        starts = self.offset[idx].tolist()
+        stops = (self.offset[idx] + self.length[idx]).tolist()
+        if len(shards) and (shards == shards[0]).all():
+            view = self._view(int(shards[0]))
+            return [bytes(view[a:b]) for a, b in zip(starts, stops)]
+        views = {int(s): self._view(int(s)) for s in np.unique(shards)}
+        return [bytes(views[s][a:b]) for s, a, b in zip(shards.tolist(), starts, stops)]

@@ -15,13 +15,16 @@ A manifest entry::
     {"format": "hdf5", "layout_version": 1,
      "shards": [{"name": "shard-00000.h5", "samples": 12000, "bytes": 1073745920, "xxh3_64": "..."}]}
 
-h5py handles are not fork-safe: each process opens its own, and open files are closed in the
-parent right before a fork (see ``packer.handles``).
+Reading: /data is contiguous and unfiltered, so each process opens a shard with h5py only to
+read the data's file offset, closes it, and memory-maps the file: a sample is a slice, with no
+HDF5 call per sample and no h5py handle for a fork to inherit (h5py#934). Open maps are still
+closed in the parent before a fork (``packer.handles``); other layouts fall back to h5py.
 """
 
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import shutil
 from collections.abc import Sequence
@@ -32,7 +35,7 @@ import h5py
 import numpy as np
 
 from packer.errors import FormatError
-from packer.formats.common import ReaderBase
+from packer.formats.common import SliceReader
 from packer.handles import HandleCache
 from packer.manifest import Manifest, ShardInfo, file_checksum, shard_name
 
@@ -150,28 +153,49 @@ class Writer:
         return self.shards
 
 
-class _File:
+class _Shard:
+    """One process's view of one shard's /data.
+
+    /data is written contiguous and unfiltered, so its bytes sit at one offset of the file
+    (``get_offset``): the shard is memory-mapped and sliced directly, and h5py is closed again
+    right after reading that offset. Any other layout falls back to h5py slicing.
+    """
+
     def __init__(self, path: Path) -> None:
+        self.file: Any = None
+        self.map: mmap.mmap | None = None
         try:
-            self.file = h5py.File(path, "r")
-            self.data = self.file["data"]
+            handle = h5py.File(path, "r")
+            data = handle["data"]
+            start = data.id.get_offset()
+            size = data.id.get_storage_size()
         except (OSError, KeyError) as exc:
             raise FormatError(f"cannot open HDF5 shard {str(path)!r}: {exc}") from exc
+        if start is None or data.compression is not None or data.chunks is not None:
+            self.file, self.view = handle, data  # slicing goes through h5py
+            return
+        handle.close()
+        with open(path, "rb") as fh:
+            self.map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        self.view = memoryview(self.map)[start : start + size]
 
     def close(self) -> None:
-        self.file.close()
+        if self.map is not None:
+            try:
+                self.view.release()
+                self.map.close()
+            except BufferError:  # a slice is still alive: let GC unmap it
+                pass
+        if self.file is not None:
+            self.file.close()
 
 
-class Reader(ReaderBase):
-    """Read samples' bytes from HDF5 shards (one h5py file per shard per process)."""
+class Reader(SliceReader):
+    """Read samples' bytes from HDF5 shards (the contiguous /data of each, memory-mapped)."""
 
     def __init__(self, root: str | os.PathLike[str], manifest: Manifest, index: np.ndarray) -> None:
         super().__init__(root, manifest, index, HandleCache(capacity=256, close_before_fork=True))
 
-    def read(self, i: int) -> bytes:
-        """The stored bytes of sample ``i``."""
-        shard = int(self.shard[i])
+    def _view(self, shard: int) -> Any:
         path = self.root / self.shard_names[shard]
-        data = self.handles.get(shard, lambda: _File(path)).data
-        start = int(self.offset[i])
-        return data[start : start + int(self.length[i])].tobytes()
+        return self.handles.get(shard, lambda: _Shard(path)).view

@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from packer.errors import FormatError
-from packer.formats.common import ReaderBase
+from packer.formats.common import SliceReader
 from packer.manifest import Manifest, ShardInfo, file_checksum, shard_name
 
 __all__ = ["HEADER_BYTES", "LAYOUT_VERSION", "NAME", "MappedArray", "Reader", "Writer"]
@@ -124,7 +124,7 @@ class MappedArray:
                 pass
 
 
-class Reader(ReaderBase):
+class Reader(SliceReader):
     """Read samples' bytes from memory-mapped NPY shards."""
 
     def __init__(self, root: str | os.PathLike[str], manifest: Manifest, index: np.ndarray) -> None:
@@ -133,20 +133,3 @@ class Reader(ReaderBase):
     def _view(self, shard: int) -> memoryview:
         path = self.root / self.shard_names[shard]
         return self.handles.get(shard, lambda: MappedArray(path)).view
-
-    def read(self, i: int) -> bytes:
-        """The stored bytes of sample ``i``."""
-        start = int(self.offset[i])
-        return bytes(self._view(int(self.shard[i]))[start : start + int(self.length[i])])
-
-    def read_many(self, indices: Sequence[int]) -> list[bytes]:
-        """Several samples: one map lookup per shard, then plain slice copies."""
-        idx = np.asarray(indices, dtype=np.int64)
-        shards = self.shard[idx]
-        starts = self.offset[idx].tolist()
-        stops = (self.offset[idx] + self.length[idx]).tolist()
-        if len(shards) and (shards == shards[0]).all():
-            view = self._view(int(shards[0]))
-            return [bytes(view[a:b]) for a, b in zip(starts, stops)]
-        views = {int(s): self._view(int(s)) for s in np.unique(shards)}
-        return [bytes(views[s][a:b]) for s, a, b in zip(shards.tolist(), starts, stops)]
