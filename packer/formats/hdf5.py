@@ -39,7 +39,7 @@ from packer.formats.common import SliceReader
 from packer.handles import HandleCache
 from packer.manifest import Manifest, ShardInfo, file_checksum, shard_name
 
-__all__ = ["LAYOUT_VERSION", "NAME", "Reader", "Writer"]
+__all__ = ["ContiguousData", "LAYOUT_VERSION", "NAME", "Reader", "Writer"]
 
 NAME = "hdf5"
 LAYOUT_VERSION = 1
@@ -153,8 +153,8 @@ class Writer:
         return self.shards
 
 
-class _Shard:
-    """One process's view of one shard's /data.
+class ContiguousData:
+    """One process's view of one file's /data (a shard here, a video in ``packer.video``).
 
     /data is written contiguous and unfiltered, so its bytes sit at one offset of the file
     (``get_offset``): the shard is memory-mapped and sliced directly, and h5py is closed again
@@ -170,7 +170,7 @@ class _Shard:
             start = data.id.get_offset()
             size = data.id.get_storage_size()
         except (OSError, KeyError) as exc:
-            raise FormatError(f"cannot open HDF5 shard {str(path)!r}: {exc}") from exc
+            raise FormatError(f"cannot open HDF5 file {str(path)!r}: {exc}") from exc
         if start is None or data.compression is not None or data.chunks is not None:
             self.file, self.view = handle, data  # slicing goes through h5py
             return
@@ -198,4 +198,4 @@ class Reader(SliceReader):
 
     def _view(self, shard: int) -> Any:
         path = self.root / self.shard_names[shard]
-        return self.handles.get(shard, lambda: _Shard(path)).view
+        return self.handles.get(shard, lambda: ContiguousData(path)).view

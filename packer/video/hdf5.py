@@ -7,20 +7,20 @@ Per file::
     attrs: label, num_frames, key, packer_layout_version
 
 The reader takes frame offsets from ``frames.npy`` (no /offsets read) and reads each run of
-consecutive sampled frames with one slice. h5py handles are not fork-safe: each process opens
-its own, at most ``max_open_files`` at a time (LRU), closed in the parent before a fork.
+consecutive sampled frames with one slice of the memory-mapped contiguous /data
+(``packer.formats.hdf5.ContiguousData``); each process keeps at most ``max_open_files`` maps
+(LRU), closed in the parent before a fork.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import h5py
 import numpy as np
 
-from packer.errors import FormatError
+from packer.formats.hdf5 import ContiguousData
 from packer.manifest import Manifest, ShardInfo
 from packer.video.common import VideoReaderBase, runs, video_file
 from packer.video.layout import LAYOUT_VERSION
@@ -68,18 +68,6 @@ class Writer:
         return []
 
 
-class _File:
-    def __init__(self, path: Path) -> None:
-        try:
-            self.file = h5py.File(path, "r")
-            self.data: Any = self.file["data"]
-        except (OSError, KeyError) as exc:
-            raise FormatError(f"cannot open HDF5 video {str(path)!r}: {exc}") from exc
-
-    def close(self) -> None:
-        self.file.close()
-
-
 class Reader(VideoReaderBase):
     """Read sampled frames from per-video ``.h5`` files (bounded LRU of open files)."""
 
@@ -98,13 +86,13 @@ class Reader(VideoReaderBase):
     def read(self, video: int, frames: np.ndarray) -> list[bytes]:
         """One slice per run of consecutive frames, split into frames."""
         path = video_file(self.root, self.keys[video], SUFFIX)
-        data = self.handles.get(video, lambda: _File(path)).data
+        data = self.handles.get(video, lambda: ContiguousData(path)).view
         offsets = np.zeros(int(self.count[video]) + 1, dtype=np.int64)
         np.cumsum(self.lengths(video), out=offsets[1:])
         out: list[bytes] = []
         for first, stop in runs(frames):
             base = int(offsets[first])
-            block = data[base : int(offsets[stop])].tobytes()
+            block = bytes(data[base : int(offsets[stop])])
             out += [
                 block[int(offsets[j]) - base : int(offsets[j + 1]) - base]
                 for j in range(first, stop)
