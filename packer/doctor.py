@@ -101,10 +101,22 @@ def measure_disk(
     return DiskSpeed(count, stored_bytes(dataset, path, indices), cold_s, warm_s, resident)
 
 
+def _where(dataset: Any, i: int) -> str:
+    paths = getattr(dataset, "paths", None) or getattr(dataset, "keys", None)
+    return str(paths[i]) if paths is not None else "?"
+
+
 def measure_split(
-    path: str | os.PathLike[str], indices: list[int], time_limit_s: float
+    path: str | os.PathLike[str],
+    indices: list[int],
+    time_limit_s: float,
+    broken: list[str] | None = None,
 ) -> dict[str, float]:
-    """Milliseconds per sample of read (warm), decode and transform, in this process."""
+    """Milliseconds per sample of read (warm), decode and transform, in this process.
+
+    Samples that fail to decode are left out of the averages and, when ``broken`` is given,
+    described there.
+    """
     dataset = open_for_mode(path, "bytes")
     transform = train_transform()
     totals = {"read": 0.0, "decode": 0.0, "transform": 0.0}
@@ -113,7 +125,12 @@ def measure_split(
         t0 = time.perf_counter()
         data = dataset[i][0]
         t1 = time.perf_counter()
-        image = [decode(d) for d in data] if isinstance(data, list) else decode(data)
+        try:
+            image = [decode(d) for d in data] if isinstance(data, list) else decode(data)
+        except (OSError, ValueError, SyntaxError) as exc:
+            if broken is not None:
+                broken.append(f"sample {i} ({_where(dataset, i)}): {exc}")
+            continue
         t2 = time.perf_counter()
         transform(image)
         t3 = time.perf_counter()
@@ -164,6 +181,8 @@ class DoctorReport:
     recommendations: list[str] = field(default_factory=list)
     convert_command: str | None = None
     elapsed_s: float = 0.0
+    broken: list[str] = field(default_factory=list)
+    loader_error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of every measurement and conclusion."""
@@ -200,6 +219,14 @@ def _findings(report: DoctorReport) -> list[str]:
         out.append(
             f"decode + transform (CPU) dominate: {cpu_ms:.2f} ms per sample against {read} to read"
         )
+    if report.broken:
+        out.append(
+            f"{len(report.broken)} of the sampled files cannot be decoded (first: "
+            f"{report.broken[0]}); a DataLoader over them crashes mid-epoch. packer convert "
+            "skips such files and lists them (packer inspect --skipped)"
+        )
+    if report.loader_error:
+        out.append(f"the DataLoader run stopped with an error: {report.loader_error}")
     threads = report.worker_threads
     if threads.largest_pool > 1:
         unset = [k for k, v in threads.env.items() if not v]
@@ -272,7 +299,8 @@ def doctor(
     n = len(probe)  # type: ignore[arg-type]
     indices = spread_indices(n, sample)
     disk = measure_disk(root, indices, 0.2 * budget_s)
-    split = measure_split(root, indices[: disk.samples], 0.15 * budget_s)
+    broken: list[str] = []
+    split = measure_split(root, indices[: disk.samples], 0.15 * budget_s, broken)
     per_sample = stored_bytes(probe, root, indices[: disk.samples]) / max(1, disk.samples)
     num_workers = min(4, available_cpus()) if workers is None else workers
     threads = worker_thread_report(open_for_mode(root, "transform"))
@@ -281,7 +309,12 @@ def doctor(
         available_cpus(), disk, split,
         1e3 * disk.cold_s / disk.samples if disk.cold_s else None, threads, None,
     )  # fmt: skip
-    report.loader = _loader_run(root, report, num_workers, budget_s - (time.perf_counter() - start))
+    report.broken = broken
+    try:
+        time_left = budget_s - (time.perf_counter() - start)
+        report.loader = _loader_run(root, report, num_workers, time_left)
+    except (PackerError, OSError, ValueError, RuntimeError) as exc:
+        report.loader_error = str(exc).strip().splitlines()[-1]
     memory = _memory_available()
     fits_ram = memory is not None and report.dataset_bytes < memory // 2
     batch_ms = _batch_ms(report, fits_ram)

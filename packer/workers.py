@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from packer.errors import PackerError
 from packer.iostats import process_threads
 
 __all__ = [
@@ -153,8 +154,13 @@ class _Probe(Dataset):
         return 1
 
     def __getitem__(self, i: int) -> ThreadReport:
-        if self.dataset is not None and len(self.dataset) > 0:  # type: ignore[arg-type]
-            self.dataset[0]
+        n = 0 if self.dataset is None else len(self.dataset)  # type: ignore[arg-type]
+        for j in range(min(n, 8)):  # the first sample that decodes starts the libraries
+            try:
+                self.dataset[j]  # type: ignore[index]
+                break
+            except (PackerError, OSError, ValueError):
+                continue
         return thread_report()
 
 

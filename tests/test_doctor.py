@@ -82,3 +82,12 @@ def test_cli_doctor_needs_path_or_loader(tmp_path: Path) -> None:
     assert CliRunner().invoke(doctor_command, []).exit_code == 2
     result = CliRunner().invoke(doctor_command, [str(tmp_path / "nothing")])
     assert result.exit_code == 1 and "nothing" in result.output
+
+
+def test_doctor_reports_broken_files_instead_of_crashing(tmp_path: Path) -> None:
+    tree = make_image_tree(tmp_path / "broken", classes=2, per_class=3, size=(64, 48), bad=2)
+    report = doctor(tree.root, step_ms=50, batch_size=2, workers=0, budget_s=20)
+    assert len(report.broken) == 2
+    assert "broken_000.JPEG" in report.broken[0]
+    assert any("cannot be decoded" in f for f in report.findings)
+    assert "cannot be decoded" in str(report)
