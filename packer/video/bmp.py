@@ -9,14 +9,13 @@ Reading costs no decode (``packer.decode`` maps the pixel rows from the bytes); 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 
 from packer.decode import encode_bmp
 from packer.errors import FormatError
-from packer.manifest import Manifest, ShardInfo
-from packer.video.common import VideoReaderBase, video_file
+from packer.manifest import Manifest
+from packer.video.common import PerVideoWriter, VideoReaderBase, video_file
 from packer.video.layout import frame_path_name
 
 __all__ = ["NAME", "Reader", "Writer"]
@@ -27,18 +26,8 @@ SHARDED = False
 TRANSCODE = encode_bmp
 
 
-class Writer:
+class Writer(PerVideoWriter):
     """Write one folder of ``.bmp`` frames per video; a context manager."""
-
-    def __init__(self, root: str | os.PathLike[str], shard_size: int = 0) -> None:
-        self.root = Path(root)
-        self.data_bytes = 0
-
-    def __enter__(self) -> Writer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
     def write(self, key: str, label: int, frames: list[bytes]) -> int:
         """Write one video's decoded frames; return its shard (-1: files of its own)."""
@@ -48,10 +37,6 @@ class Writer:
             (folder / frame_path_name(number, SUFFIX)).write_bytes(frame)
             self.data_bytes += len(frame)
         return -1
-
-    def close(self) -> list[ShardInfo]:
-        """Nothing to finish (checksums are in the index)."""
-        return []
 
 
 class Reader(VideoReaderBase):

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from packer.handles import HandleCache
-from packer.manifest import Manifest, load_keys
+from packer.manifest import Manifest, ShardInfo, load_keys
 from packer.strings import StringTable
 
-__all__ = ["VideoReaderBase", "runs", "video_file"]
+__all__ = ["PerVideoWriter", "VideoReaderBase", "runs", "video_file"]
 
 
 def video_file(root: Path, key: str, suffix: str) -> Path:
@@ -34,6 +34,27 @@ def runs(frames: np.ndarray) -> list[tuple[int, int]]:
     starts = np.concatenate(([0], breaks))
     stops = np.concatenate((breaks, [len(frames)]))
     return [(int(frames[a]), int(frames[b - 1]) + 1) for a, b in zip(starts, stops)]
+
+
+class PerVideoWriter:
+    """What writers of one-file-(or folder)-per-video layouts share; a context manager.
+
+    Subclasses implement ``write(key, label, frames) -> shard`` and add to ``data_bytes``.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], shard_size: int = 0) -> None:
+        self.root = Path(root)
+        self.data_bytes = 0
+
+    def __enter__(self) -> PerVideoWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def close(self) -> list[ShardInfo]:
+        """Nothing to finish (checksums are in the index)."""
+        return []
 
 
 class VideoReaderBase:

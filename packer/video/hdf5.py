@@ -15,14 +15,13 @@ consecutive sampled frames with one slice of the memory-mapped contiguous /data
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import h5py
 import numpy as np
 
 from packer.formats.hdf5 import ContiguousData
-from packer.manifest import Manifest, ShardInfo
-from packer.video.common import VideoReaderBase, runs, video_file
+from packer.manifest import Manifest
+from packer.video.common import PerVideoWriter, VideoReaderBase, runs, video_file
 from packer.video.layout import LAYOUT_VERSION
 
 __all__ = ["NAME", "Reader", "Writer"]
@@ -33,18 +32,8 @@ SHARDED = False
 TRANSCODE = None
 
 
-class Writer:
+class Writer(PerVideoWriter):
     """Write one ``.h5`` per video; a context manager."""
-
-    def __init__(self, root: str | os.PathLike[str], shard_size: int = 0) -> None:
-        self.root = Path(root)
-        self.data_bytes = 0
-
-    def __enter__(self) -> Writer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
     def write(self, key: str, label: int, frames: list[bytes]) -> int:
         """Write one video; return its shard (-1: the video is its own file)."""
@@ -62,10 +51,6 @@ class Writer:
             fh.attrs["packer_layout_version"] = LAYOUT_VERSION
         self.data_bytes += path.stat().st_size
         return -1
-
-    def close(self) -> list[ShardInfo]:
-        """Nothing to finish (checksums are in the index)."""
-        return []
 
 
 class Reader(VideoReaderBase):

@@ -13,14 +13,13 @@ copies out only the sampled rows. A manifest entry::
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from packer.formats.npy import MappedArray
-from packer.manifest import Manifest, ShardInfo
-from packer.video.common import VideoReaderBase, video_file
+from packer.manifest import Manifest
+from packer.video.common import PerVideoWriter, VideoReaderBase, video_file
 
 __all__ = ["NAME", "Reader", "Writer"]
 
@@ -39,18 +38,8 @@ def padded(frames: list[bytes]) -> np.ndarray:
     return rows
 
 
-class Writer:
+class Writer(PerVideoWriter):
     """Write one padded ``.npy`` per video; a context manager."""
-
-    def __init__(self, root: str | os.PathLike[str], shard_size: int = 0) -> None:
-        self.root = Path(root)
-        self.data_bytes = 0
-
-    def __enter__(self) -> Writer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
     def write(self, key: str, label: int, frames: list[bytes]) -> int:
         """Write one video; return its shard (-1: the video is its own file)."""
@@ -60,10 +49,6 @@ class Writer:
             np.save(fh, padded(frames), allow_pickle=False)
         self.data_bytes += path.stat().st_size
         return -1
-
-    def close(self) -> list[ShardInfo]:
-        """Nothing to finish (checksums are in the index)."""
-        return []
 
 
 class Reader(VideoReaderBase):
