@@ -13,11 +13,16 @@ every dataset with ``packer.bench.measure_throughput``:
   with ``mincore`` and recorded); in bytes mode with workers > 0 also ``packer.collate_bytes``.
 
 Every configuration runs ``--repeats`` times, interleaved (one pass of each configuration per
-round), and the median pass is reported with its ratio to the JPEG folder measured in the same
-run and the same (mode, workers, cache) setting, and to the in-memory ceiling.
+round, every other round in reverse order), and the median pass is reported with its ratio to
+the JPEG folder measured in the same run and the same (mode, workers, cache) setting, and to
+the in-memory ceiling.
 
-Each pass builds a fresh dataset and closes its reader afterwards, so no process keeps a shard
-mapped between passes (a mapped page cannot be evicted, which would make "cold" warm).
+Each pass runs in a freshly forked child of the same parent, so nothing one pass leaves behind
+(an allocator setting such as packer's ``mallopt``, heap layout, open LMDB environments, mapped
+shards: a mapped page cannot be evicted, which would make "cold" warm) reaches the next; the
+child builds a fresh dataset and closes its reader at the end. Each pass also records its CPU time and page faults (this process and its reaped DataLoader workers) and
+the share of the CPUs other processes used meanwhile; on a shared machine the script first waits
+(``--quiet-below``, within ``--wait-budget`` seconds in all) for other processes to go quiet.
 
 Usage::
 
@@ -31,11 +36,14 @@ import argparse
 import ctypes
 import datetime
 import gc
+import hashlib
 import json
 import os
 import platform
+import resource
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -152,6 +160,62 @@ def prewarm(paths: Iterable[Path]) -> None:
                 pass
 
 
+def _host_busy_seconds() -> float | None:
+    """CPU seconds all processes of the machine have run (``/proc/stat``); None off Linux."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = fh.readline().split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+OTHERS_WINDOW = 0.2
+
+
+def others_share(window: float = OTHERS_WINDOW) -> float | None:
+    """Share of the machine's CPUs busy over ``window`` seconds while this process sleeps."""
+    before = _host_busy_seconds()
+    if before is None:
+        return None
+    cpu_before = _own_usage()[0]
+    time.sleep(window)
+    busy = (_host_busy_seconds() or before) - before - (_own_usage()[0] - cpu_before)
+    return max(0.0, busy) / (window * (os.cpu_count() or 1))
+
+
+class QuietWaiter:
+    """Before a pass, wait (within a total budget) until other processes leave the CPUs alone.
+
+    On a shared machine another job's burst can halve a pass's throughput. Waiting until the
+    other processes' CPU share drops under ``threshold`` keeps most passes clean; the budget
+    bounds the run time, and each pass still records the share it actually saw.
+    """
+
+    def __init__(self, threshold: float, budget: float) -> None:
+        self.threshold = threshold
+        self.budget = budget
+        self.waited = 0.0
+
+    def wait(self) -> float:
+        """Seconds waited before this pass, beyond the one check every pass makes."""
+        share = others_share()
+        start = time.perf_counter()
+        while share is not None and share > self.threshold and self.waited < self.budget:
+            share = others_share()
+            self.waited += OTHERS_WINDOW
+        return time.perf_counter() - start
+
+
+def _own_usage() -> tuple[float, int]:
+    """CPU seconds and minor page faults of this process and its reaped children (workers)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    return cpu, me.ru_minflt + kids.ru_minflt
+
+
 # --------------------------------------------------------------------------------------------
 # Data preparation
 
@@ -229,9 +293,17 @@ class Config:
 
 
 def make_configs(
-    datasets: Sequence[str], modes: Sequence[str], workers: Sequence[int], caches: Sequence[str]
+    datasets: Sequence[str],
+    modes: Sequence[str],
+    workers: Sequence[int],
+    caches: Sequence[str],
+    cold_decoded_workers: Sequence[int] | None = None,
 ) -> list[Config]:
-    """Every configuration, in the order of the table and of each round."""
+    """Every configuration, in the order of the table and of each round.
+
+    ``cold_decoded_workers`` limits decoded passes with a cold cache to those worker counts
+    (None: all of ``workers``); decoding dominates them, and each costs a ~10 s pass.
+    """
     configs = []
     for mode in modes:
         for w in workers:
@@ -240,6 +312,13 @@ def make_configs(
                 if MEMORY in datasets:
                     configs.append(Config(MEMORY, mode, w, "-", collate))
                 for cache in caches:
+                    if (
+                        mode == "decoded"
+                        and cache == "cold"
+                        and cold_decoded_workers is not None
+                        and w not in cold_decoded_workers
+                    ):
+                        continue
                     for name in datasets:
                         if name != MEMORY:
                             configs.append(Config(name, mode, w, cache, collate))
@@ -249,7 +328,10 @@ def make_configs(
 class Bench:
     """The datasets' paths and the in-memory bytes; runs single passes."""
 
-    def __init__(self, src: Path, outputs: dict[str, Path], batch_size: int) -> None:
+    def __init__(
+        self, src: Path, outputs: dict[str, Path], batch_size: int, in_process: bool = False
+    ) -> None:
+        self.in_process = in_process
         self.paths: dict[str, Path] = {FOLDER: src, **outputs}
         self.files = {name: data_files(path) for name, path in self.paths.items()}
         self.batch_size = batch_size
@@ -265,17 +347,29 @@ class Bench:
             return packer.FolderDataset(self.paths[name], output=output)
         return packer.open_dataset(self.paths[name], output=output)
 
-    def run(self, config: Config) -> dict[str, Any]:
-        """One timed pass of ``config`` on a fresh dataset; returns the numbers."""
+    def run(self, config: Config, waiter: QuietWaiter | None = None) -> dict[str, Any]:
+        """One timed pass of ``config``, in a forked child unless ``in_process``."""
+        waited = waiter.wait() if waiter is not None else 0.0
+        if self.in_process or not hasattr(os, "fork"):
+            result = self.one_pass(config)
+        else:
+            result = in_child(self.one_pass, config)
+        return {**result, "waited_s": waited}
+
+    def one_pass(self, config: Config) -> dict[str, Any]:
+        """One timed pass of ``config`` on a fresh dataset, in this process."""
         dataset = self.make_dataset(config.dataset, config.mode)
         resident = None
         if config.cache == "cold":
             evict_page_cache(self.files[config.dataset])
             resident = resident_fraction(self.files[config.dataset])
         elif config.cache == "warm":
-            prewarm(self.files[config.dataset])
             resident = resident_fraction(self.files[config.dataset])
+            if resident is None or resident < 1.0:
+                prewarm(self.files[config.dataset])
+                resident = resident_fraction(self.files[config.dataset])
         gc.collect()
+        host_before, (cpu_before, faults_before) = _host_busy_seconds(), _own_usage()
         try:
             result = measure_throughput(
                 dataset,
@@ -283,13 +377,66 @@ class Bench:
                 batch_size=self.batch_size,
                 collate_fn=packer.collate_bytes if config.collate == COLLATE_BYTES else None,
             )
+            host_after, (cpu_after, faults_after) = _host_busy_seconds(), _own_usage()
         finally:
             reader = getattr(dataset, "reader", None)
             if reader is not None:
                 reader.close()  # unmap shards: mapped pages cannot be evicted by the next pass
             del dataset
             gc.collect()
-        return {**result.to_dict(), "resident_before": resident}
+        own_cpu = cpu_after - cpu_before
+        others = None  # share of the machine's CPUs used by other processes during the pass
+        # /proc/stat counts in 10 ms ticks: too coarse for a pass shorter than ~0.2 s
+        if host_before is not None and host_after is not None and result.seconds >= 0.2:
+            busy = host_after - host_before
+            others = max(0.0, busy - own_cpu) / (result.seconds * (os.cpu_count() or 1))
+        return {
+            **result.to_dict(),
+            "resident_before": resident,
+            "cpu_s": own_cpu,
+            "minor_faults_per_image": (faults_after - faults_before) / max(result.images, 1),
+            "others_cpu_share": others,
+        }
+
+
+def in_child(function: Any, *args: Any) -> dict[str, Any]:
+    """``function(*args)`` (a JSON-able dict) computed in a forked child process.
+
+    Every pass starts from the same parent state: no allocator setting (packer's readers may
+    call ``mallopt``), heap layout, open environment or handle cache left by an earlier pass.
+    """
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into the caller's code
+        code = 1
+        try:
+            os.close(read_end)
+            try:
+                payload = {"ok": function(*args)}
+            except BaseException:
+                import traceback
+
+                payload = {"error": traceback.format_exc()}
+            data = json.dumps(payload).encode()
+            while data:
+                data = data[os.write(write_end, data) :]
+            code = 0
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as fh:
+        data = fh.read()
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        raise RuntimeError(f"benchmark child {pid} died (wait status {status})")
+    payload = json.loads(data)
+    if "error" in payload:
+        raise RuntimeError(f"benchmark pass failed in child {pid}:\n{payload['error']}")
+    return payload["ok"]  # type: ignore[no-any-return]
 
 
 # --------------------------------------------------------------------------------------------
@@ -312,6 +459,7 @@ def summarise(configs: Sequence[Config], runs: dict[Config, list[dict[str, Any]]
         folder = medians.get(Config(FOLDER, config.mode, config.workers, cache, DEFAULT_COLLATE))
         memory = medians.get(Config(MEMORY, config.mode, config.workers, "-", config.collate))
         residents = [r["resident_before"] for r in runs[config] if r["resident_before"] is not None]
+        others = [r["others_cpu_share"] for r in runs[config] if r["others_cpu_share"] is not None]
         rows.append(
             {
                 "dataset": config.dataset,
@@ -326,6 +474,9 @@ def summarise(configs: Sequence[Config], runs: dict[Config, list[dict[str, Any]]
                 "vs_folder": med.images_per_s / folder.images_per_s if folder else None,
                 "vs_memory": med.images_per_s / memory.images_per_s if memory else None,
                 "resident_before": (min(residents), max(residents)) if residents else None,
+                "cpu_us_per_image": 1e6
+                * statistics.median(r["cpu_s"] / r["images"] for r in runs[config]),
+                "others_cpu_share": statistics.median(others) if others else None,
                 "runs": runs[config],
             }
         )
@@ -383,14 +534,16 @@ def markdown_table(rows: Sequence[dict]) -> str:
     """The results as a markdown table."""
     lines = [
         "| dataset | mode | workers | cache | collate | images/s | MB/s | × folder | × memory "
-        "| spread |",
-        "|---|---|--:|---|---|--:|--:|--:|--:|--:|",
+        "| spread | CPU µs/img | others' CPU |",
+        "|---|---|--:|---|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
+        others = r["others_cpu_share"]
         lines.append(
             f"| {r['dataset']} | {r['mode']} | {r['workers']} | {r['cache']} | {r['collate']} "
             f"| {r['images_per_s']:,.0f} | {r['mb_per_s']:,.0f} | {_ratio(r['vs_folder'])} "
-            f"| {_ratio(r['vs_memory'])} | {100 * r['spread']:.0f}% |"
+            f"| {_ratio(r['vs_memory'])} | {100 * r['spread']:.0f}% "
+            f"| {r['cpu_us_per_image']:,.0f} | {'' if others is None else f'{100 * others:.0f}%'} |"
         )
     return "\n".join(lines)
 
@@ -423,6 +576,14 @@ def _git(*args: str) -> str:
         return ""
 
 
+def _source_digest(root: Path) -> str:
+    """SHA-256 of packer's ``.py`` files as they were when the run started (uncommitted too)."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def machine_info() -> dict[str, Any]:
     """Where and with what the numbers were measured."""
     import h5py
@@ -442,6 +603,7 @@ def machine_info() -> dict[str, Any]:
         "packer": packer.__version__,
         "git_commit": _git("rev-parse", "HEAD"),
         "git_dirty": _git("status", "--porcelain", "--untracked-files=no", "--", "packer"),
+        "packer_source_sha256": _source_digest(Path(packer.__file__).parent),
     }
     try:
         with open("/proc/cpuinfo") as fh:
@@ -466,12 +628,37 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds (median)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2], help="num_workers")
+    parser.add_argument(
+        "--cold-decoded-workers",
+        type=int,
+        nargs="*",
+        default=[0],
+        help="num_workers measured in decoded mode with a cold cache (default 0 only, which keeps "
+        "the full run near 15 min on 2 cores; pass e.g. '0 2' for the whole matrix)",
+    )
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     parser.add_argument("--caches", nargs="+", choices=["warm", "cold"], default=["warm", "cold"])
     parser.add_argument(
         "--formats", nargs="+", choices=list(FORMATS), default=list(FORMATS), help="packed formats"
     )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="JSON folder")
+    parser.add_argument(
+        "--quiet-below",
+        type=float,
+        default=0.15,
+        help="before each pass wait until other processes use less than this share of the CPUs",
+    )
+    parser.add_argument(
+        "--wait-budget",
+        type=float,
+        default=60.0,
+        help="total seconds the run may spend waiting for a quiet machine (0: never wait)",
+    )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run every pass in this process instead of a fresh forked child (for profiling)",
+    )
     parser.add_argument("--quick", action="store_true", help="smoke test: 500 images, 1 round")
     args = parser.parse_args(argv)
     if args.quick:
@@ -495,21 +682,32 @@ def main(args: argparse.Namespace) -> int:
     args.data.mkdir(parents=True, exist_ok=True)
     src, outputs = prepare_data(args.data, args.images, log)
     outputs = {name: path for name, path in outputs.items() if name in args.formats}
-    bench = Bench(src, outputs, args.batch_size)
+    bench = Bench(src, outputs, args.batch_size, in_process=args.in_process)
     datasets = [FOLDER, MEMORY, *outputs]
-    configs = make_configs(datasets, args.modes, args.workers, args.caches)
+    configs = make_configs(
+        datasets, args.modes, args.workers, args.caches, args.cold_decoded_workers
+    )
     log(f"{len(configs)} configurations × {args.repeats} interleaved rounds")
 
     runs: dict[Config, list[dict[str, Any]]] = {c: [] for c in configs}
+    waiter = QuietWaiter(args.quiet_below, args.wait_budget) if args.wait_budget > 0 else None
+    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     for round_number in range(args.repeats):
         round_start = time.perf_counter()
-        for config in configs:
-            result = bench.run(config)
+        # Every other round runs backwards, so a slow drift of the machine favours no one.
+        for config in configs if round_number % 2 == 0 else configs[::-1]:
+            result = bench.run(config, waiter)
             runs[config].append(result)
             log(
                 f"round {round_number + 1}/{args.repeats} {config.dataset:>11} {config.mode:>7} "
                 f"w{config.workers} {config.cache:>4} {config.collate:>13}: "
                 f"{result['images_per_s']:8,.0f} img/s {result['mb_per_s']:7,.0f} MB/s"
+                + (f" waited {result['waited_s']:.1f}s" if result["waited_s"] >= 0.05 else "")
+                + (
+                    f" others {100 * result['others_cpu_share']:3.0f}%"
+                    if result["others_cpu_share"] is not None
+                    else ""
+                )
                 + (
                     f" (resident {100 * result['resident_before']:.0f}%)"
                     if result["resident_before"] is not None
@@ -521,6 +719,8 @@ def main(args: argparse.Namespace) -> int:
     rows = summarise(configs, runs)
     checks = evaluate_targets(rows, list(outputs))
     cold = [r["resident_before"][1] for r in rows if r["cache"] == "cold" and r["resident_before"]]
+    if waiter is not None:
+        log(f"waited {waiter.waited:.0f} s in all for other processes to go quiet")
     if cold and max(cold) > 0.01:
         log(f"WARNING: up to {100 * max(cold):.1f}% of a dataset stayed cached before a cold pass")
 
@@ -538,6 +738,9 @@ def main(args: argparse.Namespace) -> int:
         "images": args.images,
         "disk_bytes": sizes,
         "seconds_total": time.perf_counter() - started,
+        "seconds_waiting_for_quiet": waiter.waited if waiter is not None else 0.0,
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "results": rows,
         "targets": checks,
     }
