@@ -46,7 +46,10 @@ def _bmp_pixels(data: bytes | memoryview) -> np.ndarray | None:
     pixels = flat.reshape(rows, stride)[:, : width * 3].reshape(rows, width, 3)
     if height > 0:  # bottom-up rows, the usual case
         pixels = pixels[::-1]
-    return np.ascontiguousarray(pixels[:, :, ::-1])  # BGR -> RGB
+    rgb = np.empty((rows, width, 3), dtype=np.uint8)
+    for channel in range(3):  # BGR -> RGB, one plane at a time (a [..., ::-1] copy is 3x slower)
+        rgb[:, :, channel] = pixels[:, :, 2 - channel]
+    return rgb
 
 
 def decode_rgb(data: bytes | memoryview) -> Image.Image:
