@@ -33,7 +33,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import ctypes
 import datetime
 import gc
 import hashlib
@@ -57,6 +56,7 @@ import torch
 from torch.utils.data import Dataset
 
 import packer
+from packer import iostats
 from packer.bench import Throughput, data_files, evict_page_cache, measure_throughput, median_run
 from packer.decode import decode
 from packer.demo import make_image_tree
@@ -100,56 +100,10 @@ class InMemoryDataset(Dataset):
 # Page-cache helpers
 
 
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def _libc() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_long,
-    ]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
-    return libc
-
-
-_LIBC = _libc()
-
-
 def resident_fraction(paths: Iterable[Path]) -> float | None:
-    """Fraction of the files' pages in the page cache (``mincore``); None off Linux."""
-    if _LIBC is None:
-        return None
-    resident = total = 0
-    for path in paths:
-        size = os.path.getsize(path)
-        if size == 0:
-            continue
-        pages = (size + _PAGE - 1) // _PAGE
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            addr = _LIBC.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
-            if addr is None or addr == ctypes.c_void_p(-1).value:
-                return None
-            try:
-                vec = (ctypes.c_ubyte * pages)()
-                if _LIBC.mincore(ctypes.c_void_p(addr), size, vec) != 0:
-                    return None
-                resident += sum(b & 1 for b in vec)
-            finally:
-                _LIBC.munmap(ctypes.c_void_p(addr), size)
-        finally:
-            os.close(fd)
-        total += pages
-    return resident / total if total else 1.0
+    """Fraction of *all* the files' pages in the page cache (``mincore``); None off Linux."""
+    files = list(paths)
+    return iostats.resident_fraction(files, max_files=max(1, len(files)))
 
 
 def prewarm(paths: Iterable[Path]) -> None:
