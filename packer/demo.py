@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-__all__ = ["DemoRow", "DemoTree", "make_image_tree", "photo_like", "run_demo"]
+__all__ = ["DemoRow", "DemoTree", "make_image_tree", "photo_like", "run_demo", "time_targets"]
 
 
 def photo_like(rng: np.random.Generator, width: int = 400, height: int = 350) -> Image.Image:
@@ -118,7 +119,6 @@ def run_demo(
     Reading uses a DataLoader with ``num_workers=0``, batch 64, warm page cache, median of
     ``repeats`` interleaved passes.
     """
-    from packer.bench import measure_throughput, median_run
     from packer.convert import convert
     from packer.datasets import FolderDataset, open_dataset
 
@@ -131,18 +131,34 @@ def run_demo(
         results.append(convert(tree.root, dst, overwrite=True, progress=progress))
         targets.append((suffix.lstrip("."), dst))
     good = {str(p) for p in tree.good}
+
+    def open_one(path: Path, output: str) -> Any:
+        if path == tree.root:  # the folder as a user would read it: broken files left out
+            return FolderDataset(path, output=output, is_valid_file=good.__contains__)
+        return open_dataset(path, output=output)
+
+    return tree, results, time_targets(targets, open_one, batch_size=64, repeats=repeats)
+
+
+def time_targets(
+    targets: list[tuple[str, Path]],
+    open_one: Callable[[Path, str], Any],
+    batch_size: int,
+    repeats: int,
+) -> list[DemoRow]:
+    """Time reading each target (``output`` bytes and numpy), interleaved, median of ``repeats``.
+
+    ``open_one(path, output)`` builds the dataset; reading is a DataLoader with ``num_workers=0``.
+    """
+    from packer.bench import measure_throughput, median_run
+
     timings: dict[tuple[str, str], list[Any]] = {}
     for _ in range(repeats):
         for name, path in targets:
             for output in ("bytes", "numpy"):
-                dataset: Any
-                if path == tree.root:  # the folder as a user would read it: broken files left out
-                    dataset = FolderDataset(path, output=output, is_valid_file=good.__contains__)
-                else:
-                    dataset = open_dataset(path, output=output)
-                run = measure_throughput(dataset, batch_size=64)
+                run = measure_throughput(open_one(path, output), batch_size=batch_size)
                 timings.setdefault((name, output), []).append(run)
-    rows = [
+    return [
         DemoRow(
             name,
             path,
@@ -152,4 +168,3 @@ def run_demo(
         )
         for name, path in targets
     ]
-    return tree, results, rows

@@ -8,13 +8,10 @@ Reading costs no decode (``packer.decode`` maps the pixel rows from the bytes); 
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from packer.decode import encode_bmp
 from packer.errors import FormatError
-from packer.manifest import Manifest
 from packer.video.common import PerVideoWriter, VideoReaderBase, video_file
 from packer.video.layout import frame_path_name
 
@@ -41,15 +38,6 @@ class Writer(PerVideoWriter):
 
 class Reader(VideoReaderBase):
     """Read sampled frames' ``.bmp`` files."""
-
-    def __init__(
-        self,
-        root: str | os.PathLike[str],
-        manifest: Manifest,
-        index: np.ndarray,
-        frame_lengths: np.ndarray,
-    ) -> None:
-        super().__init__(root, manifest, index, frame_lengths)
 
     def read(self, video: int, frames: np.ndarray) -> list[bytes]:
         """Read each sampled frame's file."""

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from packer.demo import DemoRow, photo_like
+from packer.demo import DemoRow, photo_like, time_targets
 
 __all__ = ["VideoTree", "make_video_files", "make_video_tree", "pan_frames", "run_video_demo"]
 
@@ -159,10 +159,6 @@ def make_video_files(
     return tree
 
 
-def _disk_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
 def run_video_demo(
     workdir: str | os.PathLike[str],
     classes: int = 4,
@@ -181,7 +177,6 @@ def run_video_demo(
     """
     from torch.utils.data import Subset
 
-    from packer.bench import measure_throughput, median_run
     from packer.video.convert import convert_video
     from packer.video.datasets import open_video_dataset
 
@@ -193,24 +188,12 @@ def run_video_demo(
         dst = work / f"frames{suffix}"
         results.append(convert_video(tree.root, dst, overwrite=True, progress=progress))
         targets.append((suffix.lstrip("."), dst))
-    timings: dict[tuple[str, str], list[Any]] = {}
-    for _ in range(repeats):
-        for name, path in targets:
-            for output in ("bytes", "numpy"):
-                dataset: Any = open_video_dataset(path, num_frames=num_frames, output=output)
-                if path == tree.root:  # the folder as a user reads it: bad videos left out
-                    good = [i for i, k in enumerate(dataset.keys) if tree.root / k in tree.videos]
-                    dataset = Subset(dataset, good)
-                run = measure_throughput(dataset, batch_size=16)
-                timings.setdefault((name, output), []).append(run)
-    rows = [
-        DemoRow(
-            name,
-            path,
-            _disk_bytes(path),
-            median_run(timings[(name, "bytes")]).images_per_s,
-            median_run(timings[(name, "numpy")]).images_per_s,
-        )
-        for name, path in targets
-    ]
-    return tree, results, rows
+
+    def open_one(path: Path, output: str) -> Any:
+        dataset: Any = open_video_dataset(path, num_frames=num_frames, output=output)
+        if path == tree.root:  # the folder as a user reads it: bad videos left out
+            good = [i for i, k in enumerate(dataset.keys) if tree.root / k in tree.videos]
+            dataset = Subset(dataset, good)
+        return dataset
+
+    return tree, results, time_targets(targets, open_one, batch_size=16, repeats=repeats)

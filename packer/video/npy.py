@@ -13,7 +13,6 @@ once, memory-maps the file and copies out only the true bytes of the sampled fra
 from __future__ import annotations
 
 import mmap
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ import numpy as np
 from numpy.lib import format as npformat
 
 from packer.errors import FormatError
-from packer.manifest import Manifest
 from packer.video.common import PerVideoWriter, VideoReaderBase, video_file
 
 __all__ = ["NAME", "Reader", "Writer"]
@@ -56,16 +54,6 @@ class Writer(PerVideoWriter):
 
 class Reader(VideoReaderBase):
     """Read sampled frames from memory-mapped per-video ``.npy`` files."""
-
-    def __init__(
-        self,
-        root: str | os.PathLike[str],
-        manifest: Manifest,
-        index: np.ndarray,
-        frame_lengths: np.ndarray,
-        max_open_files: int = 128,
-    ) -> None:
-        super().__init__(root, manifest, index, frame_lengths, max_open_files)
 
     def array(self, video: int) -> Any:
         """The memory-mapped ``(frames, max_frame_bytes)`` array of ``video``."""
