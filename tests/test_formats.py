@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ from PIL import Image
 
 import packer
 from packer.demo import DemoTree
-from packer.errors import DestinationError
+from packer.errors import DestinationError, FormatError
 from packer.formats import FORMATS, format_for
 from packer.formats import lmdb as lmdb_format
 
@@ -63,10 +64,15 @@ def test_lmdb_map_grows_when_full(
     assert [dataset[i][0] for i in range(len(dataset))] == [expected[k] for k in dataset.keys]
 
 
-def test_lmdb_reader_without_readahead(packed: dict[str, Path]) -> None:
+def test_lmdb_reader_without_readahead(packed: dict[str, Path], tmp_path: Path) -> None:
+    root = Path(shutil.copytree(packed[".lmdb"], tmp_path / "x.lmdb"))  # no env open yet
+    off = packer.LMDBDataset(root, output="bytes", readahead=False)
+    got = [off[i] for i in range(len(off))]
+    assert off.reader._shard(0)._shared.env.flags()["readahead"] is False
     on = packer.LMDBDataset(packed[".lmdb"], output="bytes")
-    off = packer.LMDBDataset(packed[".lmdb"], output="bytes", readahead=False)
-    assert [on[i] for i in range(len(on))] == [off[i] for i in range(len(off))]
+    assert got == [on[i] for i in range(len(on))]
+    with pytest.raises(FormatError, match="already open in this process with readahead=False"):
+        packer.LMDBDataset(root, output="bytes")[0]
 
 
 def test_npy_shards_load_with_numpy(packed: dict[str, Path]) -> None:

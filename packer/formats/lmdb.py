@@ -182,6 +182,7 @@ class _Env:
             )
         except lmdb.Error as exc:
             raise FormatError(f"cannot open LMDB shard {path!r}: {exc}") from exc
+        self.readahead = readahead
         self.txn = self.env.begin(buffers=True)
         self.cursor = self.txn.cursor()
         self.users = 0
@@ -204,6 +205,12 @@ class _Handle:
             shared = _OPEN.get(key)
             if shared is None:
                 shared = _OPEN[key] = _Env(key, readahead)
+            elif shared.readahead != readahead:
+                raise FormatError(
+                    f"LMDB shard {key!r} is already open in this process with "
+                    f"readahead={shared.readahead}; py-lmdb allows one open per process, so "
+                    "every reader of it here must use the same readahead setting"
+                )
             shared.users += 1
         self._key = key
         self._shared: _Env | None = shared
