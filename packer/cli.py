@@ -123,7 +123,7 @@ def convert(
     from packer.convert import convert as run
 
     given = {"quality": quality, "max_side": max_side, "short_side": short_side, "fps": fps}
-    video = {name: value for name, value in given.items() if value is not None}
+    video: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
     if skip_bad_frames:
         video["skip_bad_frames"] = True
     result = run(

@@ -15,14 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from torch.utils.data import Dataset
 
-from packer.decode import check_output, decode
+from packer.collate import BytesBatch, empty_bytes
+from packer.dataset_base import SampleDataset, Transform
+from packer.decode import decode
 from packer.errors import FormatError, InputFileError, PackerError
-from packer.formats import by_name
-from packer.formats.common import check_shard_files
-from packer.manifest import MANIFEST_NAME, load_index, load_keys, load_manifest
+from packer.formats import FORMATS
+from packer.manifest import MANIFEST_NAME, load_manifest
 from packer.sources import scan
+from packer.store import open_packed
 from packer.strings import StringTable
 
 __all__ = [
@@ -35,48 +36,15 @@ __all__ = [
     "open_dataset",
 ]
 
-Transform = Callable[[Any], Any] | None
 
-
-class ImageDataset(Dataset):
-    """Common behaviour of every image dataset: indexing, decoding, transforms, batches."""
-
-    def __init__(
-        self,
-        root: str | os.PathLike[str],
-        classes: list[str],
-        labels: np.ndarray,
-        transform: Transform = None,
-        target_transform: Transform = None,
-        output: str = "pil",
-    ) -> None:
-        self.root = Path(root)
-        self.classes = list(classes)
-        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
-        self.targets = np.ascontiguousarray(labels, dtype=np.int64)
-        self.transform = transform
-        self.target_transform = target_transform
-        self.output = check_output(output)
-
-    def __len__(self) -> int:
-        return len(self.targets)
-
-    def _position(self, i: int) -> int:
-        n = len(self.targets)
-        if not isinstance(i, (int, np.integer)):
-            raise TypeError(f"dataset indices must be integers, not {type(i).__name__}")
-        if not -n <= i < n:
-            raise IndexError(f"index {i} out of range for a dataset of {n} samples")
-        return int(i) % n
+class ImageDataset(SampleDataset):
+    """Common behaviour of every image dataset: decoding, transforms, whole batches."""
 
     def _read(self, i: int) -> bytes:
-        raise NotImplementedError
+        return self._read_many([i])[0]
 
     def _read_many(self, positions: Sequence[int]) -> list[bytes]:
-        return [self._read(i) for i in positions]
-
-    def _describe(self, i: int) -> str:
-        return f"sample {i}"
+        raise NotImplementedError
 
     def _finish(self, data: bytes, i: int) -> tuple[Any, Any]:
         try:
@@ -85,45 +53,32 @@ class ImageDataset(Dataset):
             raise InputFileError(f"{self._describe(i)} cannot be decoded: {exc}") from exc
         if self.transform is not None:
             image = self.transform(image)
-        label: Any = int(self.targets[i])
-        if self.target_transform is not None:
-            label = self.target_transform(label)
-        return image, label
+        return image, self._label(i)
+
+    def _raw(self) -> bool:
+        return self.output == "bytes" and self.transform is None and self.target_transform is None
 
     def __getitem__(self, i: int) -> tuple[Any, Any]:
         position = self._position(i)
         return self._finish(self._read(position), position)
 
-    def _positions(self, indices: Sequence[int]) -> list[int]:
-        n = len(self.targets)
-        try:
-            idx = np.asarray(indices, dtype=np.int64)
-        except (TypeError, ValueError, OverflowError):
-            return [self._position(i) for i in indices]  # raises the precise error
-        if idx.ndim != 1:
-            raise TypeError("a batch of indices must be a flat sequence of integers")
-        if len(idx) and (idx.min() < -n or idx.max() >= n):
-            bad = next(int(i) for i in idx if not -n <= i < n)
-            raise IndexError(f"index {bad} out of range for a dataset of {n} samples")
-        return (idx % n).tolist() if n else []
-
-    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
+    def __getitems__(self, indices: Sequence[int]) -> Sequence[tuple[Any, Any]]:
         """A whole batch: read in one pass (one transaction per shard), then decode each."""
         positions = self._positions(indices)
         data = self._read_many(positions)
-        if self.output == "bytes" and self.transform is None and self.target_transform is None:
+        if self._raw():
             return list(zip(data, self.targets[positions].tolist()))
         return [self._finish(d, i) for d, i in zip(data, positions)]
 
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}({str(self.root)!r}, samples={len(self)}, "
-            f"classes={len(self.classes)}, output={self.output!r})"
-        )
-
 
 class PackedDataset(ImageDataset):
-    """A dataset over a packer output directory (format given by ``FORMAT``)."""
+    """A dataset over a packer image output (format given by ``FORMAT``).
+
+    With ``output="bytes"`` (and no transforms) a batch is read straight into one buffer
+    (shared memory inside a DataLoader worker) with no ``bytes`` object per sample; pass
+    ``collate_fn=packer.collate_bytes`` to receive it as ``(data, offsets, labels)`` tensors.
+    Reader options (``readahead`` for LMDB, ``max_open_files``) pass through.
+    """
 
     FORMAT = ""
 
@@ -135,38 +90,36 @@ class PackedDataset(ImageDataset):
         output: str = "pil",
         **reader_options: Any,
     ) -> None:
-        manifest = load_manifest(root)
-        if self.FORMAT and manifest.format != self.FORMAT:
-            raise FormatError(
-                f"{str(root)!r} holds format {manifest.format!r}, not {self.FORMAT!r}; "
-                "use packer.open_dataset() to pick the right class"
-            )
-        if manifest.kind != "image":
-            raise FormatError(f"{str(root)!r} holds {manifest.kind!r} samples, not images")
-        index = load_index(root, manifest)
-        check_shard_files(Path(root), manifest)
+        packed = open_packed(root, "image", self.FORMAT or None, **reader_options)
         super().__init__(
-            root, manifest.classes, index["label"], transform, target_transform, output
+            root, packed.manifest.classes, packed.labels, transform, target_transform, output
         )
-        self.manifest = manifest
-        self.reader = by_name(manifest.format).Reader(root, manifest, index, **reader_options)
-        self._keys: StringTable | None = None
+        self.manifest = packed.manifest
+        self.reader = packed.reader
+        self.first = packed.first
 
     @property
     def keys(self) -> StringTable:
         """Each sample's key (its source path relative to the root, without suffix)."""
-        if self._keys is None:
-            self._keys = StringTable(load_keys(self.root))
-        return self._keys
+        return self.reader.keys
 
     def _describe(self, i: int) -> str:
         return f"sample {i} ({self.keys[i]!r} in {str(self.root)!r})"
 
-    def _read(self, i: int) -> bytes:
-        return self.reader.read(i)
-
     def _read_many(self, positions: Sequence[int]) -> list[bytes]:
-        return self.reader.read_many(positions)
+        return self.reader.read_many(self.first[np.asarray(positions, dtype=np.int64)])
+
+    def __getitems__(self, indices: Sequence[int]) -> Sequence[tuple[Any, Any]]:
+        """A whole batch; raw bytes go straight into one buffer (see the class docstring)."""
+        if not self._raw():
+            return super().__getitems__(indices)
+        positions = np.asarray(self._positions(indices), dtype=np.int64)
+        records = self.first[positions]
+        offsets = np.zeros(len(records) + 1, dtype=np.int64)
+        np.cumsum(self.reader.lengths(records), out=offsets[1:])
+        data = empty_bytes(int(offsets[-1]))
+        self.reader.read_into(records, memoryview(data.numpy()), offsets[:-1])  # type: ignore[arg-type]
+        return BytesBatch(data, offsets, self.targets[positions])
 
 
 class LMDBDataset(PackedDataset):
@@ -220,9 +173,12 @@ class FolderDataset(ImageDataset):
     def _describe(self, i: int) -> str:
         return f"sample {i} ({self.paths[i]!r})"
 
-    def _read(self, i: int) -> bytes:
-        with open(self.paths[i], "rb") as fh:
-            return fh.read()
+    def _read_many(self, positions: Sequence[int]) -> list[bytes]:
+        out = []
+        for i in positions:
+            with open(self.paths[i], "rb") as fh:
+                out.append(fh.read())
+        return out
 
 
 _CLASSES: dict[str, type[PackedDataset]] = {
@@ -250,7 +206,7 @@ def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> ImageDataset:
 
             return open_video_dataset(root, **kwargs)  # type: ignore[return-value]
         return _CLASSES[manifest.format](root, **kwargs)
-    if root.suffix.lower() in {".lmdb", ".h5", ".hdf5", ".npy", ".bmp"} and root.is_dir():
+    if root.suffix.lower() in FORMATS and root.is_dir():
         raise FormatError(
             f"{str(root)!r} has no {MANIFEST_NAME}: it is not a complete packer output"
         )

@@ -112,6 +112,10 @@ class HandleCache:
     def __len__(self) -> int:
         return len(self._handles) if self._pid == os.getpid() else 0
 
+    def values(self) -> list[Any]:
+        """The handles open in this process."""
+        return list(self._handles.values()) if self._pid == os.getpid() else []
+
     def __getstate__(self) -> dict[str, Any]:
         return {"capacity": self.capacity, "close_before_fork": self.close_before_fork}
 

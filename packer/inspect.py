@@ -20,10 +20,11 @@ def describe(path: str | os.PathLike[str], show_skipped: bool = False, num_keys:
     m = load_manifest(root)
     index = load_index(root, m)
     counts: Any = np.bincount(index["label"], minlength=len(m.classes)) if len(index) else []
+    storage = m.options.get("storage", {})
     lines = [
         f"{root}: packer {m.format} dataset (layout v{m.layout_version}, {m.kind}s)",
         f"samples: {m.num_samples}    classes: {len(m.classes)}    "
-        f"stored: {format_size(int(index['length'].sum()))}    created: {m.created}",
+        f"stored: {format_size(int(storage.get('record_bytes', 0)))}    created: {m.created}",
         f"source: {m.source.get('root')} ({m.source.get('files')} files, "
         f"{format_size(m.source.get('bytes', 0))})",
         "classes: "

@@ -1,21 +1,29 @@
-"""The manifest ``packer.json`` and the per-sample numpy index, declared once.
+"""The manifest ``packer.json`` and the numpy sample and record tables, declared once.
 
 A packed dataset is a directory::
 
     out.lmdb/
       packer.json     manifest, written last and atomically: its presence means "complete"
-      index.npy       one INDEX_DTYPE row per sample (label, shard, offset, length, checksum)
+      index.npy       one SAMPLE_DTYPE row per sample: label, count (records), first (record)
+      records.npy     one RECORD_DTYPE row per record: file, length, offset, checksum
       keys.txt        one sample key per line, in sample order
-      shard-00000.*   the format's data files
+      ...             the format's data files
 
-A manifest looks like::
+A sample is a run of ``count`` consecutive records starting at ``first``: an image is one record,
+a clip's video is one record per frame. A record's ``file`` is the shard number (layout
+``"shards"``) or the sample number (layout ``"per-sample"``: the file is named after the
+sample's key); ``offset`` is where its bytes start in that file (an LMDB record number for
+LMDB). A manifest looks like::
 
-    {"format": "lmdb", "layout_version": 1, "kind": "image", "num_samples": 1281167,
+    {"format": "lmdb", "layout_version": 2, "kind": "image", "num_samples": 1281167,
      "classes": ["n01440764", ...], "shards": [{"name": "shard-00000.mdb", "samples": 9000,
      "bytes": 1073741824, "xxh3_64": "9f1c..."}], "skipped": [{"path": "...", "reason": "..."}],
-     "index": {"name": "index.npy", "xxh3_64": "..."}, "keys": {"name": "keys.txt", ...},
+     "files": {"index.npy": "...", "records.npy": "...", "keys.txt": "..."},
      "source": {"root": "/data/train", "files": 1281168, "bytes": 140000000000},
-     "options": {"shard_size": 1073741824}, "packer_version": "0.1.0", "created": "..."}
+     "options": {"layout": "shards", "shard_size": 1073741824, ...},
+     "packer_version": "0.2.0", "created": "..."}
+
+(``samples`` of a shard counts its records.)
 """
 
 from __future__ import annotations
@@ -33,36 +41,42 @@ import xxhash
 from packer.errors import FormatError
 
 __all__ = [
-    "INDEX_DTYPE",
     "INDEX_NAME",
     "KEYS_NAME",
     "LAYOUT_VERSION",
     "MANIFEST_NAME",
+    "RECORDS_NAME",
+    "RECORD_DTYPE",
+    "SAMPLE_DTYPE",
     "Manifest",
     "ShardInfo",
     "bytes_checksum",
     "file_checksum",
+    "fsync_dir",
     "load_index",
     "load_keys",
     "load_manifest",
+    "load_records",
     "shard_name",
     "write_index",
     "write_keys",
     "write_manifest",
+    "write_records",
 ]
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 MANIFEST_NAME = "packer.json"
 INDEX_NAME = "index.npy"
+RECORDS_NAME = "records.npy"
 KEYS_NAME = "keys.txt"
 
-# Explicit little-endian dtypes: the index reads the same on any machine.
-INDEX_DTYPE = np.dtype(
+# Explicit little-endian dtypes: the tables read the same on any machine.
+SAMPLE_DTYPE = np.dtype([("label", "<i4"), ("count", "<i4"), ("first", "<i8")])
+RECORD_DTYPE = np.dtype(
     [
-        ("label", "<i4"),
-        ("shard", "<i4"),  # -1 where a sample is its own file (BMP)
-        ("offset", "<i8"),  # byte offset in the shard (NPY/HDF5) or record number (LMDB)
-        ("length", "<i8"),  # stored byte length
+        ("file", "<i4"),  # shard number, or sample number in a per-sample layout
+        ("length", "<u4"),  # stored byte length
+        ("offset", "<i8"),  # byte offset in the file (LMDB: record number in the shard)
         ("checksum", "<u8"),  # xxh3_64 of the stored bytes
     ]
 )
@@ -136,7 +150,8 @@ class Manifest:
         return cls(**data)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync a directory, so the names created in it are durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -161,7 +176,7 @@ def write_manifest(root: str | os.PathLike[str], manifest: Manifest) -> None:
     manifest.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     payload = json.dumps(manifest.to_dict(), indent=1, ensure_ascii=False).encode("utf-8")
     _write_atomic(Path(root) / MANIFEST_NAME, payload)
-    _fsync_dir(Path(root))
+    fsync_dir(Path(root))
 
 
 def load_manifest(root: str | os.PathLike[str]) -> Manifest:
@@ -189,6 +204,13 @@ def load_manifest(root: str | os.PathLike[str]) -> Manifest:
                 f"{str(path)!r} has layout version {version!r}; this packer reads up to "
                 f"version {LAYOUT_VERSION}: upgrade packer"
             )
+        if version < LAYOUT_VERSION:
+            src = (data.get("source") or {}).get("root") or "SRC"
+            raise FormatError(
+                f"{str(root)!r} was written by an older packer (layout version {version}); this "
+                f"packer reads version {LAYOUT_VERSION}. Convert it again: packer convert "
+                f"{src} {str(root)} --overwrite"
+            )
         return Manifest.from_dict(data)
     except FormatError:
         raise
@@ -196,13 +218,34 @@ def load_manifest(root: str | os.PathLike[str]) -> Manifest:
         raise FormatError(f"{str(path)!r} is not a valid packer manifest: {exc}") from exc
 
 
-def write_index(root: str | os.PathLike[str], index: np.ndarray) -> str:
-    """Write ``index.npy`` atomically; return its checksum."""
-    path = Path(root) / INDEX_NAME
-    tmp = path.with_name("index.tmp.npy")
-    np.save(tmp, np.ascontiguousarray(index, dtype=INDEX_DTYPE))
+def _write_table(path: Path, table: np.ndarray, dtype: np.dtype) -> str:
+    tmp = path.with_name(path.stem + ".tmp.npy")
+    with open(tmp, "wb") as fh:
+        np.save(fh, np.ascontiguousarray(table, dtype=dtype), allow_pickle=False)
+        fh.flush()
+        os.fsync(fh.fileno())
     os.replace(tmp, path)
     return file_checksum(path)
+
+
+def _load_table(path: Path, dtype: np.dtype, what: str) -> np.ndarray:
+    try:
+        table = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise FormatError(f"cannot read {what} {str(path)!r}: {exc}") from exc
+    if table.dtype != dtype or table.ndim != 1:
+        raise FormatError(f"{what} {str(path)!r} has dtype {table.dtype}; expected {dtype}")
+    return table
+
+
+def write_index(root: str | os.PathLike[str], index: np.ndarray) -> str:
+    """Write ``index.npy`` (the sample table) durably and atomically; return its checksum."""
+    return _write_table(Path(root) / INDEX_NAME, index, SAMPLE_DTYPE)
+
+
+def write_records(root: str | os.PathLike[str], records: np.ndarray) -> str:
+    """Write ``records.npy`` (the record table) durably and atomically; return its checksum."""
+    return _write_table(Path(root) / RECORDS_NAME, records, RECORD_DTYPE)
 
 
 def load_index(root: str | os.PathLike[str], manifest: Manifest) -> np.ndarray:
@@ -212,12 +255,7 @@ def load_index(root: str | os.PathLike[str], manifest: Manifest) -> np.ndarray:
         FormatError: missing, unreadable, wrong dtype, or a length other than ``num_samples``.
     """
     path = Path(root) / INDEX_NAME
-    try:
-        index = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise FormatError(f"cannot read index {str(path)!r}: {exc}") from exc
-    if index.dtype != INDEX_DTYPE:
-        raise FormatError(f"index {str(path)!r} has dtype {index.dtype}; expected {INDEX_DTYPE}")
+    index = _load_table(path, SAMPLE_DTYPE, "index")
     if len(index) != manifest.num_samples:
         raise FormatError(
             f"index {str(path)!r} has {len(index)} rows but the manifest says "
@@ -226,11 +264,34 @@ def load_index(root: str | os.PathLike[str], manifest: Manifest) -> np.ndarray:
     return index
 
 
+def load_records(root: str | os.PathLike[str], index: np.ndarray) -> np.ndarray:
+    """Load ``records.npy`` and check that the samples' runs of records cover it exactly.
+
+    Raises:
+        FormatError: missing, unreadable, wrong dtype, or runs that do not tile the table.
+    """
+    path = Path(root) / RECORDS_NAME
+    records = _load_table(path, RECORD_DTYPE, "record table")
+    counts = index["count"].astype(np.int64)
+    expected_first = np.concatenate(([0], np.cumsum(counts)[:-1])) if len(index) else counts
+    if (
+        (counts < 1).any()
+        or not np.array_equal(index["first"], expected_first)
+        or int(counts.sum()) != len(records)
+    ):
+        raise FormatError(
+            f"record table {str(path)!r} ({len(records)} rows) does not match the samples of "
+            "index.npy: the dataset is corrupt, convert again"
+        )
+    return records
+
+
 def write_keys(root: str | os.PathLike[str], keys: list[str]) -> str:
     """Write ``keys.txt`` (one key per line); return its checksum."""
     path = Path(root) / KEYS_NAME
     payload = "".join(k + "\n" for k in keys).encode("utf-8", "surrogateescape")
     _write_atomic(path, payload)
+    fsync_dir(Path(root))
     return file_checksum(path)
 
 

@@ -3,7 +3,8 @@
 Inside ``DST.partial/_progress/``: ``fingerprint.json`` (what the output depends on: format,
 options, the source's keys and sizes) and one ``shard-NNNNN.json`` checkpoint per finished
 shard (its manifest entry, index rows, keys and skipped inputs), each written to a temp name,
-fsync'd and renamed. The folder is removed before the output is published.
+fsync'd and renamed. The folder is removed before the output is published. Images and video
+share it: a checkpoint holds sample rows and record rows alike.
 """
 
 from __future__ import annotations
@@ -11,23 +12,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
 from packer.errors import PackerError
-from packer.manifest import ShardInfo
-from packer.sources import Scan, SkippedInput
+from packer.manifest import ShardInfo, fsync_dir
+from packer.sources import SkippedInput
 
-__all__ = ["Checkpoint", "fault_point", "fingerprint", "Progress"]
+__all__ = ["Checkpoint", "Progress", "fingerprint", "skipped_dicts"]
 
 PROGRESS_DIR = "_progress"
 
 
-def fingerprint(source: Scan, fmt_name: str, options: dict[str, Any]) -> dict[str, Any]:
+def fingerprint(source: Any, fmt_name: str, options: dict[str, Any]) -> dict[str, Any]:
     """What the output bytes depend on: the format, options and every input's key and size."""
     digest = xxhash.xxh3_64()
     for s in source.samples:
@@ -60,12 +60,14 @@ def describe_change(old: dict[str, Any], new: dict[str, Any]) -> str | None:
 
 @dataclass
 class Checkpoint:
-    """One finished shard: its entry (None if every input was skipped) and its samples."""
+    """One finished planned shard: its entry (None if it has no shard file) and its samples:
+    ``samples`` rows ``[label, count]``, ``records`` rows ``[file, length, offset, checksum]``."""
 
-    shard: ShardInfo | None
-    rows: list[list[int]]
-    keys: list[str]
-    skipped: list[dict[str, str]]
+    shard: ShardInfo | None = None
+    samples: list[list[int]] = field(default_factory=list)
+    records: list[list[int]] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -75,6 +77,7 @@ def _write_json(path: Path, data: Any) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 class Progress:
@@ -105,7 +108,9 @@ class Progress:
         while (ckpt := self.dir / f"shard-{len(done):05d}.json").is_file():
             data = json.loads(ckpt.read_text(encoding="utf-8", errors="surrogateescape"))
             shard = ShardInfo(**data["shard"]) if data["shard"] else None
-            done.append(Checkpoint(shard, data["rows"], data["keys"], data["skipped"]))
+            done.append(
+                Checkpoint(shard, data["samples"], data["records"], data["keys"], data["skipped"])
+            )
         return done
 
     def save(self, number: int, checkpoint: Checkpoint) -> None:
@@ -121,9 +126,3 @@ class Progress:
 def skipped_dicts(items: list[SkippedInput]) -> list[dict[str, str]]:
     """Skipped inputs as manifest entries."""
     return [{"path": s.path, "reason": s.reason} for s in items]
-
-
-def fault_point(name: str) -> None:
-    """Kill this process for real at a named point when ``PACKER_FAULT`` names it (fault tests)."""
-    if os.environ.get("PACKER_FAULT") == name:
-        os.kill(os.getpid(), signal.SIGKILL)

@@ -11,6 +11,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from packer.errors import SourceError
 
@@ -66,6 +67,10 @@ class Scan:
     def total_bytes(self) -> int:
         """Sum of the sizes of all samples' files."""
         return sum(s.size for s in self.samples)
+
+    def describe(self) -> dict[str, Any]:
+        """The manifest's ``source`` entry."""
+        return {"root": self.root, "files": len(self.samples), "bytes": self.total_bytes}
 
 
 def natural_key(name: str) -> list[int | str]:

@@ -14,15 +14,20 @@ from tqdm.auto import tqdm
 
 from packer.decode import decode
 from packer.errors import PackerError
-from packer.formats import by_name
 from packer.manifest import (
+    INDEX_NAME,
+    KEYS_NAME,
+    RECORDS_NAME,
     Manifest,
     bytes_checksum,
     file_checksum,
     load_index,
     load_keys,
     load_manifest,
+    load_records,
 )
+from packer.store import Packed, open_packed
+from packer.strings import StringTable
 
 __all__ = ["Problem", "VerifyReport", "verify"]
 
@@ -87,78 +92,61 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport) -> set[st
     return bad
 
 
-def _check_videos(
-    root: Path,
-    manifest: Manifest,
-    index: np.ndarray,
-    report: VerifyReport,
-    full: bool,
-    progress: bool,
-) -> None:
-    """Per-video checks: every frame's checksum (``frames.npy``) and, with ``full``, decoding."""
-    from packer.video.formats import video_format
-    from packer.video.layout import load_frames
+def _where(packed: Packed, sample: int, record: int, keys: StringTable) -> str:
+    file = int(packed.reader.file[record])
+    shard = packed.reader.shard_names[file] if packed.reader.layout == "shards" else "file"
+    if packed.manifest.kind == "video":
+        return f"{shard} video {keys[sample]!r} frame {record - int(packed.first[sample])}"
+    return f"{shard} sample {keys[sample]!r}"
 
-    frames = load_frames(root, manifest, index)
-    reader = video_format(manifest.format).Reader(root, manifest, index, frames["length"])
-    for v in tqdm(range(len(index)), unit="video", desc="verify", disable=not progress):
-        where = f"video {reader.keys[v]!r}"
-        first, count = int(index["offset"][v]), int(index["length"][v])
-        try:
-            stored = reader.read(v, np.arange(count))
-        except (PackerError, OSError) as exc:
-            report.problems.append(Problem(where, f"cannot read: {exc}"))
-            continue
-        report.samples_checked += 1
-        for j, data in enumerate(stored):
-            if bytes_checksum(data) != int(frames["checksum"][first + j]):
-                report.problems.append(Problem(f"{where} frame {j}", "bytes differ from checksum"))
-            elif full:
-                try:
-                    decode(data, "numpy")
-                    report.decoded += 1
-                except (OSError, ValueError, SyntaxError) as exc:
-                    report.problems.append(Problem(f"{where} frame {j}", f"does not decode: {exc}"))
-    reader.close()
+
+def _check_sample(
+    packed: Packed, sample: int, keys: StringTable, checksums: np.ndarray, report: VerifyReport
+) -> list[tuple[str, bytes]]:
+    """Check one sample's records against their checksums; return the sound ones' bytes."""
+    first, count = int(packed.first[sample]), int(packed.counts[sample])
+    records = np.arange(first, first + count)
+    try:
+        stored = packed.reader.read_many(records)
+    except (PackerError, OSError) as exc:
+        report.problems.append(Problem(_where(packed, sample, first, keys), f"cannot read: {exc}"))
+        return []
+    report.samples_checked += 1
+    sound = []
+    for record, data in zip(records.tolist(), stored):
+        where = _where(packed, sample, record, keys)
+        if bytes_checksum(data) != int(checksums[record]):
+            report.problems.append(Problem(where, "stored bytes differ from their checksum"))
+        else:
+            sound.append((where, data))
+    return sound
 
 
 def verify(path: str | os.PathLike[str], full: bool = False, progress: bool = True) -> VerifyReport:
     """Verify the packed dataset at ``path``.
 
-    Checks every data/index file's xxh3 checksum and size against the manifest, then reads every
-    sample and compares its bytes' checksum with the index, naming the shard and sample key of
-    each mismatch. With ``full``, also decodes every sample.
+    Checks every data file's and table's xxh3 checksum and size against the manifest, then
+    reads every record of every sample (every frame of a video) and compares its bytes'
+    checksum with the record table, naming the shard and sample key of each mismatch. With
+    ``full``, also decodes every record.
     """
     root = Path(path)
     manifest = load_manifest(root)
     report = VerifyReport(root)
     bad_files = _check_files(root, manifest, report)
-    if {"index.npy", "keys.txt"} & bad_files:
-        return report  # per-sample checks need a sound index
-    index = load_index(root, manifest)
-    if manifest.kind == "video":
-        _check_videos(root, manifest, index, report, full, progress)
-        return report
-    keys = load_keys(root)
-    reader = by_name(manifest.format).Reader(root, manifest, index)
-    names = [s.name for s in manifest.shards]
-    for i in tqdm(range(len(index)), unit="sample", desc="verify", disable=not progress):
-        where = (
-            f"{names[index['shard'][i]] if index['shard'][i] >= 0 else 'file'} sample {keys[i]!r}"
-        )
-        try:
-            data = reader.read(i)
-        except (PackerError, OSError) as exc:
-            report.problems.append(Problem(where, f"cannot read: {exc}"))
-            continue
-        report.samples_checked += 1
-        if bytes_checksum(data) != int(index["checksum"][i]):
-            report.problems.append(Problem(where, "stored bytes differ from their checksum"))
-        elif full:
-            try:
-                decode(data, "numpy")
-                report.decoded += 1
-            except (OSError, ValueError, SyntaxError) as exc:
-                report.problems.append(Problem(where, f"does not decode: {exc}"))
-    reader.close()
+    if {INDEX_NAME, RECORDS_NAME, KEYS_NAME} & bad_files:
+        return report  # per-sample checks need sound tables
+    packed = open_packed(root, check_files=False)
+    checksums = load_records(root, load_index(root, manifest))["checksum"]
+    keys = StringTable(load_keys(root))
+    unit = "video" if manifest.kind == "video" else "sample"
+    for i in tqdm(range(manifest.num_samples), unit=unit, desc="verify", disable=not progress):
+        for where, data in _check_sample(packed, i, keys, checksums, report):
+            if full:
+                try:
+                    decode(data, "numpy")
+                    report.decoded += 1
+                except (OSError, ValueError, SyntaxError) as exc:
+                    report.problems.append(Problem(where, f"does not decode: {exc}"))
+    packed.reader.close()
     return report

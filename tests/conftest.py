@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 import packer
 from packer.demo import DemoTree, make_image_tree
 from packer.formats import FORMATS
+from packer.manifest import MANIFEST_NAME
 
 _FIRST: dict[str, str] = {}
 for _suffix, _module in FORMATS.items():
@@ -40,3 +43,22 @@ def packed(tree: DemoTree, tmp_path_factory: pytest.TempPathFactory) -> dict[str
 def suffix(request: pytest.FixtureRequest) -> str:
     """Every format's suffix in turn."""
     return str(request.param)
+
+
+def _tree_files(root: Path) -> dict[str, bytes]:
+    files = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            data = path.read_bytes()
+            if path.name == MANIFEST_NAME:
+                manifest = json.loads(data)
+                manifest.pop("created")
+                data = json.dumps(manifest, sort_keys=True).encode()
+            files[str(path.relative_to(root))] = data
+    return files
+
+
+@pytest.fixture
+def tree_files() -> Callable[[Path], dict[str, bytes]]:
+    """Every file under a folder, relative path -> bytes (the manifest without its time)."""
+    return _tree_files

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,20 +13,9 @@ from packer.errors import DestinationError, InputFileError, PackerError
 from packer.manifest import MANIFEST_NAME
 
 
-def tree_files(root: Path) -> dict[str, bytes]:
-    files = {}
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
-            data = path.read_bytes()
-            if path.name == MANIFEST_NAME:
-                manifest = json.loads(data)
-                manifest.pop("created")
-                data = json.dumps(manifest, sort_keys=True).encode()
-            files[str(path.relative_to(root))] = data
-    return files
-
-
-def test_output_identical_for_any_worker_count(tree: DemoTree, tmp_path: Path, suffix: str) -> None:
+def test_output_identical_for_any_worker_count(
+    tree_files: Any, tree: DemoTree, tmp_path: Path, suffix: str
+) -> None:
     one, two = tmp_path / f"one{suffix}", tmp_path / f"two{suffix}"
     packer.convert(tree.root, one, shard_size="20kB", workers=1, progress=False)
     packer.convert(tree.root, two, shard_size="20kB", workers=2, progress=False)

@@ -1,64 +1,116 @@
-"""Fault injection with real processes: kill -9 a conversion, then resume it."""
+"""Fault injection with real processes: kill -9 a conversion (image or video), then resume it.
+
+The conversion runs in a child process whose ``on_event`` callback (the public progress hook)
+SIGKILLs it at a chosen point; ``packer convert --resume`` must then produce the same bytes as an
+uninterrupted run.
+"""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from test_convert import tree_files
 
 import packer
 from packer.demo import DemoTree
 from packer.errors import FormatError, PackerError
 from packer.manifest import MANIFEST_NAME
+from packer.sizes import parse_size
+from packer.sources import scan
+from packer.video.demo import make_video_tree
+from packer.write import plan_shards
+
+KILLER = """
+import os, signal, sys
+import packer
+src, dst, event, number, shard_size, kind = sys.argv[1:7]
+
+def on_event(name, n):
+    if name == event and n == int(number):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+packer.convert(src, dst, shard_size=shard_size, workers=2, progress=False, kind=kind,
+               on_event=on_event)
+"""
 
 
-def run_convert(src: Path, dst: Path, *extra: str, fault: str | None = None) -> int:
-    env = dict(os.environ)
-    env.pop("PACKER_FAULT", None)
-    if fault:
-        env["PACKER_FAULT"] = fault
-    cmd = [sys.executable, "-m", "packer", "convert", str(src), str(dst), "-q"]
-    cmd += ["--shard-size", "15kB", "--workers", "2", *extra]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True).returncode
+def kill_at(src: Path, dst: Path, event: str, number: int, shard_size: str, kind: str) -> int:
+    cmd = [sys.executable, "-c", KILLER, str(src), str(dst), event, str(number), shard_size, kind]
+    return subprocess.run(cmd, capture_output=True, text=True).returncode
+
+
+def resume_cli(src: Path, dst: Path, shard_size: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "packer", "convert", str(src), str(dst), "-q", "--resume"]
+    cmd += ["--shard-size", shard_size, "--workers", "2"]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def mid_shard(sizes: list[int], shard_size: str, shard: int) -> int:
+    """The first sample of planned ``shard``, which must hold two or more samples."""
+    shard_of, _ = plan_shards(sizes, parse_size(shard_size))
+    members = [i for i, s in enumerate(shard_of.tolist()) if s == shard]
+    assert len(members) >= 2, "the fault must fall inside a shard"
+    return members[0]
 
 
 @pytest.mark.parametrize(
     "suffix, fault",
     [
-        (".lmdb", "after-shard-0"),
-        (".lmdb", "mid-shard-2"),
-        (".h5", "mid-shard-1"),
-        (".npy", "after-shard-1"),
-        (".npy", "before-manifest"),
-        (".bmp", "mid-shard-1"),
-        (".h5", "after-manifest"),
+        (".lmdb", ("shard", 0)),
+        (".lmdb", ("mid", 2)),
+        (".h5", ("mid", 1)),
+        (".npy", ("shard", 1)),
+        (".npy", ("tables", 0)),
+        (".bmp", ("mid", 1)),
+        (".h5", ("manifest", 0)),
     ],
 )
 def test_kill_then_resume_is_identical(
-    tree: DemoTree, tmp_path: Path, suffix: str, fault: str
+    tree_files: Any, tree: DemoTree, tmp_path: Path, suffix: str, fault: tuple[str, int]
 ) -> None:
     reference = tmp_path / f"ref{suffix}"
     packer.convert(tree.root, reference, shard_size="15kB", workers=1, progress=False)
+    event, number = fault
+    if event == "mid":
+        sizes = [s.size for s in scan(tree.root).samples]
+        event, number = "sample", mid_shard(sizes, "15kB", number)
     dst = tmp_path / f"out{suffix}"
-    assert run_convert(tree.root, dst, fault=fault) == -9  # really killed
+    assert kill_at(tree.root, dst, event, number, "15kB", "image") == -9  # really killed
     assert not dst.exists()
     with pytest.raises(PackerError, match="does not exist"):
         packer.open_dataset(dst)
-    if fault != "after-manifest":
+    if event != "manifest":
         with pytest.raises(FormatError, match="not a complete packer dataset"):
             packer.LMDBDataset(tmp_path / f"out{suffix}.partial")
-    assert run_convert(tree.root, dst, "--resume") == 0
+    assert resume_cli(tree.root, dst, "15kB").returncode == 0
     assert tree_files(dst) == tree_files(reference)
     assert not (tmp_path / f"out{suffix}.partial").exists()
 
 
+@pytest.mark.parametrize("suffix", [".npy", ".h5", ".lmdb", ".bmp"])
+def test_video_kill_then_resume_is_identical(tree_files: Any, tmp_path: Path, suffix: str) -> None:
+    tree = make_video_tree(tmp_path / "frames", classes=2, per_class=3, frames=(4, 9))
+    reference = tmp_path / f"ref{suffix}"
+    packer.convert(tree.root, reference, shard_size="60kB", workers=1, progress=False)
+    assert len(packer.open_dataset(reference)) == 6
+    dst = tmp_path / f"out{suffix}"
+    assert kill_at(tree.root, dst, "shard", 0, "60kB", "video") == -9
+    partial = tmp_path / f"out{suffix}.partial"
+    assert (partial / "_progress" / "shard-00000.json").is_file()
+    result = resume_cli(tree.root, dst, "60kB")
+    assert result.returncode == 0, result.stderr
+    assert tree_files(dst) == tree_files(reference)
+    clips = packer.open_dataset(dst, num_frames=4, output="bytes")
+    again = packer.open_dataset(reference, num_frames=4, output="bytes")
+    assert [clips[i] for i in range(len(clips))] == [again[i] for i in range(len(again))]
+
+
 def test_resume_refuses_changed_options_or_source(tree: DemoTree, tmp_path: Path) -> None:
     dst = tmp_path / "out.npy"
-    assert run_convert(tree.root, dst, fault="after-shard-0") == -9
+    assert kill_at(tree.root, dst, "shard", 0, "15kB", "image") == -9
     with pytest.raises(PackerError, match="option shard_size 15000 → 30000"):
         packer.convert(tree.root, dst, shard_size="30kB", resume=True, progress=False)
     extra = tree.root / "class_00" / "extra.JPEG"

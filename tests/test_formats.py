@@ -79,5 +79,6 @@ def test_npy_shards_load_with_numpy(packed: dict[str, Path]) -> None:
     dataset = packer.open_dataset(packed[".npy"], output="bytes")
     shard = np.load(packed[".npy"] / dataset.manifest.shards[0].name, mmap_mode="r")
     assert shard.dtype == np.uint8 and shard.ndim == 1
-    first = dataset.reader
-    assert shard[first.offset[0] : first.offset[0] + first.length[0]].tobytes() == dataset[0][0]
+    reader = dataset.reader
+    start = int(reader.offset[0]) - 128  # records.npy holds file offsets; the header is 128 B
+    assert shard[start : start + int(reader.length[0])].tobytes() == dataset[0][0]

@@ -26,8 +26,20 @@ def test_newer_layout_version_refused(packed: dict[str, Path], tmp_path: Path) -
     data = json.loads((root / MANIFEST_NAME).read_text())
     data["layout_version"] = 99
     (root / MANIFEST_NAME).write_text(json.dumps(data))
-    with pytest.raises(FormatError, match="layout version 99; this packer reads up to version 1"):
+    with pytest.raises(FormatError, match="layout version 99; this packer reads up to version 2"):
         packer.open_dataset(root)
+
+
+def test_older_layout_version_refused_with_the_command(
+    packed: dict[str, Path], tmp_path: Path
+) -> None:
+    root = copy_dataset(packed[".lmdb"], tmp_path / "x.lmdb")
+    data = json.loads((root / MANIFEST_NAME).read_text())
+    data["layout_version"] = 1
+    (root / MANIFEST_NAME).write_text(json.dumps(data))
+    with pytest.raises(FormatError, match="older packer .layout version 1.") as caught:
+        packer.open_dataset(root)
+    assert f"packer convert {data['source']['root']} {root} --overwrite" in str(caught.value)
 
 
 def test_unparsable_manifest_refused(packed: dict[str, Path], tmp_path: Path) -> None:

@@ -7,11 +7,11 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from PIL import Image
-from test_convert import tree_files
 from torch.utils.data import DataLoader
 
 import packer
@@ -109,7 +109,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_disk_full_keeps_a_resumable_partial(
-    tree: DemoTree, tmp_path: Path, small_disk: Path, suffix: str
+    tree_files: Any, tree: DemoTree, tmp_path: Path, small_disk: Path, suffix: str
 ) -> None:
     reference = tmp_path / f"ref{suffix}"
     packer.convert(tree.root, reference, shard_size="10kB", workers=1, progress=False)

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 import packer
 from packer.cli import main
-from packer.manifest import load_index, load_keys, load_manifest
+from packer.manifest import load_index, load_keys, load_manifest, load_records
 from packer.verify import verify
 
 
@@ -20,11 +20,11 @@ def test_intact_dataset_verifies(packed: dict[str, Path], suffix: str) -> None:
 def test_flipped_byte_names_the_sample(packed: dict[str, Path], tmp_path: Path) -> None:
     root = Path(shutil.copytree(packed[".npy"], tmp_path / "x.npy"))
     manifest = load_manifest(root)
-    index = load_index(root, manifest)
-    target = 5
-    shard = root / manifest.shards[index["shard"][target]].name
+    records = load_records(root, load_index(root, manifest))
+    target = 5  # an image is one record: record 5 is sample 5
+    shard = root / manifest.shards[records["file"][target]].name
     raw = bytearray(shard.read_bytes())
-    raw[128 + int(index["offset"][target]) + 100] ^= 0xFF
+    raw[int(records["offset"][target]) + 100] ^= 0xFF
     shard.write_bytes(bytes(raw))
     report = verify(root, progress=False)
     assert not report.ok

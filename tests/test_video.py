@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 from torch.utils.data import ConcatDataset, DataLoader
 
+from packer.convert import convert_video
 from packer.decode import decode
 from packer.errors import DestinationError, InputFileError, PackerError
-from packer.manifest import load_index, load_keys, load_manifest
-from packer.video.convert import convert_video
+from packer.formats.files import OpenFile
+from packer.manifest import RECORDS_NAME, load_index, load_keys, load_manifest
 from packer.video.datasets import (
     HDF5VideoDataset,
     NpyVideoDataset,
@@ -25,7 +26,6 @@ from packer.video.datasets import (
 )
 from packer.video.demo import VideoTree, make_video_files, make_video_tree, run_video_demo
 from packer.video.inspect import describe_video
-from packer.video.layout import FRAMES_NAME
 
 SUFFIXES = (".bmp", ".h5", ".lmdb", ".npy")
 ENCODED = (".h5", ".lmdb", ".npy")
@@ -69,10 +69,10 @@ def test_frames_round_trip_byte_exact(frames_tree: VideoTree, packed: dict, suff
     assert sorted(dataset.keys) == sorted(sources)
     for i, key in enumerate(dataset.keys):
         files = sources[key]
-        every = dataset.reader.read(i, np.arange(len(files)))
+        every = dataset.read_frames(i, np.arange(len(files)))
         assert every == [p.read_bytes() for p in files]
         some = np.array([0, len(files) // 2, len(files) - 1])
-        assert dataset.reader.read(i, some) == [files[j].read_bytes() for j in some]
+        assert dataset.read_frames(i, some) == [files[j].read_bytes() for j in some]
 
 
 def test_bmp_pixel_exact(frames_tree: VideoTree, packed: dict) -> None:
@@ -90,12 +90,12 @@ def test_manifest_index_and_skipped(frames_tree: VideoTree, packed: dict) -> Non
         manifest = load_manifest(root)
         index = load_index(root, manifest)
         assert manifest.kind == "video" and manifest.num_samples == len(frames_tree.videos)
-        assert FRAMES_NAME in manifest.files
+        assert RECORDS_NAME in manifest.files
         assert load_keys(root) == sorted(source_frames(frames_tree))
-        assert sorted(index["length"].tolist()) == sorted(frames_tree.videos.values())
+        assert sorted(index["count"].tolist()) == sorted(frames_tree.videos.values())
         assert (
-            index["offset"].tolist()
-            == np.concatenate(([0], np.cumsum(index["length"])[:-1])).tolist()
+            index["first"].tolist()
+            == np.concatenate(([0], np.cumsum(index["count"])[:-1])).tolist()
         )
         reasons = {Path(s["path"]).name: s["reason"] for s in manifest.skipped}
         assert reasons["empty_000"] == "video folder has no frames"
@@ -180,8 +180,10 @@ def test_handles_lazy_per_process_and_dropped_on_pickle(packed: dict) -> None:
         clone = pickle.loads(pickle.dumps(dataset))
         assert len(clone.reader.handles) == 0
         assert clone[0] == first
-    npy = NpyVideoDataset(packed[".npy"])
-    assert isinstance(npy.reader.array(0), np.memmap)  # rows are mapped, not loaded
+    npy = NpyVideoDataset(packed[".npy"], output="bytes")
+    npy[0]
+    opened = list(npy.reader.handles.values())  # descriptors read with pread, not maps
+    assert opened and all(isinstance(h, OpenFile) for h in opened)
     h5 = HDF5VideoDataset(packed[".h5"], max_open_files=2, output="bytes")
     for i in range(len(h5)):
         h5[i]
@@ -272,7 +274,7 @@ def test_mp4_resize_and_fps(files_tree: VideoTree, tmp_path: Path) -> None:
 def test_other_containers(tmp_path: Path, suffix: str) -> None:
     tree = make_video_files(tmp_path / "src", classes=1, per_class=1, frames=(6, 6), suffix=suffix)
     result = convert_video(tree.root, tmp_path / "out.npy", progress=False, workers=1)
-    assert load_index(result.dst, result.manifest)["length"].tolist() == [6]
+    assert load_index(result.dst, result.manifest)["count"].tolist() == [6]
 
 
 def test_bad_frames_strict_and_skip(frames_tree: VideoTree, tmp_path: Path) -> None:
@@ -287,7 +289,7 @@ def test_bad_frames_strict_and_skip(frames_tree: VideoTree, tmp_path: Path) -> N
     keys = load_keys(result.dst)
     assert bad_key in keys
     bad_frames = len(list(frames_tree.bad[0].iterdir()))
-    assert index["length"][keys.index(bad_key)] == bad_frames - 1
+    assert index["count"][keys.index(bad_key)] == bad_frames - 1
     dropped = [s for s in result.manifest.skipped if s["reason"].startswith("frame dropped")]
     assert len(dropped) == 1 and "truncated JPEG" in dropped[0]["reason"]
     assert "padding overhead" in result.summary()

@@ -27,7 +27,7 @@ def test_cli_convert_inspect_verify_video(frames: VideoTree, tmp_path: Path, suf
     dst = tmp_path / f"clips{suffix}"
     code, out = run("convert", frames.root, dst, "--workers", "2", "-q")
     assert code == 0, out
-    assert f"{len(frames.videos)} samples" in out and "skipped 2 input(s)" in out
+    assert f"{len(frames.videos)} videos" in out and "skipped 2 input(s)" in out
     code, out = run("inspect", dst)
     assert code == 0, out
     assert f"videos: {len(frames.videos)}" in out and "padding overhead" in out

@@ -1,14 +1,8 @@
-"""The format registry: a destination suffix maps to the module that writes and reads it.
+"""The format registry: a destination suffix (or a name) maps to the module storing records.
 
-Each format module declares, side by side, its on-disk layout, its ``Writer`` (a context
-manager) and its low-level ``Reader`` (picklable; handles open lazily per process):
-
-- ``NAME``, ``LAYOUT_VERSION``, ``SHARDED`` (data in shard files, or one file per sample),
-  ``TRANSCODE`` (None to copy the encoded bytes unchanged, or a function bytes -> bytes).
-- ``Writer(root, planned_shard_bytes)`` with ``write(shard, key, label, data) -> (offset, length)`` and
-  ``close() -> list[ShardInfo]``.
-- ``Reader(root, manifest, index, **options)`` with ``read(i) -> bytes`` and
-  ``read_many(indices) -> list[bytes]``.
+Each entry meets the contracts of :mod:`packer.formats.base` (a ``Writer`` and a ``Reader``
+over records, where an image is one record and a video one record per frame). A new format is
+one module plus one line in ``_MODULES``.
 """
 
 from __future__ import annotations
@@ -20,17 +14,13 @@ from packer.errors import DestinationError, FormatError
 from packer.formats import bmp, hdf5, lmdb, npy
 from packer.manifest import shard_name
 
-__all__ = ["FORMATS", "by_name", "format_for", "shard_name"]
+__all__ = ["FORMATS", "by_name", "default_layout", "format_for", "shard_name"]
 
-FORMATS: dict[str, ModuleType] = {
-    ".bmp": bmp,
-    ".h5": hdf5,
-    ".hdf5": hdf5,
-    ".lmdb": lmdb,
-    ".npy": npy,
-}
+_MODULES: tuple[ModuleType, ...] = (bmp, hdf5, lmdb, npy)
 
-_BY_NAME: dict[str, ModuleType] = {m.NAME: m for m in FORMATS.values()}
+FORMATS: dict[str, ModuleType] = {suffix: m for m in _MODULES for suffix in m.SUFFIXES}
+
+_BY_NAME: dict[str, ModuleType] = {m.NAME: m for m in _MODULES}
 
 
 def format_for(path: str | os.PathLike[str]) -> ModuleType:
@@ -39,12 +29,18 @@ def format_for(path: str | os.PathLike[str]) -> ModuleType:
     Raises:
         DestinationError: the suffix is not a known format (the message lists the valid ones).
     """
-    suffix = os.path.splitext(os.fspath(path).rstrip("/"))[1].lower()
+    name = os.path.basename(os.fspath(path).rstrip("/"))
+    suffix = os.path.splitext(name)[1].lower()
     if suffix not in FORMATS:
-        shown = repr(suffix) if suffix else "no suffix"
+        expected = ", ".join(sorted(FORMATS))
+        if suffix:
+            raise DestinationError(
+                f"unknown destination suffix {suffix!r} in {os.fspath(path)!r}; expected one "
+                f"of {expected} (or pass --format)"
+            )
         raise DestinationError(
-            f"unknown destination suffix {shown} in {os.fspath(path)!r}; expected one of "
-            f"{', '.join(sorted(FORMATS))} (or pass --format)"
+            f"destination {os.fspath(path)!r} has no suffix to tell the format by; name it "
+            f"with one of {expected} (e.g. {name or 'out'}.lmdb) or pass --format"
         )
     return FORMATS[suffix]
 
@@ -54,3 +50,12 @@ def by_name(name: str) -> ModuleType:
     if name not in _BY_NAME:
         raise FormatError(f"unknown format {name!r}; expected one of {', '.join(sorted(_BY_NAME))}")
     return _BY_NAME[name]
+
+
+def default_layout(module: ModuleType, kind: str) -> str:
+    """The layout a format writes for a kind: per-sample files for video where it has them
+    (the per-video NPY and HDF5 layouts), shards otherwise."""
+    layouts: tuple[str, ...] = module.LAYOUTS
+    if kind == "video" and "per-sample" in layouts:
+        return "per-sample"
+    return "shards" if "shards" in layouts else layouts[0]

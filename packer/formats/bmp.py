@@ -1,86 +1,85 @@
-"""BMP layout: a decoded tree ``<class>/<name>.bmp`` mirroring the source, 24-bit RGB, no shards.
+"""BMP: decoded 24-bit RGB files mirroring the source, one per record; no shards.
 
-Reading costs no decode: the reader maps the pixel rows straight out of the file (see
-``packer.decode``). It is about 10× the bytes of JPEG. ``index.npy`` has ``shard = -1``,
-``length`` = file size; the file of sample ``i`` is ``<key i>.bmp`` (``keys.txt``).
-A manifest entry::
-
-    {"format": "bmp", "layout_version": 1, "shards": []}
+An image is ``<class>/<name>.bmp``; frame ``j`` of a video is ``<class>/<video>/<j:06d>.bmp``.
+``records.npy`` has ``file`` = the sample's number (its key names the file), ``offset`` = the
+record's number within the sample, ``length`` = the file's size. Reading costs no decode: the
+pixel rows are used straight from the file's bytes (``packer.decode``). About 10× the bytes of
+JPEG. Only the ``"per-sample"`` layout exists.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
-
-import numpy as np
+from typing import Any
 
 from packer.decode import encode_bmp
 from packer.errors import FormatError
-from packer.formats.common import ReaderBase
-from packer.manifest import Manifest, ShardInfo, load_keys
-from packer.strings import StringTable
+from packer.formats.base import ReaderBase
+from packer.formats.files import DurableFiles
+from packer.manifest import ShardInfo
 
-__all__ = ["LAYOUT_VERSION", "NAME", "Reader", "Writer"]
+__all__ = ["NAME", "Reader", "Writer", "record_path"]
 
 NAME = "bmp"
-LAYOUT_VERSION = 1
-SHARDED = False
+SUFFIXES = (".bmp",)
+SHARD_SUFFIX = ""
+LAYOUTS = ("per-sample",)
 TRANSCODE = encode_bmp  # decode once at conversion time, never at read time
-SUFFIX = ".bmp"
 
 
-def sample_path(root: Path, key: str) -> Path:
-    """Where the decoded image of the sample with ``key`` lives."""
-    return root / (key + SUFFIX)
+def record_path(root: Path, key: str, kind: str, number: int) -> Path:
+    """The file of record ``number`` of the sample with ``key``."""
+    if kind == "video":
+        return root / key / f"{number:06d}.bmp"
+    return root / (key + ".bmp")
 
 
 class Writer:
-    """Write one ``.bmp`` file per sample; a context manager."""
+    """Write one ``.bmp`` file per record (fsync'd; folders synced per planned group)."""
 
-    def __init__(self, root: str | os.PathLike[str], planned_shard_bytes: Sequence[int]) -> None:
+    def __init__(
+        self, root: Path, planned_shard_bytes: Sequence[int], layout: str, kind: str
+    ) -> None:
         self.root = Path(root)
-        self._made: set[Path] = set()
+        self.kind = kind
+        self.files = DurableFiles(self.root)
 
     def __enter__(self) -> Writer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
         return None
 
-    def write(self, shard: int, key: str, label: int, data: bytes) -> tuple[int, int]:
-        """Write one decoded sample; return (0, its byte length)."""
-        path = sample_path(self.root, key)
-        if path.parent not in self._made:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._made.add(path.parent)
-        with open(path, "wb") as fh:
-            fh.write(data)
-        return 0, len(data)
+    def write(self, shard: int, key: str, records: Sequence[bytes]) -> list[int]:
+        """Write each record's file; return the records' numbers within the sample."""
+        for number, record in enumerate(records):
+            self.files.write(record_path(self.root, key, self.kind, number), [record])
+        return list(range(len(records)))
 
     def finish_shard(self) -> ShardInfo | None:
-        """Make the files written so far durable (one ``sync`` per planned group of samples)."""
-        os.sync()
+        """Make the folders of the files written so far durable (the files already are)."""
+        self.files.sync_folders()
         return None
-
-    def close(self) -> list[ShardInfo]:
-        """Nothing to finish: each sample is its own file (checksums are in the index)."""
-        return []
 
 
 class Reader(ReaderBase):
-    """Read samples' bytes from the decoded BMP tree."""
+    """Read records' ``.bmp`` files."""
 
-    def __init__(self, root: str | os.PathLike[str], manifest: Manifest, index: np.ndarray) -> None:
-        super().__init__(root, manifest, index)
-        self.keys = StringTable(load_keys(root))
-
-    def read(self, i: int) -> bytes:
-        """The stored bytes (a whole ``.bmp`` file) of sample ``i``."""
-        path = sample_path(self.root, self.keys[int(i)])
-        try:
-            with open(path, "rb") as fh:
-                return fh.read()
-        except OSError as exc:
-            raise FormatError(f"cannot read {str(path)!r}: {exc.strerror}") from exc
+    def _read_file(self, file: int, starts: list[int], lengths: list[int]) -> list[bytes]:
+        key = self.keys[file]
+        out = []
+        for number, length in zip(starts, lengths):
+            path = record_path(self.root, key, self.kind, number)
+            try:
+                with open(path, "rb") as fh:
+                    data = fh.read(length + 1)
+            except OSError as exc:
+                raise FormatError(f"cannot read {str(path)!r}: {exc.strerror}") from exc
+            if len(data) != length:
+                raise FormatError(
+                    f"{str(path)!r} has {len(data)} bytes, the index records {length}: "
+                    "it was modified; convert again"
+                )
+            out.append(data)
+        return out

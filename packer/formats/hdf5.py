@@ -1,30 +1,28 @@
-"""HDF5 layout: shards ``shard-NNNNN.h5``; each holds the encoded samples in one flat uint8 dataset.
+"""HDF5: shards of records in one contiguous ``/data`` each, or one file per video.
 
-Per shard file::
+Layout ``"shards"`` (images), ``shard-NNNNN.h5``::
 
-    /data      uint8 (planned bytes,), contiguous: encoded samples back to back
-    /offsets   int64 (n,)  byte offset of each sample in /data
-    /lengths   int64 (n,)  byte length of each sample
-    /labels    int64 (n,)  class label of each sample
-    attrs: packer_layout_version, used_bytes (bytes of /data in use; the tail is unused
-           when a planned input was skipped)
+    /data      uint8 (planned bytes,), contiguous, allocated up front: records back to back
+    /offsets   int64 (n,)  byte offset of each record in /data
+    /lengths   int64 (n,)  byte length of each record
+    attrs: packer_layout_version, used_bytes (bytes of /data in use)
 
-``index.npy`` repeats shard/offset/length for all samples, so readers need not touch /offsets.
-A manifest entry::
+Layout ``"per-sample"`` (video, the mission's per-video HDF5), ``<class>/<video>.h5``::
 
-    {"format": "hdf5", "layout_version": 1,
-     "shards": [{"name": "shard-00000.h5", "samples": 12000, "bytes": 1073745920, "xxh3_64": "..."}]}
+    /data      uint8 (total frame bytes,), contiguous: the encoded frames back to back
+    /offsets   int64 (frames + 1,): frame j is /data[offsets[j]:offsets[j + 1]]
+    attrs: num_frames, key, packer_layout_version
 
-Reading: /data is contiguous and unfiltered, so each process opens a shard with h5py only to
-read the data's file offset, closes it, and memory-maps the file: a sample is a slice, with no
-HDF5 call per sample and no h5py handle for a fork to inherit (h5py#934). Open maps are still
-closed in the parent before a fork (``packer.handles``); other layouts fall back to h5py.
+Any HDF5 tool reads these files. packer's writer records each record's *file* offset (the
+contiguous /data's offset plus the record's offset in it) in ``records.npy``, so reading needs
+no HDF5 call at all: shards are mapped and sliced, per-video files read with ``pread`` (see
+``packer.formats.base.FileReader``). No h5py handle is ever open in a reading process, so fork
+is safe (h5py#934).
 """
 
 from __future__ import annotations
 
 import errno
-import mmap
 import os
 import shutil
 from collections.abc import Sequence
@@ -34,18 +32,17 @@ from typing import Any
 import h5py
 import numpy as np
 
-from packer.errors import FormatError
-from packer.formats.common import SliceReader
-from packer.handles import HandleCache
-from packer.manifest import Manifest, ShardInfo, file_checksum, shard_name
+from packer.formats.base import FileReader
+from packer.formats.files import DurableFiles
+from packer.manifest import LAYOUT_VERSION, ShardInfo, file_checksum, shard_name
 
-__all__ = ["ContiguousData", "LAYOUT_VERSION", "NAME", "Reader", "Writer"]
+__all__ = ["NAME", "Reader", "Writer"]
 
 NAME = "hdf5"
-LAYOUT_VERSION = 1
-SHARDED = True
+SUFFIXES = (".h5", ".hdf5")
+SHARD_SUFFIX = ".h5"
+LAYOUTS = ("shards", "per-sample")
 TRANSCODE = None
-SUFFIX = ".h5"
 _FLUSH_BYTES = 32 << 20
 
 
@@ -58,32 +55,41 @@ def _check_space(root: Path, planned: int) -> None:
         raise OSError(errno.ENOSPC, f"{need} bytes needed for the next HDF5 shard, {free} free")
 
 
-class Writer:
-    """Write samples into HDF5 shards, in order; a context manager."""
+def _early_allocation() -> Any:
+    """Dataset-creation properties: storage allocated at creation, so its offset is known."""
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+    return dcpl
 
-    def __init__(self, root: str | os.PathLike[str], planned_shard_bytes: Sequence[int]) -> None:
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb+") as fh:
+        os.fsync(fh.fileno())
+
+
+class Writer:
+    """Write records into HDF5 shards, or one file per sample; a context manager."""
+
+    def __init__(
+        self, root: Path, planned_shard_bytes: Sequence[int], layout: str, kind: str
+    ) -> None:
         self.root = Path(root)
         self.planned = list(planned_shard_bytes)
-        self.shards: list[ShardInfo] = []
+        self.per_sample = layout == "per-sample"
+        self.files = DurableFiles(self.root)
         self._file: Any = None
         self._current = -1
+        self._base = 0
         self._buffer = bytearray()
         self._flushed = 0
         self._offsets: list[int] = []
         self._lengths: list[int] = []
-        self._labels: list[int] = []
 
     def __enter__(self) -> Writer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if exc[0] is None:
-            self.close()
-        else:
-            self._abort()
-
-    def _abort(self) -> None:
-        """Drop the open shard after a failure (e.g. disk full), never raising from here."""
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
         handle, self._file = self._file, None
         if handle is not None:
             try:
@@ -91,25 +97,55 @@ class Writer:
             except Exception:  # HDF5 cannot flush a file on a full disk; the shard is redone
                 pass
 
-    def write(self, shard: int, key: str, label: int, data: bytes) -> tuple[int, int]:
-        """Append one sample to ``shard``; return its (byte offset in /data, length)."""
+    def _write_sample(self, key: str, records: Sequence[bytes]) -> list[int]:
+        path = self.root / (key + Reader.SAMPLE_SUFFIX)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        offsets = np.zeros(len(records) + 1, dtype=np.int64)
+        np.cumsum([len(r) for r in records], out=offsets[1:])
+        with h5py.File(path, "w", libver="v110", track_order=False) as fh:
+            data = fh.create_dataset(
+                "data",
+                data=np.frombuffer(b"".join(records), dtype=np.uint8),
+                track_times=False,
+                dcpl=_early_allocation(),
+            )
+            base = int(data.id.get_offset())
+            fh.create_dataset("offsets", data=offsets, track_times=False)
+            fh.attrs["num_frames"] = len(records)
+            fh.attrs["key"] = key
+            fh.attrs["packer_layout_version"] = LAYOUT_VERSION
+        _fsync(path)
+        self.files.added(path)
+        return (base + offsets[:-1]).tolist()
+
+    def write(self, shard: int, key: str, records: Sequence[bytes]) -> list[int]:
+        """Append one sample's records; return each record's byte offset in its file."""
+        if self.per_sample:
+            return self._write_sample(key, records)
         if shard != self._current:
             self.finish_shard()
-            path = self.root / shard_name(shard, SUFFIX)
             _check_space(self.root, self.planned[shard])
+            path = self.root / shard_name(shard, SHARD_SUFFIX)
             self._file = h5py.File(path, "w", libver="v110", track_order=False)
-            self._file.create_dataset(
-                "data", shape=(max(self.planned[shard], 1),), dtype=np.uint8, track_times=False
+            data = self._file.create_dataset(
+                "data",
+                shape=(max(self.planned[shard], 1),),
+                dtype=np.uint8,
+                track_times=False,
+                dcpl=_early_allocation(),
             )
+            self._base = int(data.id.get_offset())
             self._current = shard
-        offset = self._flushed + len(self._buffer)
-        self._buffer += data
-        self._offsets.append(offset)
-        self._lengths.append(len(data))
-        self._labels.append(label)
+        out = []
+        for record in records:
+            offset = self._flushed + len(self._buffer)
+            self._buffer += record
+            self._offsets.append(offset)
+            self._lengths.append(len(record))
+            out.append(self._base + offset)
         if len(self._buffer) >= _FLUSH_BYTES:
             self._flush()
-        return offset, len(data)
+        return out
 
     def _flush(self) -> None:
         if self._buffer:
@@ -119,83 +155,30 @@ class Writer:
             self._buffer = bytearray()
 
     def finish_shard(self) -> ShardInfo | None:
-        """Close the open shard (if any), fsync it and return its manifest entry."""
+        """Close the open shard (if any) durably and return its entry; sync per-sample files."""
         if self._file is None:
+            self.files.sync_folders()
             return None
         self._flush()
-        columns = (("offsets", self._offsets), ("lengths", self._lengths), ("labels", self._labels))
-        for name, values in columns:
+        for name, values in (("offsets", self._offsets), ("lengths", self._lengths)):
             self._file.create_dataset(
                 name, data=np.asarray(values, dtype=np.int64), track_times=False
             )
         self._file.attrs["packer_layout_version"] = LAYOUT_VERSION
         self._file.attrs["used_bytes"] = self._flushed
         handle, self._file = self._file, None
-        try:
-            handle.close()
-        except Exception:
-            self._file = handle
-            self._abort()
-            raise
-        path = self.root / shard_name(self._current, SUFFIX)
-        with open(path, "rb+") as fh:  # durable before the shard is checkpointed
-            os.fsync(fh.fileno())
-        self.shards.append(
-            ShardInfo(path.name, len(self._offsets), path.stat().st_size, file_checksum(path))
-        )
-        self._flushed = 0
-        self._offsets, self._lengths, self._labels = [], [], []
-        return self.shards[-1]
-
-    def close(self) -> list[ShardInfo]:
-        """Finish the last shard; return every shard's entry."""
-        self.finish_shard()
-        return self.shards
-
-
-class ContiguousData:
-    """One process's view of one file's /data (a shard here, a video in ``packer.video``).
-
-    /data is written contiguous and unfiltered, so its bytes sit at one offset of the file
-    (``get_offset``): the shard is memory-mapped and sliced directly, and h5py is closed again
-    right after reading that offset. Any other layout falls back to h5py slicing.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.file: Any = None
-        self.map: mmap.mmap | None = None
-        try:
-            handle = h5py.File(path, "r")
-            data = handle["data"]
-            start = data.id.get_offset()
-            size = data.id.get_storage_size()
-        except (OSError, KeyError) as exc:
-            raise FormatError(f"cannot open HDF5 file {str(path)!r}: {exc}") from exc
-        if start is None or data.compression is not None or data.chunks is not None:
-            self.file, self.view = handle, data  # slicing goes through h5py
-            return
         handle.close()
-        with open(path, "rb") as fh:
-            self.map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        self.view = memoryview(self.map)[start : start + size]
-
-    def close(self) -> None:
-        if self.map is not None:
-            try:
-                self.view.release()
-                self.map.close()
-            except BufferError:  # a slice is still alive: let GC unmap it
-                pass
-        if self.file is not None:
-            self.file.close()
+        path = self.root / shard_name(self._current, SHARD_SUFFIX)
+        _fsync(path)
+        self.files.added(path)
+        self.files.sync_folders()
+        count = len(self._offsets)
+        self._flushed = 0
+        self._offsets, self._lengths = [], []
+        return ShardInfo(path.name, count, path.stat().st_size, file_checksum(path))
 
 
-class Reader(SliceReader):
-    """Read samples' bytes from HDF5 shards (the contiguous /data of each, memory-mapped)."""
+class Reader(FileReader):
+    """Read records from HDF5 files by offset: shards mapped, per-video files by ``pread``."""
 
-    def __init__(self, root: str | os.PathLike[str], manifest: Manifest, index: np.ndarray) -> None:
-        super().__init__(root, manifest, index, HandleCache(capacity=256, close_before_fork=True))
-
-    def _view(self, shard: int) -> Any:
-        path = self.root / self.shard_names[shard]
-        return self.handles.get(shard, lambda: ContiguousData(path)).view
+    SAMPLE_SUFFIX = ".h5"

@@ -1,17 +1,15 @@
-"""LMDB layout: shards ``shard-NNNNN.mdb`` (one file each, ``subdir=False``), one record per sample.
+"""LMDB: shards ``shard-NNNNN.mdb`` (one file each, ``subdir=False``), one LMDB record per record.
 
-The record key is the sample's record number within its shard as 8 big-endian bytes, so keys
-are appended in order and records lie on disk in dataset order (sequential reads stay sequential);
-the value is the encoded image exactly as in the source. ``index.npy`` gives each sample's shard
-and record number (``offset`` column). A manifest entry::
+The key is the record's number within its shard as 8 big-endian bytes, so keys are appended in
+order and records lie on disk in dataset order; the value is the stored bytes (an image, or one
+frame of a video: a video's frames are consecutive records of one shard). ``records.npy`` gives
+each record's shard (``file``) and number (``offset``). Only the ``"shards"`` layout exists.
 
-    {"format": "lmdb", "layout_version": 1,
-     "shards": [{"name": "shard-00000.mdb", "samples": 12000, "bytes": 1074003968, "xxh3_64": "..."}]}
-
-Reading: each process opens each shard once (``readonly=True, lock=False``, readahead on by
-default) and keeps one long-lived ``buffers=True`` read transaction; a batch is served with one
-``getmulti`` per shard. Measured on image-sized records, readahead off made cold reads several
-times slower than plain files, so it is an option (``readahead=False``) and not the default.
+Reading: each process opens each shard once (``readonly=True, lock=False``) and keeps one
+long-lived ``buffers=True`` read transaction; a batch or a clip is one ``getmulti`` per shard.
+Readahead defaults to on for images (measured: off made cold image reads several times slower
+than plain files) and off for video (a clip reads a few frames of a video: readahead would read
+the frames around them too).
 """
 
 from __future__ import annotations
@@ -27,16 +25,16 @@ import lmdb
 import numpy as np
 
 from packer.errors import FormatError
-from packer.formats.common import ReaderBase
-from packer.manifest import Manifest, ShardInfo, file_checksum, shard_name
+from packer.formats.base import ReaderBase
+from packer.manifest import Manifest, ShardInfo, file_checksum, fsync_dir, shard_name
 
-__all__ = ["LAYOUT_VERSION", "NAME", "Reader", "Writer"]
+__all__ = ["NAME", "Reader", "Writer", "record_key"]
 
 NAME = "lmdb"
-LAYOUT_VERSION = 1
-SHARDED = True
+SUFFIXES = (".lmdb",)
+SHARD_SUFFIX = ".mdb"
+LAYOUTS = ("shards",)
 TRANSCODE = None
-SUFFIX = ".mdb"
 _PAGE = 4096
 _TXN_RECORDS = 1024  # commit a write transaction every this many records ...
 _TXN_BYTES = 64 << 20  # ... or this many bytes, whichever comes first (deterministic)
@@ -56,10 +54,11 @@ def initial_map_size(planned_bytes: int) -> int:
 class Writer:
     """Write samples into LMDB shards, in order; a context manager."""
 
-    def __init__(self, root: str | os.PathLike[str], planned_shard_bytes: Sequence[int]) -> None:
+    def __init__(
+        self, root: Path, planned_shard_bytes: Sequence[int], layout: str, kind: str
+    ) -> None:
         self.root = Path(root)
         self.planned = list(planned_shard_bytes)
-        self.shards: list[ShardInfo] = []
         self._env: Any = None
         self._txn: Any = None
         self._current = -1
@@ -70,15 +69,12 @@ class Writer:
     def __enter__(self) -> Writer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if exc[0] is None:
-            self.close()
-        else:
-            self._abort()
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        self._abort()
 
     def _open_shard(self, shard: int) -> None:
         self.finish_shard()
-        path = self.root / shard_name(shard, SUFFIX)
+        path = self.root / shard_name(shard, SHARD_SUFFIX)
         self._env = lmdb.open(
             str(path),
             subdir=False,
@@ -93,17 +89,18 @@ class Writer:
         self._current = shard
         self._count = 0
 
-    def write(self, shard: int, key: str, label: int, data: bytes) -> tuple[int, int]:
-        """Append one sample to ``shard``; return its (record number in the shard, length)."""
+    def write(self, shard: int, key: str, records: Sequence[bytes]) -> list[int]:
+        """Append one sample's records to ``shard``; return their record numbers in it."""
         try:
             if shard != self._current:
                 self._open_shard(shard)
-            record = self._count
-            self._put(record_key(record), data)
+            first = self._count
+            for record in records:
+                self._put(record_key(self._count), record)
+                self._count += 1
         except lmdb.Error as exc:  # LMDB reports a failed write (e.g. disk full) as EIO
             raise OSError(errno.EIO, f"LMDB write failed: {exc}") from exc
-        self._count += 1
-        return record, len(data)
+        return list(range(first, self._count))
 
     def _put(self, key: bytes, data: bytes) -> None:
         self._pending.append((key, data))
@@ -141,25 +138,19 @@ class Writer:
         except lmdb.Error as exc:
             raise OSError(errno.EIO, f"LMDB commit failed: {exc}") from exc
         self._env.close()
-        path = self.root / shard_name(self._current, SUFFIX)
-        self.shards.append(
-            ShardInfo(path.name, self._count, path.stat().st_size, file_checksum(path))
-        )
+        path = self.root / shard_name(self._current, SHARD_SUFFIX)
+        fsync_dir(self.root)
         self._env = self._txn = None
+        self._current = -1
         self._pending = []
         self._pending_bytes = 0
-        return self.shards[-1]
+        return ShardInfo(path.name, self._count, path.stat().st_size, file_checksum(path))
 
     def _abort(self) -> None:
         if self._env is not None:
             self._txn.abort()
             self._env.close()
             self._env = self._txn = None
-
-    def close(self) -> list[ShardInfo]:
-        """Commit and close the last shard; return every shard's entry."""
-        self.finish_shard()
-        return self.shards
 
 
 class _Env:
@@ -230,52 +221,50 @@ class _Handle:
 
 
 class Reader(ReaderBase):
-    """Read samples' bytes from LMDB shards.
+    """Read records from LMDB shards.
 
     Args:
-        readahead: let the kernel read ahead around each record (default True: the measured
-            winner for image-sized records; False suits huge random-access datasets on SSD).
+        readahead: let the kernel read ahead around each record (default: on for images, off
+            for video; see the module docstring).
+        max_open_files: the most shards one process keeps open.
     """
 
     def __init__(
         self,
         root: str | os.PathLike[str],
         manifest: Manifest,
-        index: np.ndarray,
-        readahead: bool = True,
+        records: np.ndarray,
+        readahead: bool | None = None,
+        max_open_files: int | None = None,
     ) -> None:
-        super().__init__(root, manifest, index)
-        self.readahead = readahead
+        super().__init__(root, manifest, records, max_open_files)
+        self.readahead = manifest.kind != "video" if readahead is None else bool(readahead)
 
     def _shard(self, shard: int) -> _Handle:
-        path = self.root / self.shard_names[shard]
+        path = self.shard_path(shard)
         return self.handles.get(shard, lambda: _Handle(path, self.readahead))
 
-    def read(self, i: int) -> bytes:
-        """The stored bytes of sample ``i``."""
-        value = self._shard(int(self.shard[i])).txn.get(record_key(int(self.offset[i])))
-        if value is None:
-            raise FormatError(f"sample {i} is missing from {self.shard_names[self.shard[i]]!r}")
-        return bytes(value)
+    def _get(self, file: int, starts: list[int]) -> list[tuple[Any, Any]]:
+        keys = [n.to_bytes(8, "big") for n in starts]
+        try:
+            pairs = self._shard(file).cursor.getmulti(keys)
+        except lmdb.Error as exc:
+            raise FormatError(f"cannot read {self.shard_names[file]!r}: {exc}") from exc
+        if len(pairs) != len(keys):
+            missing = sorted(set(keys) - {bytes(k) for k, _ in pairs})
+            raise FormatError(
+                f"record {int.from_bytes(missing[0], 'big')} is missing from "
+                f"{self.shard_names[file]!r}"
+            )
+        return pairs
 
-    def read_many(self, indices: Sequence[int]) -> list[bytes]:
-        """Several samples with one ``getmulti`` per shard, keys in on-disk order."""
-        out: list[bytes] = [b""] * len(indices)
-        idx = np.asarray(indices, dtype=np.int64)
-        shards = self.shard[idx]
-        groups = [shards[0]] if len(idx) and (shards == shards[0]).all() else np.unique(shards)
-        for shard in groups:
-            where = np.arange(len(idx)) if len(groups) == 1 else np.flatnonzero(shards == shard)
-            records = self.offset[idx[where]]
-            order = np.argsort(records, kind="stable")
-            keys = [n.to_bytes(8, "big") for n in records[order].tolist()]
-            pairs = self._shard(int(shard)).cursor.getmulti(keys)
-            if len(pairs) != len(keys):
-                missing = sorted(set(keys) - {bytes(k) for k, _ in pairs})
-                raise FormatError(
-                    f"record {int.from_bytes(missing[0], 'big')} is missing from "
-                    f"{self.shard_names[int(shard)]!r}"
-                )
-            for j, (_, value) in zip(where[order].tolist(), pairs):
-                out[j] = bytes(value)
-        return out
+    def _read_file(self, file: int, starts: list[int], lengths: list[int]) -> list[bytes]:
+        return [bytes(value) for _, value in self._get(file, starts)]
+
+    def _read_file_into(
+        self, file: int, starts: list[int], lengths: list[int], out: memoryview, where: list[int]
+    ) -> None:
+        for (_, value), w, n in zip(self._get(file, starts), where, lengths):
+            if len(value) != n:
+                raise FormatError(f"a record of {self.shard_names[file]!r} has the wrong length")
+            out[w : w + n] = value

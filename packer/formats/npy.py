@@ -1,35 +1,39 @@
-"""NPY layout: shards ``shard-NNNNN.npy``, each one flat 1-D uint8 array of encoded samples.
+"""NPY: flat uint8 shards of records, or one zero-padded ``(frames, max bytes)`` array per video.
 
-Each shard is a valid ``.npy`` file (``np.load(path, mmap_mode="r")`` opens it) whose header is
-padded to a fixed 128 bytes, so the data starts at byte 128. A sample is the slice
-``[offset, offset + length)`` of its shard (``index.npy``). A manifest entry::
+Layout ``"shards"`` (images): ``shard-NNNNN.npy``, each a valid 1-D uint8 ``.npy`` file
+(``np.load(path, mmap_mode="r")`` opens it) whose header is padded to HEADER_BYTES, so the data
+starts at byte 128; records lie back to back. Readers map each shard once per process.
 
-    {"format": "npy", "layout_version": 1,
-     "shards": [{"name": "shard-00000.npy", "samples": 12000, "bytes": 1073741952, "xxh3_64": "..."}]}
-
-Reading memory-maps each shard once per process and copies out only the sampled slices.
+Layout ``"per-sample"`` (video, the mission's per-video padded NPY): ``<class>/<video>.npy``, a
+plain ``(frames, max_frame_bytes)`` uint8 array; row ``j`` is frame ``j`` then zeros up to the
+video's largest frame. ``records.npy`` holds each frame's true length and its byte offset in the
+file (header parsed at write time, never at read time), so a clip reads exactly its frames'
+bytes with ``pread`` through a bounded per-process cache of descriptors.
 """
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+from numpy.lib import format as npformat
 
 from packer.errors import FormatError
-from packer.formats.common import SliceReader
-from packer.manifest import Manifest, ShardInfo, file_checksum, shard_name
+from packer.formats.base import FileReader
+from packer.formats.files import DurableFiles
+from packer.manifest import ShardInfo, file_checksum, shard_name
 
-__all__ = ["HEADER_BYTES", "LAYOUT_VERSION", "NAME", "MappedArray", "Reader", "Writer"]
+__all__ = ["HEADER_BYTES", "NAME", "Reader", "Writer", "npy_header", "padded"]
 
 NAME = "npy"
-LAYOUT_VERSION = 1
-SHARDED = True
+SUFFIXES = (".npy",)
+SHARD_SUFFIX = ".npy"
+LAYOUTS = ("shards", "per-sample")
 TRANSCODE = None
-SUFFIX = ".npy"
 HEADER_BYTES = 128
 
 
@@ -43,12 +47,24 @@ def npy_header(num_bytes: int) -> bytes:
     return b"\x93NUMPY\x01\x00" + len(body).to_bytes(2, "little") + body
 
 
-class Writer:
-    """Write samples into flat ``.npy`` shards, in order; a context manager."""
+def padded(records: Sequence[bytes]) -> np.ndarray:
+    """The ``(records, max_record_bytes)`` uint8 array of zero-padded rows."""
+    width = max(len(r) for r in records)
+    rows = np.zeros((len(records), width), dtype=np.uint8)
+    for row, record in zip(rows, records):
+        row[: len(record)] = np.frombuffer(record, dtype=np.uint8)
+    return rows
 
-    def __init__(self, root: str | os.PathLike[str], planned_shard_bytes: Sequence[int]) -> None:
+
+class Writer:
+    """Write records into flat shards, or one padded array per sample; a context manager."""
+
+    def __init__(
+        self, root: Path, planned_shard_bytes: Sequence[int], layout: str, kind: str
+    ) -> None:
         self.root = Path(root)
-        self.shards: list[ShardInfo] = []
+        self.per_sample = layout == "per-sample"
+        self.files = DurableFiles(self.root)
         self._file: BinaryIO | None = None
         self._current = -1
         self._count = 0
@@ -57,29 +73,44 @@ class Writer:
     def __enter__(self) -> Writer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if exc[0] is None:
-            self.close()
-        elif self._file is not None:
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if self._file is not None:
             self._file.close()
+            self._file = None
 
-    def write(self, shard: int, key: str, label: int, data: bytes) -> tuple[int, int]:
-        """Append one sample to ``shard``; return its (byte offset in the data, length)."""
+    def write(self, shard: int, key: str, records: Sequence[bytes]) -> list[int]:
+        """Append one sample's records; return each record's byte offset in its file."""
+        if self.per_sample:
+            rows = padded(records)
+            header = io.BytesIO()
+            npformat.write_array_header_1_0(
+                header, {"descr": "|u1", "fortran_order": False, "shape": rows.shape}
+            )
+            start = header.tell()
+            self.files.write(
+                self.root / (key + Reader.SAMPLE_SUFFIX),
+                [header.getvalue(), rows.tobytes()],
+            )
+            return [start + j * rows.shape[1] for j in range(len(records))]
         if shard != self._current:
             self.finish_shard()
-            self._file = open(self.root / shard_name(shard, SUFFIX), "wb")  # noqa: SIM115
+            path = self.root / shard_name(shard, SHARD_SUFFIX)
+            self._file = open(path, "wb")  # noqa: SIM115
             self._file.write(npy_header(0))
             self._current, self._count, self._size = shard, 0, 0
         assert self._file is not None
-        self._file.write(data)
-        offset = self._size
-        self._size += len(data)
-        self._count += 1
-        return offset, len(data)
+        offsets = []
+        for record in records:
+            offsets.append(HEADER_BYTES + self._size)
+            self._file.write(record)
+            self._size += len(record)
+        self._count += len(records)
+        return offsets
 
     def finish_shard(self) -> ShardInfo | None:
-        """Close the open shard (if any), fsync it and return its manifest entry."""
+        """Close the open shard (if any) durably and return its entry; sync per-sample files."""
         if self._file is None:
+            self.files.sync_folders()
             return None
         self._file.seek(0)
         self._file.write(npy_header(self._size))
@@ -87,49 +118,13 @@ class Writer:
         os.fsync(self._file.fileno())
         self._file.close()
         self._file = None
-        path = self.root / shard_name(self._current, SUFFIX)
-        self.shards.append(
-            ShardInfo(path.name, self._count, path.stat().st_size, file_checksum(path))
-        )
-        return self.shards[-1]
-
-    def close(self) -> list[ShardInfo]:
-        """Finish the last shard; return every shard's entry."""
-        self.finish_shard()
-        return self.shards
+        path = self.root / shard_name(self._current, SHARD_SUFFIX)
+        self.files.added(path)
+        self.files.sync_folders()
+        return ShardInfo(path.name, self._count, path.stat().st_size, file_checksum(path))
 
 
-class MappedArray:
-    """A read-only memory map of one ``.npy`` file, closable (a HandleCache entry)."""
+class Reader(FileReader):
+    """Read records from mapped NPY shards, or by ``pread`` from per-sample padded arrays."""
 
-    def __init__(self, path: Path) -> None:
-        try:
-            self.array: Any = np.load(path, mmap_mode="r")
-        except (OSError, ValueError) as exc:
-            raise FormatError(f"cannot open {str(path)!r}: {exc}") from exc
-        self.view = memoryview(self.array.data).cast("B") if self.array.ndim == 1 else None
-
-    def close(self) -> None:
-        mm = getattr(self.array, "_mmap", None)
-        if self.view is not None:
-            try:
-                self.view.release()
-            except BufferError:
-                pass
-        self.array = self.view = None
-        if mm is not None:
-            try:
-                mm.close()
-            except BufferError:  # a slice still references the map: let GC unmap it
-                pass
-
-
-class Reader(SliceReader):
-    """Read samples' bytes from memory-mapped NPY shards."""
-
-    def __init__(self, root: str | os.PathLike[str], manifest: Manifest, index: np.ndarray) -> None:
-        super().__init__(root, manifest, index)
-
-    def _view(self, shard: int) -> memoryview:
-        path = self.root / self.shard_names[shard]
-        return self.handles.get(shard, lambda: MappedArray(path)).view
+    SAMPLE_SUFFIX = ".npy"

@@ -1,11 +1,12 @@
 """Video kind: frame folders and video files packed per video, read as sampled clips.
 
 - :func:`detect_kind` tells ``<class>/<image>`` trees from ``<class>/<video>/...`` trees;
-- :func:`convert_video` packs a video tree into ``.npy`` / ``.h5`` / ``.lmdb`` / ``.bmp``;
+- :func:`convert_video` packs a video tree (``packer.convert`` with ``kind="video"``);
 - :func:`open_video_dataset` and the ``*VideoDataset`` classes read clips back;
 - :func:`run_video_demo` generates a frame tree, converts it and times clip reading.
 
-The on-disk layout is described in :mod:`packer.video.layout` and each format module. Names are
+The on-disk layout is the storage core's (:mod:`packer.manifest`, :mod:`packer.formats`): a
+video is a sample whose records are its frames. Names are
 imported on first use, so ``packer.convert`` may import ``packer.video.sources`` at its top
 without an import cycle.
 """
@@ -23,8 +24,7 @@ _EXPORTS = {
     "VideoDataset": "packer.video.datasets",
     "VideoFolderDataset": "packer.video.datasets",
     "open_video_dataset": "packer.video.datasets",
-    "VideoConvertResult": "packer.video.convert",
-    "convert_video": "packer.video.convert",
+    "convert_video": "packer.convert",
     "detect_kind": "packer.video.sources",
     "scan_videos": "packer.video.sources",
     "make_video_files": "packer.video.demo",

@@ -19,22 +19,19 @@ Readers hold only paths, numpy arrays and options; files open lazily in each pro
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
-from packer.decode import check_output, decode
-from packer.errors import FormatError, InputFileError, PackerError
-from packer.formats.common import check_shard_files
-from packer.manifest import MANIFEST_NAME, load_index, load_manifest
+from packer.dataset_base import SampleDataset, Transform
+from packer.decode import decode
+from packer.errors import InputFileError, PackerError
+from packer.manifest import MANIFEST_NAME, load_manifest
 from packer.sampling import SAMPLINGS, clip_indices, clip_rng
+from packer.store import open_packed
 from packer.strings import StringTable
-from packer.video.formats import video_format
-from packer.video.layout import load_frames
 from packer.video.sources import scan_videos
 
 __all__ = [
@@ -47,8 +44,6 @@ __all__ = [
     "open_video_dataset",
 ]
 
-Transform = Callable[[Any], Any] | None
-
 
 def stack_clip(frames: list[Any], output: str) -> Any:
     """Join decoded frames: numpy → T×H×W×3 array, tensor → T×C×H×W tensor, else a list."""
@@ -59,7 +54,7 @@ def stack_clip(frames: list[Any], output: str) -> Any:
     return frames
 
 
-class VideoDataset(Dataset):
+class VideoDataset(SampleDataset):
     """Clip sampling, decoding and transforms shared by every video dataset.
 
     Args:
@@ -91,19 +86,13 @@ class VideoDataset(Dataset):
             )
         if num_frames < 1 or stride < 1:
             raise PackerError(f"num_frames and stride must be >= 1, got {num_frames} and {stride}")
-        self.root = Path(root)
-        self.classes = list(classes)
-        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
-        self.targets = np.ascontiguousarray(labels, dtype=np.int64)
+        super().__init__(root, classes, labels, transform, target_transform, output)
         self.frame_counts = np.ascontiguousarray(counts, dtype=np.int64)
         self.num_frames, self.sampling, self.stride = num_frames, sampling, stride
-        self.output = check_output(output)
-        self.transform, self.target_transform = transform, target_transform
         self.seed = seed
         self.epoch = 0
 
-    def __len__(self) -> int:
-        return len(self.targets)
+    UNIT = "videos"
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch that seeded sampling draws from (see the module docstring)."""
@@ -116,25 +105,18 @@ class VideoDataset(Dataset):
             int(self.frame_counts[i]), self.num_frames, self.sampling, rng, self.stride
         )
 
-    def _read_frames(self, i: int, frames: np.ndarray) -> list[bytes]:
+    def read_frames(self, i: int, frames: np.ndarray) -> list[bytes]:
+        """The stored bytes of frames ``frames`` (distinct frame numbers) of video ``i``."""
         raise NotImplementedError
 
     def _describe(self, i: int) -> str:
         return f"video {i}"
 
-    def _position(self, i: int) -> int:
-        n = len(self)
-        if not isinstance(i, (int, np.integer)):
-            raise TypeError(f"dataset indices must be integers, not {type(i).__name__}")
-        if not -n <= i < n:
-            raise IndexError(f"index {i} out of range for a dataset of {n} videos")
-        return int(i) % n
-
     def read_clip(self, i: int) -> list[bytes]:
         """The encoded frames of item ``i``'s clip (each distinct frame read once)."""
         wanted = self.clip_indices(i)
         distinct, where = np.unique(wanted, return_inverse=True)
-        data = self._read_frames(i, distinct)
+        data = self.read_frames(i, distinct)
         return [data[j] for j in where.reshape(-1)]
 
     def __getitem__(self, i: int) -> tuple[Any, Any]:
@@ -147,20 +129,16 @@ class VideoDataset(Dataset):
             raise InputFileError(f"{self._describe(position)} cannot be decoded: {exc}") from exc
         if self.transform is not None:
             clip = self.transform(clip)
-        label: Any = int(self.targets[position])
-        if self.target_transform is not None:
-            label = self.target_transform(label)
-        return clip, label
+        return clip, self._label(position)
 
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}({str(self.root)!r}, videos={len(self)}, "
-            f"num_frames={self.num_frames}, sampling={self.sampling!r}, output={self.output!r})"
-        )
+    def _repr_fields(self) -> str:
+        return f"num_frames={self.num_frames}, sampling={self.sampling!r}"
 
 
 class PackedVideoDataset(VideoDataset):
-    """Clips from a packer video output (format given by ``FORMAT``).
+    """Clips from a packer video output (format given by ``FORMAT``): a clip reads only its
+    sampled frames' records (one ``getmulti`` for LMDB, ``pread`` of exactly their byte ranges
+    for the per-video NPY and HDF5 files, adjacent frames in one read).
 
     Reader options (``max_open_files`` for NPY/HDF5, ``readahead`` for LMDB) pass through.
     """
@@ -168,26 +146,15 @@ class PackedVideoDataset(VideoDataset):
     FORMAT = ""
 
     def __init__(self, root: str | os.PathLike[str], num_frames: int = 8, **kwargs: Any) -> None:
-        manifest = load_manifest(root)
-        if self.FORMAT and manifest.format != self.FORMAT:
-            raise FormatError(
-                f"{str(root)!r} holds format {manifest.format!r}, not {self.FORMAT!r}; "
-                "use packer.video.open_video_dataset() to pick the right class"
-            )
-        if manifest.kind != "video":
-            raise FormatError(f"{str(root)!r} holds {manifest.kind!r} samples, not videos")
-        index = load_index(root, manifest)
-        frames = load_frames(root, manifest, index)
-        check_shard_files(Path(root), manifest)
         names = ("sampling", "stride", "output", "transform", "target_transform", "seed")
         common = {k: kwargs.pop(k) for k in names if k in kwargs}
+        packed = open_packed(root, "video", self.FORMAT or None, **kwargs)
         super().__init__(
-            root, manifest.classes, index["label"], index["length"], num_frames, **common
+            root, packed.manifest.classes, packed.labels, packed.counts, num_frames, **common
         )
-        self.manifest = manifest
-        self.reader = video_format(manifest.format).Reader(
-            root, manifest, index, frames["length"], **kwargs
-        )
+        self.manifest = packed.manifest
+        self.reader = packed.reader
+        self.first = packed.first
 
     @property
     def keys(self) -> StringTable:
@@ -197,12 +164,12 @@ class PackedVideoDataset(VideoDataset):
     def _describe(self, i: int) -> str:
         return f"video {i} ({self.keys[i]!r} in {str(self.root)!r})"
 
-    def _read_frames(self, i: int, frames: np.ndarray) -> list[bytes]:
-        return self.reader.read(i, frames)
+    def read_frames(self, i: int, frames: np.ndarray) -> list[bytes]:
+        return self.reader.read_many(int(self.first[i]) + np.asarray(frames, dtype=np.int64))
 
 
 class NpyVideoDataset(PackedVideoDataset):
-    """Clips from a packer ``.npy`` video output: memory-mapped, only sampled rows read."""
+    """Clips from a packer ``.npy`` video output: only the sampled rows' true bytes are read."""
 
     FORMAT = "npy"
 
@@ -240,7 +207,7 @@ class VideoFolderDataset(VideoDataset):
         self._first = np.concatenate(([0], np.cumsum(counts)[:-1]))
         self._paths = StringTable(p for v in videos for p in v.frames or ())
 
-    def _read_frames(self, i: int, frames: np.ndarray) -> list[bytes]:
+    def read_frames(self, i: int, frames: np.ndarray) -> list[bytes]:
         out = []
         for j in frames:
             with open(self._paths[int(self._first[i] + j)], "rb") as fh:

@@ -177,7 +177,7 @@ def run_video_demo(
     """
     from torch.utils.data import Subset
 
-    from packer.video.convert import convert_video
+    from packer.convert import convert_video
     from packer.video.datasets import open_video_dataset
 
     work = Path(workdir)

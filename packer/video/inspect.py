@@ -19,7 +19,7 @@ def describe_video(path: str | os.PathLike[str]) -> str:
     root = Path(path)
     manifest = load_manifest(root)
     index = load_index(root, manifest)
-    counts = index["length"]
+    counts = index["count"]
     storage = manifest.options.get("storage", {})
     lines = [
         f"videos: {len(index)}    frames: {int(counts.sum())}    frames per video: "

@@ -1,35 +1,28 @@
-"""Read one source video into its list of encoded frames, in parallel and in scan order.
+"""Load one source video into its list of encoded frames (its records).
 
 Frame folders: every frame is read and checked (:func:`packer.check.check_image`); the bytes are
 kept unchanged unless a resize is asked (then re-encoded as JPEG at ``quality``). Video files:
 decoded once with PyAV (optional dependency), subsampled to ``fps`` if asked, resized, and
 encoded as JPEG at ``quality``. A ``transcode`` (BMP) then applies to every frame. Problems are
-returned as reasons, never raised, so one bad video does not stop a conversion.
+returned as reasons, never raised, so one bad video does not stop a conversion. The parallel,
+ordered pool is :func:`packer.loading.load_in_order`, shared with images.
 """
 
 from __future__ import annotations
 
 import io
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from PIL import Image
 
 from packer.check import check_image
 from packer.errors import InputFileError, PackerError
+from packer.loading import Loaded
 from packer.video.sources import VideoSample
 
-__all__ = [
-    "FrameOptions",
-    "LoadedVideo",
-    "import_av",
-    "load_in_order",
-    "load_video",
-    "resize_to",
-]
+__all__ = ["FrameOptions", "import_av", "load_video", "resize_to"]
 
 _PYAV_HINT = "reading video files needs PyAV: pip install packer[video]  (or: pip install av)"
 
@@ -60,15 +53,6 @@ class FrameOptions:
         return self.max_side is not None or self.short_side is not None
 
 
-@dataclass
-class LoadedVideo:
-    """One video after loading: its frames, or the reason it cannot be used."""
-
-    frames: list[bytes] | None
-    reason: str | None = None
-    dropped: list[tuple[str, str]] = field(default_factory=list)  # (frame path, reason)
-
-
 def resize_to(
     width: int, height: int, max_side: int | None, short_side: int | None
 ) -> tuple[int, int]:
@@ -92,7 +76,7 @@ def _encode(image: Image.Image, options: FrameOptions) -> bytes:
     return out.getvalue()
 
 
-def _load_folder(sample: VideoSample, options: FrameOptions) -> LoadedVideo:
+def _load_folder(sample: VideoSample, options: FrameOptions) -> Loaded:
     frames: list[bytes] = []
     dropped: list[tuple[str, str]] = []
     for path in sample.frames or ():
@@ -106,13 +90,13 @@ def _load_folder(sample: VideoSample, options: FrameOptions) -> LoadedVideo:
         except (OSError, InputFileError, ValueError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             if not options.skip_bad_frames:
-                return LoadedVideo(None, f"frame {path!r}: {reason}")
+                return Loaded(None, f"frame {path!r}: {reason}")
             dropped.append((path, reason))
             continue
         frames.append(data)
     if not frames:
-        return LoadedVideo(None, "no usable frame (all were dropped)", dropped)
-    return LoadedVideo(frames, None, dropped)
+        return Loaded(None, "no usable frame (all were dropped)", dropped)
+    return Loaded(frames, None, dropped)
 
 
 class _FpsFilter:
@@ -161,47 +145,18 @@ def decode_video_file(path: str, options: FrameOptions) -> list[bytes]:
     return frames
 
 
-def load_video(sample: VideoSample, options: FrameOptions) -> LoadedVideo:
-    """Load one video's frames; a problem becomes ``LoadedVideo(None, reason=...)``."""
+def load_video(sample: VideoSample, options: FrameOptions) -> Loaded:
+    """Load one video's frames; a problem becomes ``Loaded(None, reason=...)``."""
     if sample.frames is None:
         try:
-            loaded = LoadedVideo(decode_video_file(sample.path, options))
+            loaded = Loaded(decode_video_file(sample.path, options))
         except InputFileError as exc:
-            return LoadedVideo(None, str(exc))
+            return Loaded(None, str(exc))
     else:
         loaded = _load_folder(sample, options)
-    if loaded.frames is not None and options.transcode is not None:
+    if loaded.records is not None and options.transcode is not None:
         try:
-            loaded.frames = [options.transcode(f) for f in loaded.frames]
+            return Loaded([options.transcode(f) for f in loaded.records], None, loaded.dropped)
         except (OSError, ValueError) as exc:
-            return LoadedVideo(None, f"cannot decode a frame: {exc}", loaded.dropped)
+            return Loaded(None, f"cannot decode a frame: {exc}", loaded.dropped)
     return loaded
-
-
-def load_in_order(
-    samples: Iterable[VideoSample], options: FrameOptions, workers: int, cpu_bound: bool
-) -> Iterator[LoadedVideo]:
-    """Yield :func:`load_video` of every sample, in the order given, whatever ``workers``.
-
-    Threads when reading is IO-bound (frame folders copied unchanged), processes when frames
-    are decoded or encoded. At most ``4 × workers`` videos are in flight.
-    """
-    if workers <= 1:
-        for sample in samples:
-            yield load_video(sample, options)
-        return
-    executor: Executor = (
-        ProcessPoolExecutor(workers)
-        if cpu_bound
-        else ThreadPoolExecutor(workers, thread_name_prefix="packer-video")
-    )
-    pending: deque = deque()
-    try:
-        for sample in samples:
-            pending.append(executor.submit(load_video, sample, options))
-            if len(pending) >= 4 * workers:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        executor.shutdown(wait=True, cancel_futures=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from packer.errors import SourceError
 from packer.sources import SkippedInput, is_image_name, natural_key
@@ -76,6 +77,23 @@ class VideoScan:
     def num_files(self) -> int:
         """How many source files the videos hold (frames, or one per video file)."""
         return sum(1 if v.frames is None else len(v.frames) for v in self.videos)
+
+    @property
+    def samples(self) -> list[VideoSample]:
+        """The videos (the pipeline's name for a source's samples)."""
+        return self.videos
+
+    def describe(self) -> dict[str, Any]:
+        """The manifest's ``source`` entry."""
+        files = sum(1 for v in self.videos if v.is_file)
+        return {
+            "root": self.root,
+            "files": self.num_files,
+            "bytes": self.total_bytes,
+            "videos": len(self.videos),
+            "video_files": files,
+            "frame_folders": len(self.videos) - files,
+        }
 
 
 def _class_dirs(root: Path) -> list[str]:

@@ -1,0 +1,91 @@
+"""What every dataset shares, images and clips alike: classes and targets, index checks,
+transforms, decoding errors and ``repr``. Holds only picklable state."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from packer.decode import check_output
+
+__all__ = ["SampleDataset", "Transform"]
+
+Transform = Callable[[Any], Any] | None
+
+
+class SampleDataset(Dataset):
+    """The base of every packer dataset.
+
+    Args:
+        root: the dataset's folder.
+        classes: class names; a sample's label indexes them.
+        labels: one label per sample.
+        transform: applied to each item (an image, or a whole clip).
+        target_transform: applied to each label.
+        output: ``"pil"``, ``"numpy"``, ``"tensor"`` or ``"bytes"``.
+    """
+
+    UNIT = "samples"
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        classes: list[str],
+        labels: np.ndarray,
+        transform: Transform = None,
+        target_transform: Transform = None,
+        output: str = "pil",
+    ) -> None:
+        self.root = Path(root)
+        self.classes = list(classes)
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        self.targets = np.ascontiguousarray(labels, dtype=np.int64)
+        self.transform = transform
+        self.target_transform = target_transform
+        self.output = check_output(output)
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def _position(self, i: Any) -> int:
+        n = len(self.targets)
+        if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
+            raise TypeError(f"dataset indices must be integers, not {type(i).__name__}")
+        if not -n <= i < n:
+            raise IndexError(f"index {i} out of range for a dataset of {n} {self.UNIT}")
+        return int(i) % n
+
+    def _positions(self, indices: Sequence[int]) -> list[int]:
+        n = len(self.targets)
+        idx = np.asarray(indices)
+        if idx.ndim != 1:
+            raise TypeError("a batch of indices must be a flat sequence of integers")
+        if len(idx) and idx.dtype.kind not in "iu":
+            return [self._position(i) for i in indices]  # raises the precise error
+        if len(idx) and (idx.min() < -n or idx.max() >= n):
+            bad = next(int(i) for i in idx if not -n <= i < n)
+            raise IndexError(f"index {bad} out of range for a dataset of {n} {self.UNIT}")
+        return (idx.astype(np.int64) % n).tolist() if n else []
+
+    def _describe(self, i: int) -> str:
+        return f"sample {i}"
+
+    def _label(self, i: int) -> Any:
+        label: Any = int(self.targets[i])
+        if self.target_transform is not None:
+            label = self.target_transform(label)
+        return label
+
+    def _repr_fields(self) -> str:
+        return f"classes={len(self.classes)}"
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({str(self.root)!r}, {self.UNIT}={len(self)}, "
+            f"{self._repr_fields()}, output={self.output!r})"
+        )

@@ -1,0 +1,262 @@
+"""The storage core's contracts, and what every format's reader shares.
+
+A format module (``packer.formats.lmdb``, ``npy``, ``hdf5``, ``bmp``) stores *records* (an
+image is one record, a video one record per frame) and declares:
+
+- ``NAME``, ``SUFFIXES`` (destination suffixes), ``SHARD_SUFFIX``, ``LAYOUTS`` (the layouts it
+  writes, ``"shards"`` and/or ``"per-sample"``), ``TRANSCODE`` (None, or a function applied to
+  every record's bytes at conversion, e.g. JPEG -> BMP);
+- ``Writer(root, planned_shard_bytes, layout, kind)`` meeting :class:`Writer`;
+- ``Reader(root, manifest, records, **options)`` meeting :class:`Reader`, built on
+  :class:`ReaderBase`, which groups a request by file and calls the format's per-file reads.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+import numpy as np
+
+from packer.errors import FormatError
+from packer.formats.files import MappedFile, OpenFile, read_ranges, read_ranges_into
+from packer.handles import HandleCache
+from packer.manifest import KEYS_NAME, Manifest, ShardInfo, load_keys
+from packer.strings import StringTable
+
+__all__ = [
+    "LAYOUTS",
+    "FileReader",
+    "Reader",
+    "ReaderBase",
+    "Writer",
+    "WriterFactory",
+    "check_shard_files",
+]
+
+LAYOUTS = ("shards", "per-sample")
+
+
+class Writer(Protocol):
+    """Writes samples' records, in order, into one format's files; a context manager."""
+
+    def __enter__(self) -> Writer: ...
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+    def write(self, shard: int, key: str, records: Sequence[bytes]) -> list[int]:
+        """Store one sample's records in planned ``shard``; return each record's offset."""
+        ...
+
+    def finish_shard(self) -> ShardInfo | None:
+        """Make everything written since the last call durable; the shard's entry, if any."""
+        ...
+
+
+WriterFactory = Callable[[Path, Sequence[int], str, str], Writer]
+
+
+class Reader(Protocol):
+    """Reads records' bytes; picklable, handles open lazily in each process."""
+
+    def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
+        """The stored bytes of each record, in the order asked."""
+        ...
+
+    def read_into(
+        self,
+        records: Sequence[int] | np.ndarray,
+        out: memoryview,
+        where: Sequence[int] | np.ndarray,
+    ) -> None:
+        """Copy record ``records[k]`` into ``out[where[k]:]``, with no ``bytes`` per record."""
+        ...
+
+    def close(self) -> None:
+        """Close this process's handles (they reopen on the next read)."""
+        ...
+
+
+def check_shard_files(root: Path, manifest: Manifest) -> None:
+    """Raise FormatError if a shard named by the manifest is missing or has the wrong size."""
+    for shard in manifest.shards:
+        path = root / shard.name
+        try:
+            size = path.stat().st_size
+        except OSError as exc:
+            raise FormatError(
+                f"shard {str(path)!r} of {str(root)!r} cannot be opened: {exc.strerror}"
+            ) from exc
+        if size != shard.bytes:
+            raise FormatError(
+                f"shard {str(path)!r} has {size} bytes but the manifest records {shard.bytes}: "
+                "it is truncated or was modified; convert again"
+            )
+
+
+class ReaderBase:
+    """Picklable state of every reader: the root, the record columns, a handle cache.
+
+    Subclasses implement ``_read_file(file, starts, lengths) -> list[bytes]`` and may override
+    ``_read_file_into`` (by default a copy of ``_read_file``'s result); ``starts`` are sorted.
+    """
+
+    CACHE = 4096  # most handles one process keeps open (least recently used closed first)
+    CLOSE_BEFORE_FORK = False
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        manifest: Manifest,
+        records: np.ndarray,
+        max_open_files: int | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.kind = manifest.kind
+        self.layout = str(manifest.options.get("layout", "shards"))
+        self.shard_names = [s.name for s in manifest.shards]
+        self.file = np.ascontiguousarray(records["file"], dtype=np.int64)
+        self.offset = np.ascontiguousarray(records["offset"], dtype=np.int64)
+        self.length = np.ascontiguousarray(records["length"], dtype=np.int64)
+        self.handles = HandleCache(max_open_files or self.CACHE, self.CLOSE_BEFORE_FORK)
+        self._keys: StringTable | None = None
+
+    def __len__(self) -> int:
+        return len(self.length)
+
+    @property
+    def keys(self) -> StringTable:
+        """The sample keys (loaded on first use: only per-sample layouts name files by key)."""
+        if self._keys is None:
+            try:
+                self._keys = StringTable(load_keys(self.root))
+            except OSError as exc:
+                raise FormatError(f"cannot read {str(self.root / KEYS_NAME)!r}: {exc}") from exc
+        return self._keys
+
+    def shard_path(self, file: int) -> Path:
+        """The path of shard ``file``."""
+        return self.root / self.shard_names[file]
+
+    def _read_file(self, file: int, starts: list[int], lengths: list[int]) -> list[bytes]:
+        raise NotImplementedError
+
+    def _read_file_into(
+        self, file: int, starts: list[int], lengths: list[int], out: memoryview, where: list[int]
+    ) -> None:
+        for data, w in zip(self._read_file(file, starts, lengths), where):
+            out[w : w + len(data)] = data
+
+    def _groups(self, records: Sequence[int] | np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """``(file, positions in the request sorted by offset)`` for every file touched."""
+        rec = np.asarray(records, dtype=np.int64)
+        if rec.ndim != 1:
+            raise TypeError("records must be a flat sequence of integers")
+        if len(rec) == 0:
+            return []
+        if rec.min() < 0 or rec.max() >= len(self.length):
+            raise IndexError(f"record out of range for a dataset of {len(self.length)} records")
+        files = self.file[rec]
+        if (files == files[0]).all():
+            where = np.argsort(self.offset[rec], kind="stable")
+            return [(int(files[0]), where)]
+        order = np.lexsort((self.offset[rec], files))
+        cuts = np.flatnonzero(np.diff(files[order])) + 1
+        return [(int(files[g[0]]), g) for g in np.split(order, cuts)]
+
+    def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
+        """The stored bytes of each record, in the order asked."""
+        rec = np.asarray(records, dtype=np.int64)
+        out: list[bytes] = [b""] * len(rec)
+        for file, where in self._groups(rec):
+            chosen = rec[where]
+            data = self._read_file(file, self.offset[chosen].tolist(), self.length[chosen].tolist())
+            for j, d in zip(where.tolist(), data):
+                out[j] = d
+        return out
+
+    def read_into(
+        self,
+        records: Sequence[int] | np.ndarray,
+        out: memoryview,
+        where: Sequence[int] | np.ndarray,
+    ) -> None:
+        """Copy record ``records[k]`` into ``out[where[k]:where[k]+length]``."""
+        rec = np.asarray(records, dtype=np.int64)
+        dest = np.asarray(where, dtype=np.int64)
+        for file, pos in self._groups(rec):
+            chosen = rec[pos]
+            self._read_file_into(
+                file,
+                self.offset[chosen].tolist(),
+                self.length[chosen].tolist(),
+                out,
+                dest[pos].tolist(),
+            )
+
+    def read(self, record: int) -> bytes:
+        """The stored bytes of one record."""
+        return self.read_many([record])[0]
+
+    def lengths(self, records: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Stored byte lengths of ``records``."""
+        return self.length[np.asarray(records, dtype=np.int64)]
+
+    def close(self) -> None:
+        """Close this process's handles (they reopen on the next read)."""
+        self.handles.close_all()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_keys"] = None  # reloaded where needed, never shipped to every worker
+        return state
+
+
+class FileReader(ReaderBase):
+    """Records as byte ranges of files: shards mapped once per process (sliced), per-sample
+    files read with ``pread`` through a bounded cache of descriptors (``max_open_files``,
+    default 256), advised random so a clip reads only its records' pages."""
+
+    SAMPLE_SUFFIX = ""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        manifest: Manifest,
+        records: np.ndarray,
+        max_open_files: int | None = None,
+    ) -> None:
+        super().__init__(root, manifest, records, max_open_files)
+        if self.layout == "per-sample" and max_open_files is None:
+            self.handles.capacity = 256
+
+    def sample_path(self, sample: int) -> Path:
+        """The per-sample file of sample ``sample``."""
+        return self.root / (self.keys[sample] + self.SAMPLE_SUFFIX)
+
+    def _mapped(self, file: int) -> memoryview:
+        return self.handles.get(file, lambda: MappedFile(self.shard_path(file))).view
+
+    def _open(self, file: int) -> OpenFile:
+        return self.handles.get(file, lambda: OpenFile(self.sample_path(file)))
+
+    def _read_file(self, file: int, starts: list[int], lengths: list[int]) -> list[bytes]:
+        if self.layout == "per-sample":
+            return read_ranges(self._open(file), starts, lengths)
+        view = self._mapped(file)
+        return [bytes(view[a : a + n]) for a, n in zip(starts, lengths)]
+
+    def _read_file_into(
+        self, file: int, starts: list[int], lengths: list[int], out: memoryview, where: list[int]
+    ) -> None:
+        if self.layout == "per-sample":
+            read_ranges_into(self._open(file), starts, lengths, out, where)
+            return
+        view = self._mapped(file)
+        for a, n, w in zip(starts, lengths, where):
+            out[w : w + n] = view[a : a + n]

@@ -1,0 +1,208 @@
+"""Files under the readers and writers: descriptors, maps, positioned reads, durable writes.
+
+Readers of per-sample files (a video's ``.npy``/``.h5``) keep *descriptors*, not maps, in a
+bounded per-process cache: a descriptor costs no address space, and a clip reads only its
+records' byte ranges with ``pread``/``preadv`` (the kernel is told the access is random, so it
+reads no more than the pages asked for). Shard readers map the whole shard once per process.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+
+from packer.errors import FormatError
+from packer.manifest import fsync_dir
+
+__all__ = [
+    "DurableFiles",
+    "MappedFile",
+    "OpenFile",
+    "PAGE",
+    "coalesce",
+    "read_ranges",
+    "read_ranges_into",
+]
+
+PAGE = 4096
+
+
+def _open_regular(path: Path) -> int:
+    """Open ``path`` read-only; refuse anything but a regular file (a FIFO would hang)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise FormatError(f"cannot open {str(path)!r}: {exc.strerror or exc}") from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise FormatError(f"{str(path)!r} is not a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
+class OpenFile:
+    """One process's descriptor of one data file (a handle-cache entry).
+
+    Args:
+        path: the file.
+        random: advise the kernel that reads are random (no readahead beyond each read).
+    """
+
+    def __init__(self, path: Path, random: bool = True) -> None:
+        self.path = path
+        self.fd = _open_regular(path)
+        self.size = os.fstat(self.fd).st_size
+        if random and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class MappedFile:
+    """One process's read-only map of one whole data file (a handle-cache entry)."""
+
+    def __init__(self, path: Path) -> None:
+        fd = _open_regular(path)
+        try:
+            size = os.fstat(fd).st_size
+            self.map: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None
+        except (OSError, ValueError) as exc:
+            raise FormatError(f"cannot map {str(path)!r}: {exc}") from exc
+        finally:
+            os.close(fd)
+        self.size = size
+        self.view = memoryview(self.map) if self.map is not None else memoryview(b"")
+
+    def close(self) -> None:
+        try:
+            self.view.release()
+            if self.map is not None:
+                self.map.close()
+        except BufferError:  # a slice is still alive: let GC unmap it
+            pass
+
+
+def coalesce(
+    starts: Sequence[int], lengths: Sequence[int], gap: int = PAGE
+) -> list[tuple[int, int, int, int]]:
+    """Group ranges sorted by start into runs read at once: ``(start, stop, first, last+1)``.
+
+    Two ranges join a run when the bytes between them are fewer than ``gap`` (the pages between
+    would be read anyway).
+    """
+    runs: list[tuple[int, int, int, int]] = []
+    for k, (a, n) in enumerate(zip(starts, lengths)):
+        if runs and a - runs[-1][1] < gap and a >= runs[-1][0]:
+            start, stop, first, _ = runs[-1]
+            runs[-1] = (start, max(stop, a + n), first, k + 1)
+        else:
+            runs.append((a, a + n, k, k + 1))
+    return runs
+
+
+def _pread(handle: OpenFile, start: int, size: int) -> bytes:
+    data = os.pread(handle.fd, size, start)
+    if len(data) != size:
+        raise FormatError(
+            f"{str(handle.path)!r} ends before byte {start + size} (it has {handle.size}): "
+            "the file is truncated"
+        )
+    return data
+
+
+def read_ranges(handle: OpenFile, starts: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
+    """The bytes of each range (sorted by start), one ``pread`` per coalesced run."""
+    out: list[bytes] = []
+    for start, stop, first, last in coalesce(starts, lengths):
+        block = _pread(handle, start, stop - start)
+        if last - first == 1 and lengths[first] == len(block):
+            out.append(block)
+            continue
+        view = memoryview(block)
+        out += [
+            bytes(view[starts[k] - start : starts[k] - start + lengths[k]])
+            for k in range(first, last)
+        ]
+    return out
+
+
+def read_ranges_into(
+    handle: OpenFile,
+    starts: Sequence[int],
+    lengths: Sequence[int],
+    out: memoryview,
+    where: Sequence[int],
+) -> None:
+    """Read each range (sorted by start) straight into ``out[where[k]:where[k]+lengths[k]]``.
+
+    One ``preadv`` per coalesced run: the gaps go to a scratch buffer, the records to ``out``.
+    """
+    for start, stop, first, last in coalesce(starts, lengths):
+        buffers: list[memoryview | bytearray] = []
+        position = start
+        for k in range(first, last):
+            if starts[k] < position:  # overlapping ranges: fall back to a plain copy
+                buffers = []
+                break
+            if starts[k] > position:
+                buffers.append(bytearray(starts[k] - position))
+            buffers.append(out[where[k] : where[k] + lengths[k]])
+            position = starts[k] + lengths[k]
+        if buffers and hasattr(os, "preadv"):
+            got = os.preadv(handle.fd, buffers, start)
+            if got != position - start:
+                raise FormatError(
+                    f"{str(handle.path)!r} ends before byte {position} (it has "
+                    f"{handle.size}): the file is truncated"
+                )
+            continue
+        block = _pread(handle, start, stop - start)
+        for k in range(first, last):
+            a = starts[k] - start
+            out[where[k] : where[k] + lengths[k]] = block[a : a + lengths[k]]
+
+
+class DurableFiles:
+    """Make files written under ``root`` durable: fsync each file as it is written, and its
+    folders (up to ``root``) once per batch."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._folders: set[Path] = set()
+
+    def write(self, path: Path, chunks: Sequence[bytes | memoryview]) -> int:
+        """Write ``chunks`` to a new file at ``path``, fsync it; return its size."""
+        if path.parent not in self._folders:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._folders.add(path.parent)
+        size = 0
+        with open(path, "wb") as fh:
+            for chunk in chunks:
+                size += fh.write(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return size
+
+    def added(self, path: Path) -> None:
+        """Note a file written (and fsync'd) by other means, so its folder gets synced."""
+        self._folders.add(path.parent)
+
+    def sync_folders(self) -> None:
+        """fsync every folder a file went into since the last call, and its parents up to root."""
+        folders, self._folders = self._folders, set()
+        todo: set[Path] = set()
+        for folder in folders:
+            while folder not in todo:
+                todo.add(folder)
+                if folder == self.root or self.root not in folder.parents:
+                    break
+                folder = folder.parent
+        for folder in sorted(todo, key=lambda p: len(p.parts), reverse=True):
+            fsync_dir(folder)

@@ -1,0 +1,124 @@
+"""Load source samples in parallel, yielding results in source order with bounded memory.
+
+One pool for every kind: a *loader* turns one source sample into its records (an image's
+bytes, a video's frames) or a reason it cannot be used; :func:`load_in_order` runs a loader over
+all samples with threads (IO-bound copies) or processes (decoding, encoding), at most
+``8 × workers`` in flight, results in order, so the output never depends on ``workers``.
+Pool processes exit when the converting process dies, even by SIGKILL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from packer.check import check_image
+from packer.errors import InputFileError
+from packer.manifest import bytes_checksum
+
+__all__ = ["Loaded", "default_workers", "load_image", "load_in_order"]
+
+T = TypeVar("T")
+
+
+@dataclass
+class Loaded:
+    """One source sample after loading: its records, or the reason it cannot be used."""
+
+    records: list[bytes] | None
+    reason: str | None = None
+    dropped: list[tuple[str, str]] = field(default_factory=list)  # (part's path, reason)
+    checksums: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.records is not None and not self.checksums:
+            self.checksums = [bytes_checksum(r) for r in self.records]
+
+
+def load_image(
+    sample: Any, check: str = "fast", transcode: Callable[[bytes], bytes] | None = None
+) -> Loaded:
+    """Read, check and transcode one image file (``sample.path``) into one record."""
+    try:
+        with open(sample.path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        return Loaded(None, f"cannot read: {exc.strerror or exc}")
+    try:
+        check_image(data, check)
+        if transcode is not None:
+            data = transcode(data)
+    except InputFileError as exc:
+        return Loaded(None, str(exc))
+    except (OSError, ValueError, SyntaxError) as exc:  # transcode failures
+        return Loaded(None, f"cannot decode: {exc}")
+    return Loaded([data])
+
+
+def _die_with_parent(parent: int) -> None:
+    """Pool-worker initializer: exit when the converting process dies, even by SIGKILL.
+
+    Forked pool workers hold the task pipe open themselves, so they never see EOF when the
+    parent is killed; without this they would linger forever.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _executor(workers: int, cpu_bound: bool) -> Executor:
+    if cpu_bound:
+        return ProcessPoolExecutor(workers, initializer=_die_with_parent, initargs=(os.getpid(),))
+    return ThreadPoolExecutor(workers, thread_name_prefix="packer-load")
+
+
+def load_in_order(
+    loader: Callable[[T], Loaded], samples: Iterable[T], workers: int, cpu_bound: bool
+) -> Iterator[Loaded]:
+    """Yield ``loader(sample)`` for every sample, in the order given.
+
+    With ``workers > 1`` a thread pool (``cpu_bound=False``) or a process pool loads ahead; at
+    most ``8 × workers`` results are in flight, so memory stays bounded however large the
+    source. The results do not depend on ``workers``.
+    """
+    if workers <= 1:
+        for sample in samples:
+            yield loader(sample)
+        return
+    window = 8 * workers
+    executor = _executor(workers, cpu_bound)
+    pending: deque = deque()
+    try:
+        for sample in samples:
+            pending.append(executor.submit(loader, sample))
+            if len(pending) >= window:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
+def default_workers() -> int:
+    """One worker per CPU this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

@@ -1,0 +1,250 @@
+"""The one conversion pipeline, for every kind and format: plan → load → write → checkpoint → tables.
+
+Shard boundaries are planned from the scanned sizes before any byte is read, samples are loaded
+in parallel and written in source order, each planned shard is made durable and checkpointed
+(``packer.resume``) as it completes, and the sample and record tables, keys and (last) the
+manifest are written from the checkpoints. The output is byte-for-byte the same whatever
+``workers``, and an interrupted run resumes from its last complete shard.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from packer.errors import InputFileError, PackerError
+from packer.loading import Loaded, load_in_order
+from packer.manifest import (
+    INDEX_NAME,
+    KEYS_NAME,
+    LAYOUT_VERSION,
+    MANIFEST_NAME,
+    RECORD_DTYPE,
+    RECORDS_NAME,
+    SAMPLE_DTYPE,
+    Manifest,
+    shard_name,
+    write_index,
+    write_keys,
+    write_manifest,
+    write_records,
+)
+from packer.resume import PROGRESS_DIR, Checkpoint, Progress, skipped_dicts
+from packer.sources import SkippedInput
+
+__all__ = ["Job", "Prepared", "finalize", "plan_shards", "write_shards"]
+
+Event = Callable[[str, int], None]
+
+
+def plan_shards(sizes: Sequence[int], shard_size: int) -> tuple[np.ndarray, list[int]]:
+    """Assign consecutive samples to shards of at most ``shard_size`` bytes (one big sample may
+    exceed it alone). Returns the shard of every sample and the planned bytes of every shard."""
+    shard_of = np.zeros(len(sizes), dtype=np.int32)
+    planned: list[int] = []
+    current = 0
+    for i, size in enumerate(sizes):
+        if not planned or (current > 0 and current + size > shard_size):
+            planned.append(0)
+            current = 0
+        current += size
+        planned[-1] += size
+        shard_of[i] = len(planned) - 1
+    return shard_of, planned
+
+
+@dataclass
+class Prepared:
+    """A kind's part of a conversion: the scanned source, how to load one sample (a picklable
+    callable), whether loading is CPU-bound, the kind's options for the manifest, the unit."""
+
+    source: Any
+    loader: Callable[[Any], Loaded]
+    cpu_bound: bool
+    options: dict[str, Any]
+    unit: str
+
+
+@dataclass
+class Job:
+    """Everything one conversion needs, validated.
+
+    ``source`` has ``root``, ``kind``, ``classes``, ``samples`` (each with ``key``, ``label``,
+    ``size``), ``skipped`` and ``total_bytes``; ``loader(sample)`` turns a sample into its
+    records (run in a process pool when ``cpu_bound``). ``on_event(name, number)`` is called
+    with ``("sample", i)`` after sample ``i`` is written, ``("shard", k)`` after planned shard
+    ``k`` is durable, ``("tables", 0)`` before and ``("manifest", 0)`` after the manifest.
+    """
+
+    fmt: ModuleType
+    layout: str
+    partial: Path
+    source: Any
+    loader: Callable[[Any], Loaded]
+    cpu_bound: bool
+    shard_size: int
+    workers: int
+    strict: bool
+    progress: bool
+    unit: str = "img"
+    on_event: Event | None = None
+
+    def emit(self, name: str, number: int) -> None:
+        if self.on_event is not None:
+            self.on_event(name, number)
+
+
+def _skip(job: Job, current: Checkpoint, path: str, reason: str) -> None:
+    if job.strict:
+        raise InputFileError(f"{path}: {reason} (--strict)")
+    current.skipped.append({"path": path, "reason": reason})
+
+
+def _bar(job: Job, total: int, initial: int) -> Any:
+    return tqdm(
+        total=total,
+        initial=initial,
+        unit=job.unit,
+        desc=f"convert → {job.fmt.NAME}",
+        disable=not job.progress,
+    )
+
+
+def _loaded(job: Job, todo: list[Any]) -> Iterator[Loaded]:
+    return load_in_order(job.loader, todo, job.workers, job.cpu_bound)
+
+
+def write_shards(job: Job, done: list[Checkpoint], progress: Progress) -> list[Checkpoint]:
+    """Write every planned shard after the ``done`` ones, checkpointing each as it completes."""
+    samples = job.source.samples
+    shard_of, planned = plan_shards([s.size for s in samples], job.shard_size)
+    starts = [0, *(np.flatnonzero(np.diff(shard_of)) + 1).tolist()] if len(samples) else []
+    first = starts[len(done)] if len(done) < len(starts) else len(samples)
+    for k in range(len(done), len(planned)):  # a half-written shard is rewritten from scratch
+        (job.partial / shard_name(k, job.fmt.SHARD_SUFFIX)).unlink(missing_ok=True)
+    todo = samples[first:]
+    bar = _bar(job, len(samples), first)
+    current = Checkpoint()
+    begun, done_bytes, last = time.perf_counter(), 0, 0.0
+    per_sample = job.layout == "per-sample"
+    with job.fmt.Writer(job.partial, planned, job.layout, job.source.kind) as writer:
+        for i, (sample, loaded) in enumerate(zip(todo, _loaded(job, todo)), start=first):
+            shard = int(shard_of[i])
+            for path, reason in loaded.dropped:
+                _skip(job, current, path, f"frame dropped: {reason}")
+            if loaded.records is None:
+                _skip(job, current, sample.path, loaded.reason or "unknown problem")
+            else:
+                offsets = writer.write(shard, sample.key, loaded.records)
+                file = -1 if per_sample else shard
+                current.samples.append([sample.label, len(loaded.records)])
+                current.records += [
+                    [file, len(r), off, ck]
+                    for r, off, ck in zip(loaded.records, offsets, loaded.checksums)
+                ]
+                current.keys.append(sample.key)
+            job.emit("sample", i)
+            if i + 1 == len(samples) or shard_of[i + 1] != shard:
+                current.shard = writer.finish_shard()
+                progress.save(shard, current)
+                done.append(current)
+                current = Checkpoint()
+                job.emit("shard", shard)
+            done_bytes += sample.size
+            bar.update(1)
+            if job.progress and (now := time.perf_counter()) - last > 0.5:
+                bar.set_postfix_str(f"{done_bytes / (now - begun) / 1e6:.1f} MB/s")
+                last = now
+    bar.close()
+    return done
+
+
+def _tables(job: Job, done: list[Checkpoint]) -> tuple[np.ndarray, np.ndarray]:
+    """The sample and record tables from all checkpoints, with files numbered as listed."""
+    samples = [tuple(r) for c in done for r in c.samples]
+    index = np.zeros(len(samples), dtype=SAMPLE_DTYPE)
+    if samples:
+        rows = np.array(samples, dtype=np.int64)
+        index["label"], index["count"] = rows[:, 0], rows[:, 1]
+        index["first"][1:] = np.cumsum(rows[:, 1])[:-1]
+    records = np.array([tuple(r) for c in done for r in c.records], dtype=RECORD_DTYPE)
+    if job.layout == "per-sample":
+        records["file"] = np.repeat(np.arange(len(index)), index["count"])
+    elif len(records):
+        listed = [c.shard for c in done if c.shard is not None]
+        position = np.full(len(done) + 1, -1, dtype=np.int64)
+        for n, shard in enumerate(listed):
+            position[int(shard.name[6:11])] = n  # planned shard number -> listed position
+        records["file"] = position[records["file"]]
+    return index, records
+
+
+def _storage(job: Job, index: np.ndarray, records: np.ndarray, shard_bytes: int) -> dict:
+    """Bytes on disk against bytes of records (NPY pads video frames to the largest)."""
+    skip = {MANIFEST_NAME, INDEX_NAME, RECORDS_NAME, KEYS_NAME}
+    data_bytes = shard_bytes or sum(
+        f.stat().st_size
+        for f in job.partial.rglob("*")
+        if f.is_file() and f.name not in skip and PROGRESS_DIR not in f.parts
+    )
+    record_bytes = int(records["length"].sum())
+    storage = {
+        "records": len(records),
+        "record_bytes": record_bytes,
+        "data_bytes": int(data_bytes),
+        "padding_overhead": round(data_bytes / record_bytes, 4) if record_bytes else 1.0,
+    }
+    if job.source.kind == "video":
+        counts = index["count"]
+        storage |= {
+            "frames": len(records),
+            "frame_bytes": record_bytes,
+            "max_frames": int(counts.max()),
+            "mean_frames": round(float(counts.mean()), 2),
+        }
+    return storage
+
+
+def finalize(
+    job: Job, done: list[Checkpoint], options: dict[str, Any]
+) -> tuple[Manifest, list[SkippedInput]]:
+    """Write the tables, keys and (last) the manifest from all checkpoints."""
+    source = job.source
+    index, records = _tables(job, done)
+    if not len(index):
+        raise PackerError(
+            f"no usable {job.unit} in {source.root!r}: all {len(source.samples)} inputs were "
+            "skipped (see the reasons with --strict)"
+        )
+    skipped = skipped_dicts(source.skipped) + [s for c in done for s in c.skipped]
+    keys = [k for c in done for k in c.keys]
+    files = {
+        INDEX_NAME: write_index(job.partial, index),
+        RECORDS_NAME: write_records(job.partial, records),
+        KEYS_NAME: write_keys(job.partial, keys),
+    }
+    shards = [c.shard for c in done if c.shard is not None]
+    options = dict(options, storage=_storage(job, index, records, sum(s.bytes for s in shards)))
+    manifest = Manifest(
+        format=job.fmt.NAME,
+        kind=source.kind,
+        num_samples=len(index),
+        classes=source.classes,
+        shards=shards,
+        skipped=skipped,
+        source=dict(source.describe()),
+        options=options,
+        files=files,
+        layout_version=LAYOUT_VERSION,
+    )
+    job.emit("tables", 0)
+    write_manifest(job.partial, manifest)
+    job.emit("manifest", 0)
+    return manifest, [SkippedInput(s["path"], s["reason"]) for s in skipped]
