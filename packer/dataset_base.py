@@ -12,8 +12,12 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from packer.decode import check_output
+from packer.formats.base import ReaderBase
+from packer.manifest import Manifest
+from packer.store import Packed
+from packer.strings import StringTable
 
-__all__ = ["SampleDataset", "Transform"]
+__all__ = ["PackedSamples", "SampleDataset", "Transform"]
 
 Transform = Callable[[Any], Any] | None
 
@@ -89,3 +93,26 @@ class SampleDataset(Dataset):
             f"{type(self).__name__}({str(self.root)!r}, {self.UNIT}={len(self)}, "
             f"{self._repr_fields()}, output={self.output!r})"
         )
+
+
+class PackedSamples:
+    """What a dataset over a packer output adds: its manifest, reader and keys."""
+
+    root: Path
+    UNIT: str
+    manifest: Manifest
+    reader: ReaderBase
+    first: np.ndarray
+
+    def _attach(self, packed: Packed) -> None:
+        self.manifest = packed.manifest
+        self.reader = packed.reader
+        self.first = packed.first
+
+    @property
+    def keys(self) -> StringTable:
+        """Each sample's key: its source path relative to the root, without suffix."""
+        return self.reader.keys
+
+    def _describe(self, i: int) -> str:
+        return f"{self.UNIT[:-1]} {i} ({self.keys[i]!r} in {str(self.root)!r})"

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from packer.collate import BytesBatch, empty_bytes
-from packer.dataset_base import SampleDataset, Transform
+from packer.dataset_base import PackedSamples, SampleDataset, Transform
 from packer.decode import decode
 from packer.errors import FormatError, InputFileError, PackerError
 from packer.formats import FORMATS
@@ -71,7 +71,7 @@ class ImageDataset(SampleDataset):
         return [self._finish(d, i) for d, i in zip(data, positions)]
 
 
-class PackedDataset(ImageDataset):
+class PackedDataset(PackedSamples, ImageDataset):
     """A dataset over a packer image output (format given by ``FORMAT``).
 
     With ``output="bytes"`` (and no transforms) a batch is read straight into one buffer
@@ -94,17 +94,7 @@ class PackedDataset(ImageDataset):
         super().__init__(
             root, packed.manifest.classes, packed.labels, transform, target_transform, output
         )
-        self.manifest = packed.manifest
-        self.reader = packed.reader
-        self.first = packed.first
-
-    @property
-    def keys(self) -> StringTable:
-        """Each sample's key (its source path relative to the root, without suffix)."""
-        return self.reader.keys
-
-    def _describe(self, i: int) -> str:
-        return f"sample {i} ({self.keys[i]!r} in {str(self.root)!r})"
+        self._attach(packed)
 
     def _read_many(self, positions: Sequence[int]) -> list[bytes]:
         return self.reader.read_many(self.first[np.asarray(positions, dtype=np.int64)])

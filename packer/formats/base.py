@@ -107,6 +107,7 @@ class ReaderBase:
     """
 
     CACHE = 4096  # most handles one process keeps open (least recently used closed first)
+    PER_SAMPLE_CACHE = 256  # the same for per-sample files (descriptors: one per video)
     CLOSE_BEFORE_FORK = False
 
     def __init__(
@@ -123,7 +124,8 @@ class ReaderBase:
         self.file = np.ascontiguousarray(records["file"], dtype=np.int64)
         self.offset = np.ascontiguousarray(records["offset"], dtype=np.int64)
         self.length = np.ascontiguousarray(records["length"], dtype=np.int64)
-        self.handles = HandleCache(max_open_files or self.CACHE, self.CLOSE_BEFORE_FORK)
+        default = self.PER_SAMPLE_CACHE if self.layout == "per-sample" else self.CACHE
+        self.handles = HandleCache(max_open_files or default, self.CLOSE_BEFORE_FORK)
         self._keys: StringTable | None = None
 
     def __len__(self) -> int:
@@ -223,17 +225,6 @@ class FileReader(ReaderBase):
     default 256), advised random so a clip reads only its records' pages."""
 
     SAMPLE_SUFFIX = ""
-
-    def __init__(
-        self,
-        root: str | os.PathLike[str],
-        manifest: Manifest,
-        records: np.ndarray,
-        max_open_files: int | None = None,
-    ) -> None:
-        super().__init__(root, manifest, records, max_open_files)
-        if self.layout == "per-sample" and max_open_files is None:
-            self.handles.capacity = 256
 
     def sample_path(self, sample: int) -> Path:
         """The per-sample file of sample ``sample``."""

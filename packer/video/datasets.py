@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from packer.dataset_base import SampleDataset, Transform
+from packer.dataset_base import PackedSamples, SampleDataset, Transform
 from packer.decode import decode
 from packer.errors import InputFileError, PackerError
 from packer.manifest import MANIFEST_NAME, load_manifest
@@ -135,7 +135,7 @@ class VideoDataset(SampleDataset):
         return f"num_frames={self.num_frames}, sampling={self.sampling!r}"
 
 
-class PackedVideoDataset(VideoDataset):
+class PackedVideoDataset(PackedSamples, VideoDataset):
     """Clips from a packer video output (format given by ``FORMAT``): a clip reads only its
     sampled frames' records (one ``getmulti`` for LMDB, ``pread`` of exactly their byte ranges
     for the per-video NPY and HDF5 files, adjacent frames in one read).
@@ -152,17 +152,7 @@ class PackedVideoDataset(VideoDataset):
         super().__init__(
             root, packed.manifest.classes, packed.labels, packed.counts, num_frames, **common
         )
-        self.manifest = packed.manifest
-        self.reader = packed.reader
-        self.first = packed.first
-
-    @property
-    def keys(self) -> StringTable:
-        """Each video's key (``<class>/<video>``)."""
-        return self.reader.keys
-
-    def _describe(self, i: int) -> str:
-        return f"video {i} ({self.keys[i]!r} in {str(self.root)!r})"
+        self._attach(packed)
 
     def read_frames(self, i: int, frames: np.ndarray) -> list[bytes]:
         return self.reader.read_many(int(self.first[i]) + np.asarray(frames, dtype=np.int64))
