@@ -2,8 +2,8 @@
 """``packer bench`` as a script: a JPEG folder against its packed copies, with storage counters.
 
 Generates (or reuses) a photo-like tree under ``--data``, converts it to each ``--formats``
-suffix, then runs :func:`packer.bench.run_bench` over the folder (the baseline) and the packed
-outputs, and :func:`packer.storage.measure_storage` for the per-sample kernel counters.
+suffix, then runs :func:`packer.tools.bench.run_bench` over the folder (the baseline) and the packed
+outputs, and :func:`packer.tools.storage_cost.measure_storage` for the per-sample kernel counters.
 Prints markdown tables and saves JSON with the machine and the command.
 
 Usage::
@@ -18,11 +18,11 @@ import sys
 from pathlib import Path
 
 import packer
-from packer.bench import BenchSpec, path_labels, run_bench
-from packer.benchreport import runs_table, stalls_text, storage_table, write_json
-from packer.demo import make_image_tree
 from packer.manifest import MANIFEST_NAME
-from packer.storage import measure_storage
+from packer.tools.bench import BenchSpec, path_labels, run_bench
+from packer.tools.bench_report import runs_table, stalls_text, storage_table, write_json
+from packer.tools.image_demo import make_image_tree
+from packer.tools.storage_cost import measure_storage
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

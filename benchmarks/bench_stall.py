@@ -21,7 +21,7 @@ from pathlib import Path
 
 from torch.utils.data import DataLoader, Dataset
 
-from packer.diagnose import diagnose
+from packer.tools.diagnose import diagnose
 
 
 class SlowItems(Dataset):

@@ -3,13 +3,13 @@
 
 Generates (or reuses) a photo-like JPEG tree under ``--data``, converts it to ``.lmdb``, ``.h5``,
 ``.npy`` and ``.bmp`` (reusing complete outputs of the same size), then times full passes over
-every dataset with ``packer.bench.measure_throughput``:
+every dataset with ``packer.tools.bench.measure_throughput``:
 
 - datasets: the JPEG folder (``packer.FolderDataset``, the baseline), an in-memory list of the
   same JPEG bytes (the ceiling: no I/O at all) and each packed output (``packer.open_dataset``);
 - modes: ``bytes`` (``output="bytes"``) and ``decoded`` (``output="numpy"``);
 - ``num_workers`` 0 and 2, batch 64, page cache ``warm`` (files read once just before the pass)
-  and ``cold`` (``packer.bench.evict_page_cache`` just before the pass; residency is checked
+  and ``cold`` (``packer.tools.bench.evict_page_cache`` just before the pass; residency is checked
   with ``mincore`` and recorded); in bytes mode with workers > 0 also ``packer.collate_bytes``.
 
 Every configuration runs ``--repeats`` times, interleaved (one pass of each configuration per
@@ -57,11 +57,17 @@ from torch.utils.data import Dataset
 
 import packer
 from packer import iostats
-from packer.bench import Throughput, data_files, evict_page_cache, measure_throughput, median_run
 from packer.decode import decode
-from packer.demo import make_image_tree
 from packer.manifest import MANIFEST_NAME, load_manifest
 from packer.sources import scan
+from packer.tools.bench import (
+    Throughput,
+    data_files,
+    evict_page_cache,
+    measure_throughput,
+    median_run,
+)
+from packer.tools.image_demo import make_image_tree
 
 CLASSES = 10
 FOLDER = "jpeg folder"

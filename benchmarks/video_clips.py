@@ -9,7 +9,7 @@ Generates (or reuses) a tree of photo-like videos under ``--data``: JPEG frame f
 It times ``--clips`` clips of ``--num-frames`` frames (TSN ``segments`` sampling, seed 0, so every
 dataset reads the same frames) through a real ``DataLoader`` (batch ``--batch``, ``num_workers``
 0 and 2, fork, worker start-up included; page cache ``warm`` (read just before) and ``cold``
-(``packer.bench.evict_page_cache`` of the dataset's files before each pass)) for:
+(``packer.tools.bench.evict_page_cache`` of the dataset's files before each pass)) for:
 
 - ``jpeg frames``: ``packer.video.VideoFolderDataset`` over the frame folders (the baseline);
 - ``mp4 seek-decode``: per clip, open the mp4 with PyAV, seek to the keyframe before the first
@@ -44,12 +44,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from packer.bench import evict_page_cache
 from packer.manifest import MANIFEST_NAME
 from packer.sampling import clip_indices, clip_rng
+from packer.tools.bench import evict_page_cache
+from packer.tools.video_demo import make_video_tree, write_video
 from packer.video.convert import convert_video
 from packer.video.datasets import NpyVideoDataset, VideoDataset, open_video_dataset
-from packer.video.demo import make_video_tree, write_video
 from packer.video.load import import_av
 from packer.video.sources import scan_videos
 

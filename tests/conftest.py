@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 import packer
-from packer.demo import DemoTree, make_image_tree
 from packer.formats import FORMATS
+from packer.tools.image_demo import DemoTree, make_image_tree
 
 _FIRST: dict[str, str] = {}
 for _suffix, _module in FORMATS.items():

@@ -7,9 +7,9 @@ import pytest
 
 import packer
 from packer.convert import plan_shards
-from packer.demo import DemoTree
 from packer.errors import DestinationError, InputFileError, PackerError
 from packer.manifest import MANIFEST_NAME
+from packer.tools.image_demo import DemoTree
 
 
 def tree_files(root: Path) -> dict[str, bytes]:

@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner
 from torch.utils.data import DataLoader, Dataset
 
-from packer.cli_measure import doctor
-from packer.diagnose import diagnose, load_loader
 from packer.errors import PackerError
-from packer.stalls import batch_build_seconds, detect_stall, recommend_workers, wait_stats
-from packer.workers import make_worker_init_fn, worker_init_fn, worker_thread_report
+from packer.tools.commands import doctor
+from packer.tools.diagnose import diagnose, load_loader
+from packer.tools.stalls import batch_build_seconds, detect_stall, recommend_workers, wait_stats
+from packer.tools.worker_threads import make_worker_init_fn, worker_init_fn, worker_thread_report
 
 
 class SlowDataset(Dataset):

@@ -9,11 +9,11 @@ import pytest
 from click.testing import CliRunner
 
 import packer
-from packer.cli_measure import doctor as doctor_command
-from packer.demo import make_image_tree
-from packer.doctor import _batch_ms, doctor, measure_split, spread_indices
 from packer.errors import PackerError
-from packer.stalls import HEADROOM, recommend_workers
+from packer.tools.commands import doctor as doctor_command
+from packer.tools.doctor import _batch_ms, doctor, measure_split, spread_indices
+from packer.tools.image_demo import make_image_tree
+from packer.tools.stalls import HEADROOM, recommend_workers
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ import pytest
 from test_convert import tree_files
 
 import packer
-from packer.demo import DemoTree
 from packer.errors import FormatError, PackerError
 from packer.manifest import MANIFEST_NAME
+from packer.tools.image_demo import DemoTree
 
 
 def run_convert(src: Path, dst: Path, *extra: str, fault: str | None = None) -> int:

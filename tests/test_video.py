@@ -16,6 +16,7 @@ from torch.utils.data import ConcatDataset, DataLoader
 from packer.decode import decode
 from packer.errors import DestinationError, InputFileError, PackerError
 from packer.manifest import load_index, load_keys, load_manifest
+from packer.tools.video_demo import VideoTree, make_video_files, make_video_tree, run_video_demo
 from packer.video.convert import convert_video
 from packer.video.datasets import (
     HDF5VideoDataset,
@@ -23,7 +24,6 @@ from packer.video.datasets import (
     VideoFolderDataset,
     open_video_dataset,
 )
-from packer.video.demo import VideoTree, make_video_files, make_video_tree, run_video_demo
 from packer.video.inspect import describe_video
 from packer.video.layout import FRAMES_NAME
 

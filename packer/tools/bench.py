@@ -2,7 +2,7 @@
 
 They return plain data and never print. :func:`run_bench` times every (path, mode, workers,
 cache) configuration through a real DataLoader and records the wait of every batch;
-:mod:`packer.storage` counts what each sample costs the storage.
+:mod:`packer.tools.storage_cost` counts what each sample costs the storage.
 """
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from packer.benchdata import (
+from packer.errors import PackerError
+from packer.tools.io_counters import resident_fraction
+from packer.tools.stalls import Stall, WaitStats, detect_stall, wait_stats
+from packer.tools.targets import (
     MODES,
     bench_collate,
     close_dataset,
@@ -30,9 +33,6 @@ from packer.benchdata import (
     stored_bytes,
     subset_indices,
 )
-from packer.errors import PackerError
-from packer.iostats import resident_fraction
-from packer.stalls import Stall, WaitStats, detect_stall, wait_stats
 
 __all__ = [
     "MODES",

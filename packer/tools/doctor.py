@@ -21,7 +21,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from packer.benchdata import (
+from packer.decode import decode
+from packer.errors import PackerError
+from packer.manifest import MANIFEST_NAME, load_manifest
+from packer.sizes import format_size
+from packer.tools.diagnose import LoaderReport, diagnose
+from packer.tools.io_counters import resident_fraction
+from packer.tools.stalls import HEADROOM, recommend_workers
+from packer.tools.targets import (
     bench_collate,
     close_dataset,
     cold_supported,
@@ -30,15 +37,8 @@ from packer.benchdata import (
     open_for_mode,
     stored_bytes,
 )
-from packer.decode import decode
-from packer.diagnose import LoaderReport, diagnose
-from packer.errors import PackerError
-from packer.iostats import resident_fraction
-from packer.manifest import MANIFEST_NAME, load_manifest
-from packer.sizes import format_size
-from packer.stalls import HEADROOM, recommend_workers
-from packer.transforms import train_transform
-from packer.workers import ThreadReport, available_cpus, worker_thread_report
+from packer.tools.train_transform import train_transform
+from packer.tools.worker_threads import ThreadReport, available_cpus, worker_thread_report
 
 __all__ = ["DiskSpeed", "DoctorReport", "doctor", "measure_disk", "measure_split"]
 

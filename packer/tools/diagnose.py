@@ -20,8 +20,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from packer.errors import PackerError
-from packer.iostats import process_threads
-from packer.stalls import (
+from packer.tools.io_counters import process_threads
+from packer.tools.stalls import (
     HEADROOM,
     Stall,
     WaitStats,
@@ -31,7 +31,7 @@ from packer.stalls import (
     recommend_workers,
     wait_stats,
 )
-from packer.workers import available_cpus
+from packer.tools.worker_threads import available_cpus
 
 __all__ = ["LoaderReport", "diagnose", "load_loader", "timed_steps"]
 
