@@ -19,10 +19,11 @@ from pathlib import Path
 
 import packer
 from packer.manifest import MANIFEST_NAME
-from packer.tools.bench import BenchSpec, path_labels, run_bench
+from packer.tools.bench import BenchSpec, run_bench
 from packer.tools.bench_report import runs_table, stalls_text, storage_table, write_json
 from packer.tools.image_demo import make_image_tree
 from packer.tools.storage_cost import measure_storage
+from packer.tools.targets import path_labels
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

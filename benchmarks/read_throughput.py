@@ -3,13 +3,13 @@
 
 Generates (or reuses) a photo-like JPEG tree under ``--data``, converts it to ``.lmdb``, ``.h5``,
 ``.npy`` and ``.bmp`` (reusing complete outputs of the same size), then times full passes over
-every dataset with ``packer.tools.bench.measure_throughput``:
+every dataset with ``packer.tools.timing.measure_throughput``:
 
 - datasets: the JPEG folder (``packer.FolderDataset``, the baseline), an in-memory list of the
   same JPEG bytes (the ceiling: no I/O at all) and each packed output (``packer.open_dataset``);
 - modes: ``bytes`` (``output="bytes"``) and ``decoded`` (``output="numpy"``);
 - ``num_workers`` 0 and 2, batch 64, page cache ``warm`` (files read once just before the pass)
-  and ``cold`` (``packer.tools.bench.evict_page_cache`` just before the pass; residency is checked
+  and ``cold`` (``packer.tools.targets.evict_page_cache`` just before the pass; residency is checked
   with ``mincore`` and recorded); in bytes mode with workers > 0 also ``packer.collate_bytes``.
 
 Every configuration runs ``--repeats`` times, interleaved (one pass of each configuration per
@@ -60,14 +60,9 @@ from packer import iostats
 from packer.decode import decode
 from packer.manifest import MANIFEST_NAME, load_manifest
 from packer.sources import scan
-from packer.tools.bench import (
-    Throughput,
-    data_files,
-    evict_page_cache,
-    measure_throughput,
-    median_run,
-)
 from packer.tools.image_demo import make_image_tree
+from packer.tools.targets import data_files, evict_page_cache
+from packer.tools.timing import Throughput, measure_throughput, median_run
 
 CLASSES = 10
 FOLDER = "jpeg folder"

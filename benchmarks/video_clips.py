@@ -9,7 +9,7 @@ Generates (or reuses) a tree of photo-like videos under ``--data``: JPEG frame f
 It times ``--clips`` clips of ``--num-frames`` frames (TSN ``segments`` sampling, seed 0, so every
 dataset reads the same frames) through a real ``DataLoader`` (batch ``--batch``, ``num_workers``
 0 and 2, fork, worker start-up included; page cache ``warm`` (read just before) and ``cold``
-(``packer.tools.bench.evict_page_cache`` of the dataset's files before each pass)) for:
+(``packer.tools.targets.evict_page_cache`` of the dataset's files before each pass)) for:
 
 - ``jpeg frames``: ``packer.video.VideoFolderDataset`` over the frame folders (the baseline);
 - ``mp4 seek-decode``: per clip, open the mp4 with PyAV, seek to the keyframe before the first
@@ -42,11 +42,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
 from packer.manifest import MANIFEST_NAME
 from packer.sampling import clip_indices, clip_rng
-from packer.tools.bench import evict_page_cache
+from packer.tools.targets import evict_page_cache
+from packer.tools.timing import measure_throughput
 from packer.tools.video_demo import make_video_tree, write_video
 from packer.video.convert import convert_video
 from packer.video.datasets import NpyVideoDataset, VideoDataset, open_video_dataset
@@ -104,10 +104,6 @@ class Mp4Clips(VideoDataset):
         return np.stack([got[int(j)] for j in wanted]), int(self.targets[i])
 
 
-def list_collate(batch: list) -> list:
-    return batch
-
-
 def prepare(
     data: Path, videos: int, frames: int, size: tuple[int, int], gop: int
 ) -> dict[str, Path]:
@@ -151,17 +147,8 @@ def make_dataset(name: str, path: Path, mode: str, num_frames: int) -> VideoData
 def clips_per_s(dataset: VideoDataset, workers: int, batch: int, clips: int) -> float:
     """Time ``clips`` clips (a fixed random order over the videos) through a DataLoader."""
     order = np.random.default_rng(0).integers(0, len(dataset), clips).tolist()
-    loader = DataLoader(
-        dataset,
-        batch_size=batch,
-        sampler=order,
-        num_workers=workers,
-        collate_fn=list_collate,
-        multiprocessing_context="fork" if workers else None,
-    )
-    start = time.perf_counter()
-    count = sum(len(b) for b in loader)
-    return count / (time.perf_counter() - start)
+    run = measure_throughput(dataset, workers, batch, sampler=order, multiprocessing_context="fork")
+    return run.images_per_s
 
 
 def files_of(path: Path) -> list[Path]:

@@ -16,12 +16,12 @@ from click.testing import CliRunner
 
 import packer
 from packer.errors import PackerError
-from packer.tools.bench import BenchSpec, check_paths, open_for_mode, run_bench
+from packer.tools.bench import BenchSpec, check_paths, run_bench
 from packer.tools.commands import bench
 from packer.tools.image_demo import make_image_tree
 from packer.tools.io_counters import io_available, resident_fraction
 from packer.tools.storage_cost import measure_storage
-from packer.tools.targets import bench_collate, evict_page_cache
+from packer.tools.targets import bench_collate, evict_page_cache, open_for_mode
 
 SAMPLES = 12
 BATCH = 4

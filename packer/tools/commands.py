@@ -84,16 +84,10 @@ def bench(paths: tuple[Path, ...], workers: str, modes: str, json_path: Path | N
     Example:
       packer bench images/ images.lmdb images.npy --workers 0,2 --mode bytes,decode --plot b.png
     """
-    from packer.tools.bench import (
-        BenchSpec,
-        check_paths,
-        cold_supported,
-        path_labels,
-        plan,
-        run_bench,
-    )
+    from packer.tools.bench import BenchSpec, check_paths, plan, run_bench
     from packer.tools.io_counters import io_available
     from packer.tools.storage_cost import measure_storage
+    from packer.tools.targets import cold_supported, path_labels
 
     spec = BenchSpec(workers=_int_list(workers, "--workers"), modes=modes.split(","), **kw)
     spec.validate()

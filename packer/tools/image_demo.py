@@ -150,7 +150,7 @@ def time_targets(
 
     ``open_one(path, output)`` builds the dataset; reading is a DataLoader with ``num_workers=0``.
     """
-    from packer.tools.bench import measure_throughput, median_run
+    from packer.tools.timing import measure_throughput, median_run
 
     timings: dict[tuple[str, str], list[Any]] = {}
     for _ in range(repeats):
