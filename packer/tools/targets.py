@@ -26,6 +26,7 @@ __all__ = [
     "close_dataset",
     "cold_supported",
     "data_files",
+    "disk_bytes",
     "evict_page_cache",
     "files_for",
     "open_for_mode",
@@ -44,6 +45,14 @@ def data_files(path: str | os.PathLike[str]) -> list[Path]:
             return [root / s.name for s in manifest.shards]
         return sorted(p for p in root.rglob("*") if p.is_file())
     return [Path(s.path) for s in scan(root).samples]
+
+
+def disk_bytes(path: str | os.PathLike[str]) -> int:
+    """Bytes on disk of a file, or of all the files under a folder."""
+    root = Path(path)
+    if root.is_file():
+        return root.stat().st_size
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
 
 
 def evict_page_cache(paths: Iterable[str | os.PathLike[str]]) -> int:

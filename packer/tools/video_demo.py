@@ -7,6 +7,7 @@ is a window shifted by ``j`` pixels, so consecutive frames differ a little, as i
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,7 @@ def make_video_tree(
 
 def write_video(
     path: str | os.PathLike[str],
-    images: list[Image.Image],
+    images: Sequence[Image.Image],
     rate: int = 25,
     codec: str | None = None,
     gop: int | None = None,
