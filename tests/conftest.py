@@ -36,6 +36,19 @@ def packed(tree: DemoTree, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     return result
 
 
+@pytest.fixture(scope="session")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """3 classes × 4 JPEGs without a broken one (decode modes read every file), and its LMDB and
+    NPY copies: the data of the bench and doctor tests, which read it and never write to it."""
+    root = tmp_path_factory.mktemp("clean")
+    tree = make_image_tree(root / "images", classes=3, per_class=4, size=(64, 48), bad=0)
+    out = {"folder": tree.root}
+    for suffix in (".lmdb", ".npy"):
+        out[suffix] = root / f"images{suffix}"
+        packer.convert(tree.root, out[suffix], shard_size="20kB", workers=2, progress=False)
+    return out
+
+
 @pytest.fixture(params=SUFFIXES)
 def suffix(request: pytest.FixtureRequest) -> str:
     """Every format's suffix in turn."""

@@ -14,29 +14,15 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import packer
 from packer.errors import PackerError
 from packer.tools.bench import BenchSpec, check_paths, run_bench
 from packer.tools.commands import bench
-from packer.tools.image_demo import make_image_tree
 from packer.tools.io_counters import io_available, resident_fraction
 from packer.tools.storage_cost import measure_storage
 from packer.tools.targets import bench_collate, evict_page_cache, open_for_mode
 
 SAMPLES = 12
 BATCH = 4
-
-
-@pytest.fixture(scope="module")
-def clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A tree without broken files (decode modes read every file) and its LMDB and NPY copies."""
-    root = tmp_path_factory.mktemp("bench")
-    tree = make_image_tree(root / "images", classes=3, per_class=4, size=(64, 48), bad=0)
-    out = {"folder": tree.root}
-    for suffix in (".lmdb", ".npy"):
-        out[suffix] = root / f"images{suffix}"
-        packer.convert(tree.root, out[suffix], shard_size="20kB", workers=2, progress=False)
-    return out
 
 
 def _fstype(path: Path) -> str:
