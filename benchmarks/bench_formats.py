@@ -2,8 +2,8 @@
 """``packer bench`` as a script: a JPEG folder against its packed copies, with storage counters.
 
 Generates (or reuses) a photo-like tree under ``--data``, converts it to each ``--formats``
-suffix, then runs :func:`packer.bench.run_bench` over the folder (the baseline) and the packed
-outputs, and :func:`packer.storage.measure_storage` for the per-sample kernel counters.
+suffix, then runs :func:`packer.tools.bench.run_bench` over the folder (the baseline) and the packed
+outputs, and :func:`packer.tools.storage_cost.measure_storage` for the per-sample kernel counters.
 Prints markdown tables and saves JSON with the machine and the command.
 
 Usage::
@@ -17,19 +17,18 @@ import argparse
 import sys
 from pathlib import Path
 
-import packer
-from packer.bench import BenchSpec, path_labels, run_bench
-from packer.benchreport import runs_table, stalls_text, storage_table, write_json
-from packer.demo import make_image_tree
-from packer.manifest import MANIFEST_NAME
-from packer.storage import measure_storage
+from packer.tools.bench import BenchSpec, run_bench
+from packer.tools.bench_report import runs_table, stalls_text, storage_table, write_json
+from packer.tools.storage_cost import measure_storage
+from packer.tools.targets import path_labels
+from packer.tools.throughput import prepare_images
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--data", type=Path, default=Path("bench-data"), help="work folder")
-    p.add_argument("--images", type=int, default=400, help="JPEGs to generate (10 classes)")
+    p.add_argument("--images", type=int, default=400, help="JPEGs to generate (a multiple of 10)")
     p.add_argument("--formats", default=".lmdb,.npy,.h5", help="suffixes to convert to")
     p.add_argument("--workers", default="0,2", help="num_workers values")
     p.add_argument("--modes", default="bytes,decode", help="bytes, decode, transform")
@@ -40,23 +39,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def prepare(data: Path, images: int, suffixes: list[str]) -> list[Path]:
-    """The folder and its packed copies (each made once and reused)."""
-    src = data / f"n{images}" / "images"
-    if not src.is_dir():
-        make_image_tree(src, classes=10, per_class=images // 10, bad=0)
-    paths = [src]
-    for suffix in suffixes:
-        dst = src.parent / f"images{suffix}"
-        if not (dst / MANIFEST_NAME).is_file():
-            packer.convert(src, dst, overwrite=True, progress=False)
-        paths.append(dst)
-    return paths
-
-
 def main(args: argparse.Namespace) -> int:
     """Run the benchmark and print its tables."""
-    paths = prepare(args.data, args.images, [s for s in args.formats.split(",") if s])
+    formats = {s.lstrip("."): s for s in args.formats.split(",") if s}
+    src, outputs = prepare_images(
+        args.data, args.images, lambda line: print(line, file=sys.stderr), formats
+    )
+    paths = [src, *outputs.values()]
     spec = BenchSpec(
         workers=[int(w) for w in args.workers.split(",")],
         modes=args.modes.split(","),

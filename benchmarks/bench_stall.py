@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The every-num_workers-batches stall, reproduced and explained by :func:`packer.diagnose`.
 
-A dataset whose items take ``--item-ms`` (a sleep: storage latency, no CPU) is read through
+A :class:`packer.tools.sleepy.SleepyDataset` whose items take ``--item-ms`` (storage latency, no CPU) is read through
 DataLoaders with each ``--workers`` value while the loop simulates a ``--step-ms`` training
 step. For each worker count the table shows the waits, the detected period and the worker
 count the formula ``ceil(1.25 × W / t)`` recommends; with enough workers the stall disappears.
@@ -19,23 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from packer.diagnose import diagnose
-
-
-class SlowItems(Dataset):
-    """Items that each take ``delay`` seconds; workers start together at ``start_at``."""
-
-    def __init__(self, n: int, delay: float, start_at: float) -> None:
-        self.n, self.delay, self.start_at = n, delay, start_at
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        time.sleep(max(0.0, self.start_at - time.time()) + self.delay)
-        return i
+from packer.tools.diagnose import diagnose
+from packer.tools.sleepy import SleepyDataset
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -56,7 +43,7 @@ def main(args: argparse.Namespace) -> int:
     print("| num_workers | wait p50 ms | p95 ms | max ms | waited | stall | W ms | recommended |")
     print("|--:|--:|--:|--:|--:|---|--:|--:|")
     for workers in (int(w) for w in args.workers.split(",")):
-        dataset = SlowItems(100_000, args.item_ms / 1e3, time.time() + 0.5)
+        dataset = SleepyDataset(100_000, args.item_ms / 1e3, time.time() + 0.5)
         loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=workers)
         report = diagnose(loader, steps=args.steps, step_ms=args.step_ms)
         stall = f"every {report.stall.period}" if report.stall.period else report.stall.kind

@@ -24,9 +24,9 @@ _EXPORTS = {
     "open_dataset": "packer.datasets",
     "collate_bytes": "packer.collate",
     "unpack_bytes": "packer.collate",
-    "LoaderReport": "packer.diagnose",
-    "diagnose": "packer.diagnose",
-    "worker_init_fn": "packer.workers",
+    "LoaderReport": "packer.tools.diagnose",
+    "diagnose": "packer.tools.diagnose",
+    "worker_init_fn": "packer.tools.worker_threads",
     "BMPVideoDataset": "packer.video.datasets",
     "HDF5VideoDataset": "packer.video.datasets",
     "LMDBVideoDataset": "packer.video.datasets",
@@ -73,7 +73,8 @@ if TYPE_CHECKING:
         NpyDataset,
         open_dataset,
     )
-    from packer.diagnose import LoaderReport, diagnose
+    from packer.tools.diagnose import LoaderReport, diagnose
+    from packer.tools.worker_threads import worker_init_fn
     from packer.video.datasets import (
         BMPVideoDataset,
         HDF5VideoDataset,
@@ -82,7 +83,6 @@ if TYPE_CHECKING:
         VideoFolderDataset,
         open_video_dataset,
     )
-    from packer.workers import worker_init_fn
 
 
 def __getattr__(name: str) -> Any:

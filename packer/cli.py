@@ -189,13 +189,13 @@ def demo(workdir: Path, classes: int, per_class: int, kind: str, quiet: bool) ->
     """
     results: list[Any]
     if kind == "video":
-        from packer.video.demo import run_video_demo
+        from packer.tools.video_demo import run_video_demo
 
         video_tree, results, rows = run_video_demo(workdir, classes, per_class, progress=not quiet)
         click.echo(f"generated {len(video_tree.videos)} frame folders in {video_tree.root}")
         unit, batch = "clips", 16
     else:
-        from packer.demo import run_demo
+        from packer.tools.image_demo import run_demo
 
         tree, results, rows = run_demo(workdir, classes, per_class, progress=not quiet)
         click.echo(f"generated {len(tree.good)} JPEGs, {len(tree.bad)} truncated, in {tree.root}")
@@ -238,7 +238,7 @@ def verify(dst: Path, full: bool, quiet: bool) -> None:
 
 
 def _register_measure_commands() -> None:
-    from packer.cli_measure import bench, doctor
+    from packer.tools.commands import bench, doctor
 
     main.add_command(bench)
     main.add_command(doctor)

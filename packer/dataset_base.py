@@ -103,11 +103,21 @@ class PackedSamples:
     manifest: Manifest
     reader: ReaderBase
     first: np.ndarray
+    counts: np.ndarray
 
     def _attach(self, packed: Packed) -> None:
         self.manifest = packed.manifest
         self.reader = packed.reader
         self.first = packed.first
+        self.counts = packed.counts
+
+    def stored_bytes(self, indices: Sequence[int]) -> int:
+        """Bytes the samples' records occupy (every frame of a video, read or not)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        ends = np.cumsum(self.reader.length)
+        last = ends[self.first[idx] + self.counts[idx] - 1]
+        before = np.where(self.first[idx] > 0, ends[np.maximum(self.first[idx] - 1, 0)], 0)
+        return int((last - before).sum())
 
     @property
     def keys(self) -> StringTable:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import packer
-from packer.demo import DemoTree, make_image_tree
 from packer.formats import FORMATS
 from packer.manifest import MANIFEST_NAME
+from packer.tools.image_demo import DemoTree, make_image_tree
 
 _FIRST: dict[str, str] = {}
 for _suffix, _module in FORMATS.items():
@@ -37,6 +37,19 @@ def packed(tree: DemoTree, tmp_path_factory: pytest.TempPathFactory) -> dict[str
         packer.convert(tree.root, dst, shard_size="20kB", workers=2, progress=False)
         result[suffix] = dst
     return result
+
+
+@pytest.fixture(scope="session")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """3 classes × 4 JPEGs without a broken one (decode modes read every file), and its LMDB and
+    NPY copies: the data of the bench and doctor tests, which read it and never write to it."""
+    root = tmp_path_factory.mktemp("clean")
+    tree = make_image_tree(root / "images", classes=3, per_class=4, size=(64, 48), bad=0)
+    out = {"folder": tree.root}
+    for suffix in (".lmdb", ".npy"):
+        out[suffix] = root / f"images{suffix}"
+        packer.convert(tree.root, out[suffix], shard_size="20kB", workers=2, progress=False)
+    return out
 
 
 @pytest.fixture(params=SUFFIXES)

@@ -14,29 +14,15 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import packer
-from packer.bench import BenchSpec, check_paths, open_for_mode, run_bench
-from packer.benchdata import bench_collate, evict_page_cache
-from packer.cli_measure import bench
-from packer.demo import make_image_tree
 from packer.errors import PackerError
-from packer.iostats import io_available, resident_fraction
-from packer.storage import measure_storage
+from packer.tools.bench import BenchSpec, check_paths, run_bench
+from packer.tools.commands import bench
+from packer.tools.io_counters import io_available, resident_fraction
+from packer.tools.storage_cost import measure_storage
+from packer.tools.targets import bench_collate, evict_page_cache, open_for_mode
 
 SAMPLES = 12
 BATCH = 4
-
-
-@pytest.fixture(scope="module")
-def clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A tree without broken files (decode modes read every file) and its LMDB and NPY copies."""
-    root = tmp_path_factory.mktemp("bench")
-    tree = make_image_tree(root / "images", classes=3, per_class=4, size=(64, 48), bad=0)
-    out = {"folder": tree.root}
-    for suffix in (".lmdb", ".npy"):
-        out[suffix] = root / f"images{suffix}"
-        packer.convert(tree.root, out[suffix], shard_size="20kB", workers=2, progress=False)
-    return out
 
 
 def _fstype(path: Path) -> str:
@@ -146,7 +132,7 @@ def test_cli_bench_bad_input(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_prints_what_was_measured(clean: dict[str, Path]) -> None:
-    code = "import sys; from packer.cli_measure import bench; bench.main(sys.argv[1:])"
+    code = "import sys; from packer.tools.commands import bench; bench.main(sys.argv[1:])"
     args = [str(clean["folder"]), "--workers", "0", "--mode", "bytes,decode,transform"]
     args += ["--batch-size", "4", "--step-ms", "300", "--no-storage", "--warmup", "0"]
     proc = subprocess.Popen(
@@ -167,7 +153,7 @@ def test_ctrl_c_prints_what_was_measured(clean: dict[str, Path]) -> None:
 
 
 # REGISTRATION: fails until packer/cli.py registers the commands
-# (`from packer.cli_measure import bench, doctor; main.add_command(bench); main.add_command(doctor)`).
+# (`from packer.tools.commands import bench, doctor; main.add_command(bench); main.add_command(doctor)`).
 def test_packer_help_lists_bench_and_doctor() -> None:
     from packer.cli import main
 

@@ -8,9 +8,9 @@ import pytest
 
 import packer
 from packer.convert import plan_shards
-from packer.demo import DemoTree
 from packer.errors import DestinationError, InputFileError, PackerError
 from packer.manifest import MANIFEST_NAME
+from packer.tools.image_demo import DemoTree
 
 
 def test_output_identical_for_any_worker_count(

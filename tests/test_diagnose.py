@@ -10,31 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from packer.cli_measure import doctor
-from packer.diagnose import diagnose, load_loader
 from packer.errors import PackerError
-from packer.stalls import batch_build_seconds, detect_stall, recommend_workers, wait_stats
-from packer.workers import make_worker_init_fn, worker_init_fn, worker_thread_report
-
-
-class SlowDataset(Dataset):
-    """Every item sleeps: a worker needs ``batch × delay`` seconds per batch, using no CPU.
-
-    Workers begin together at ``start_at`` (wall clock), as they effectively do when building
-    a batch takes much longer than forking them; on a loaded machine the forks are staggered.
-    """
-
-    def __init__(self, n: int = 400, delay: float = 0.05, start_at: float = 0.0) -> None:
-        self.n, self.delay, self.start_at = n, delay, start_at
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        time.sleep(max(0.0, self.start_at - time.time()) + self.delay)
-        return i
+from packer.tools.commands import doctor
+from packer.tools.diagnose import diagnose, load_loader
+from packer.tools.sleepy import SleepyDataset
+from packer.tools.stalls import batch_build_seconds, detect_stall, recommend_workers, wait_stats
+from packer.tools.worker_threads import make_worker_init_fn, worker_init_fn, worker_thread_report
 
 
 def test_every_fourth_wait_large_gives_period_four() -> None:
@@ -91,7 +74,7 @@ def test_batch_build_time_from_waits() -> None:
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 def test_diagnose_finds_the_stall_with_period_num_workers() -> None:
-    loader = DataLoader(SlowDataset(start_at=time.time() + 0.5), batch_size=4, num_workers=3)
+    loader = DataLoader(SleepyDataset(start_at=time.time() + 0.5), batch_size=4, num_workers=3)
     report = diagnose(loader, steps=16, step_ms=5)
     assert report.steps == 16 and report.num_workers == 3 and report.batch_size == 4
     assert report.stall.kind == "periodic" and report.stall.period == 3, report.waits
@@ -106,7 +89,7 @@ def test_diagnose_bad_input() -> None:
     with pytest.raises(PackerError, match="DataLoader"):
         diagnose([1, 2, 3])  # type: ignore[arg-type]
     with pytest.raises(PackerError, match="steps"):
-        diagnose(DataLoader(SlowDataset(4, 0)), steps=1)
+        diagnose(DataLoader(SleepyDataset(4, 0)), steps=1)
 
 
 def test_load_loader_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,25 +8,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import packer
-from packer.cli_measure import doctor as doctor_command
-from packer.demo import make_image_tree
-from packer.doctor import _batch_ms, doctor, measure_split, spread_indices
 from packer.errors import PackerError
-from packer.stalls import HEADROOM, recommend_workers
+from packer.tools.commands import doctor as doctor_command
+from packer.tools.doctor import _batch_ms, doctor, measure_split, spread_indices
+from packer.tools.image_demo import make_image_tree
+from packer.tools.stalls import HEADROOM, recommend_workers
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A clean 3×4 JPEG tree and its LMDB copy."""
-    root = tmp_path_factory.mktemp("doctor")
-    tree = make_image_tree(root / "images", classes=3, per_class=4, size=(64, 48), bad=0)
-    packer.convert(tree.root, root / "images.lmdb", progress=False)
-    return {"folder": tree.root, "lmdb": root / "images.lmdb"}
-
-
-def test_doctor_on_a_folder(data: dict[str, Path]) -> None:
-    report = doctor(data["folder"], step_ms=50, batch_size=4, workers=2, budget_s=30)
+def test_doctor_on_a_folder(clean: dict[str, Path]) -> None:
+    report = doctor(clean["folder"], step_ms=50, batch_size=4, workers=2, budget_s=30)
     assert report.format == "folder" and report.samples == 12 and report.dataset_bytes > 0
     assert report.disk.samples == 12 and report.disk.warm_s > 0 and report.disk.bytes > 0
     assert set(report.split_ms) == {"read", "decode", "transform"}
@@ -37,7 +27,7 @@ def test_doctor_on_a_folder(data: dict[str, Path]) -> None:
     expected = recommend_workers(_batch_ms(report, fits_ram) / 1e3, 0.05, HEADROOM)
     assert report.workers_needed == {50: expected}
     assert report.convert_command is not None
-    assert report.convert_command.startswith(f"packer convert {data['folder']} ")
+    assert report.convert_command.startswith(f"packer convert {clean['folder']} ")
     assert ".lmdb" in report.convert_command
     text = str(report)
     for part in ("disk:", "cold (evicted", "warm (page cache)", "decode", "findings:"):
@@ -46,8 +36,8 @@ def test_doctor_on_a_folder(data: dict[str, Path]) -> None:
     assert json.loads(json.dumps(report.to_dict(), default=str))["samples"] == 12
 
 
-def test_doctor_on_a_packed_output_without_step(data: dict[str, Path]) -> None:
-    report = doctor(data["lmdb"], batch_size=4, workers=0, budget_s=30)
+def test_doctor_on_a_packed_output_without_step(clean: dict[str, Path]) -> None:
+    report = doctor(clean[".lmdb"], batch_size=4, workers=0, budget_s=30)
     assert report.format == "lmdb" and report.convert_command is None
     assert sorted(report.workers_needed) == [50, 100, 200]
     assert "persistent_workers=True" in str(report)
@@ -58,20 +48,20 @@ def test_split_and_spread() -> None:
     assert spread_indices(3, 10) == [0, 1, 2]
 
 
-def test_measure_split_fields(data: dict[str, Path]) -> None:
-    split = measure_split(data["lmdb"], [0, 5, 11], time_limit_s=10)
+def test_measure_split_fields(clean: dict[str, Path]) -> None:
+    split = measure_split(clean[".lmdb"], [0, 5, 11], time_limit_s=10)
     assert set(split) == {"read", "decode", "transform"} and min(split.values()) > 0
 
 
-def test_doctor_bad_input(data: dict[str, Path], tmp_path: Path) -> None:
+def test_doctor_bad_input(clean: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(PackerError):
         doctor(tmp_path / "missing")
     with pytest.raises(PackerError):
-        doctor(data["folder"], budget_s=0)
+        doctor(clean["folder"], budget_s=0)
 
 
-def test_cli_doctor_prints_a_diagnosis(data: dict[str, Path]) -> None:
-    args = [str(data["folder"]), "--batch-size", "4", "--workers", "2", "--step-ms", "40"]
+def test_cli_doctor_prints_a_diagnosis(clean: dict[str, Path]) -> None:
+    args = [str(clean["folder"]), "--batch-size", "4", "--workers", "2", "--step-ms", "40"]
     result = CliRunner().invoke(doctor_command, args)
     assert result.exit_code == 0, result.output
     assert "packer doctor:" in result.output and "recommendation:" in result.output

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 import packer
-from packer.demo import DemoTree
 from packer.errors import FormatError, PackerError
 from packer.manifest import MANIFEST_NAME
 from packer.sizes import parse_size
 from packer.sources import scan
-from packer.video.demo import make_video_tree
+from packer.tools.image_demo import DemoTree
+from packer.tools.video_demo import make_video_tree
 from packer.write import plan_shards
 
 KILLER = """

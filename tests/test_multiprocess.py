@@ -9,7 +9,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 import packer
-from packer.demo import DemoTree
+from packer.tools.image_demo import DemoTree
 
 
 def expected_pairs(tree: DemoTree) -> Counter:

@@ -15,9 +15,9 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import packer
-from packer.demo import DemoTree, photo_like
 from packer.errors import DestinationError
 from packer.manifest import MANIFEST_NAME
+from packer.tools.image_demo import DemoTree, photo_like
 
 
 def jpeg(image: Image.Image, **kw: object) -> bytes:

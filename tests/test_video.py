@@ -18,13 +18,13 @@ from packer.decode import decode
 from packer.errors import DestinationError, InputFileError, PackerError
 from packer.formats.files import OpenFile
 from packer.manifest import RECORDS_NAME, load_index, load_keys, load_manifest
+from packer.tools.video_demo import VideoTree, make_video_files, make_video_tree, run_video_demo
 from packer.video.datasets import (
     HDF5VideoDataset,
     NpyVideoDataset,
     VideoFolderDataset,
     open_video_dataset,
 )
-from packer.video.demo import VideoTree, make_video_files, make_video_tree, run_video_demo
 from packer.video.inspect import describe_video
 
 SUFFIXES = (".bmp", ".h5", ".lmdb", ".npy")

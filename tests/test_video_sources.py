@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from packer.demo import make_image_tree
 from packer.errors import SourceError
+from packer.tools.image_demo import make_image_tree
 from packer.video.sources import detect_kind, scan_videos
 
 

@@ -27,9 +27,9 @@ _EXPORTS = {
     "convert_video": "packer.convert",
     "detect_kind": "packer.video.sources",
     "scan_videos": "packer.video.sources",
-    "make_video_files": "packer.video.demo",
-    "make_video_tree": "packer.video.demo",
-    "run_video_demo": "packer.video.demo",
+    "make_video_files": "packer.tools.video_demo",
+    "make_video_tree": "packer.tools.video_demo",
+    "run_video_demo": "packer.tools.video_demo",
     "describe_video": "packer.video.inspect",
 }
 

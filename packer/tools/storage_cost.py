@@ -1,7 +1,7 @@
 """What each sample costs the storage: kernel counters of the process that reads it.
 
 Reads a dataset's samples in bytes mode in one DataLoader worker, normally right after evicting
-its files from the page cache, with :class:`packer.iostats.MeteredDataset` reading
+its files from the page cache, with :class:`packer.tools.io_counters.MeteredDataset` reading
 ``/proc/self/io`` and ``/proc/self/stat`` around every batch inside that worker.
 """
 
@@ -14,21 +14,21 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Subset
 
-from packer.benchdata import (
+from packer.errors import PackerError
+from packer.tools.io_counters import (
+    IOCounters,
+    MeteredDataset,
+    io_available,
+    metered_collate,
+    resident_fraction,
+)
+from packer.tools.targets import (
     cold_supported,
     evict_page_cache,
     files_for,
     open_for_mode,
     stored_bytes,
     subset_indices,
-)
-from packer.errors import PackerError
-from packer.iostats import (
-    IOCounters,
-    MeteredDataset,
-    io_available,
-    metered_collate,
-    resident_fraction,
 )
 
 __all__ = ["StorageCost", "measure_storage"]

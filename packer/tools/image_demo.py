@@ -100,12 +100,6 @@ class DemoRow:
     decoded_per_s: float
 
 
-def _disk_bytes(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
 def run_demo(
     workdir: str | os.PathLike[str],
     classes: int = 8,
@@ -150,7 +144,8 @@ def time_targets(
 
     ``open_one(path, output)`` builds the dataset; reading is a DataLoader with ``num_workers=0``.
     """
-    from packer.bench import measure_throughput, median_run
+    from packer.tools.targets import disk_bytes
+    from packer.tools.timing import measure_throughput, median_run
 
     timings: dict[tuple[str, str], list[Any]] = {}
     for _ in range(repeats):
@@ -162,7 +157,7 @@ def time_targets(
         DemoRow(
             name,
             path,
-            _disk_bytes(path),
+            disk_bytes(path),
             median_run(timings[(name, "bytes")]).images_per_s,
             median_run(timings[(name, "numpy")]).images_per_s,
         )

@@ -11,7 +11,6 @@ import importlib
 import importlib.util
 import os
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from packer.errors import PackerError
-from packer.iostats import process_threads
-from packer.stalls import (
+from packer.tools.io_counters import process_threads
+from packer.tools.stalls import (
     HEADROOM,
     Stall,
     WaitStats,
@@ -31,9 +30,10 @@ from packer.stalls import (
     recommend_workers,
     wait_stats,
 )
-from packer.workers import available_cpus
+from packer.tools.timing import time_batches
+from packer.tools.worker_threads import available_cpus
 
-__all__ = ["LoaderReport", "diagnose", "load_loader", "timed_steps"]
+__all__ = ["LoaderReport", "diagnose", "load_loader"]
 
 BUSY = 0.05  # the loop counts as data-bound when it waits more than this share of the time
 
@@ -96,36 +96,18 @@ def _worker_pids(iterator: Any) -> list[int]:
     return [w.pid for w in getattr(iterator, "_workers", []) if getattr(w, "pid", None)]
 
 
-def timed_steps(
-    loader: DataLoader, steps: int, step_s: float = 0.0, time_limit_s: float | None = None
+def _timed_steps(
+    loader: DataLoader, steps: int, step_s: float, time_limit_s: float | None
 ) -> tuple[list[float], list[int]]:
-    """Run up to ``steps`` batches (over several epochs if needed) and time each ``next()``.
-
-    Returns the waits in seconds and the OS thread count of each worker process, read after
-    the first batch. Stops early once ``time_limit_s`` has passed.
-    """
-    deadline = time.perf_counter() + time_limit_s if time_limit_s else None
-    waits: list[float] = []
+    """Each batch's wait over ``steps`` batches, and each worker's OS threads after the first."""
     threads: list[int] = []
-    while len(waits) < steps:
-        before = time.perf_counter()
-        it = iter(loader)
-        epoch_start = len(waits)
-        for _ in it:
-            waits.append(time.perf_counter() - before)
-            if not threads:
-                threads = [t for t in map(process_threads, _worker_pids(it)) if t is not None]
-            if len(waits) >= steps or (deadline and time.perf_counter() > deadline):
-                break
-            if step_s > 0:
-                time.sleep(step_s)
-            before = time.perf_counter()
-        del it
-        if len(waits) == epoch_start:
-            raise PackerError("the DataLoader yielded no batch; is its dataset empty?")
-        if deadline and time.perf_counter() > deadline:
-            break
-    return waits, threads
+
+    def read_threads(_: Any, it: Any) -> None:
+        if not threads:
+            threads.extend(t for t in map(process_threads, _worker_pids(it)) if t is not None)
+
+    timing = time_batches(loader, steps, step_s, time_limit_s, on_batch=read_threads)
+    return timing.waits, threads
 
 
 def _advice(report: LoaderReport, headroom: float) -> list[str]:
@@ -185,7 +167,7 @@ def diagnose(
     if steps < 2 or step_ms < 0:
         raise PackerError(f"need steps >= 2 and step_ms >= 0, got {steps} and {step_ms}")
     step_s, n = step_ms / 1e3, int(loader.num_workers)
-    waits, threads = timed_steps(loader, steps, step_s, time_limit_s)
+    waits, threads = _timed_steps(loader, steps, step_s, time_limit_s)
     skip = min(max(1, n), max(0, len(waits) - 2))
     steady = waits[skip:]
     busy = sum(steady) / max(1e-12, sum(steady) + step_s * len(steady))

@@ -1,6 +1,6 @@
 """Which datasets a measurement opens, which files hold them, and how their bytes are counted.
 
-Shared by :mod:`packer.bench`, :mod:`packer.storage` and :mod:`packer.doctor`; plain functions,
+Shared by :mod:`packer.tools.bench`, :mod:`packer.tools.storage_cost` and :mod:`packer.tools.doctor`; plain functions,
 no printing.
 """
 
@@ -11,7 +11,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from torch.utils.data import Dataset, default_collate
 
 from packer.collate import collate_bytes
@@ -26,6 +25,7 @@ __all__ = [
     "close_dataset",
     "cold_supported",
     "data_files",
+    "disk_bytes",
     "evict_page_cache",
     "files_for",
     "open_for_mode",
@@ -44,6 +44,14 @@ def data_files(path: str | os.PathLike[str]) -> list[Path]:
             return [root / s.name for s in manifest.shards]
         return sorted(p for p in root.rglob("*") if p.is_file())
     return [Path(s.path) for s in scan(root).samples]
+
+
+def disk_bytes(path: str | os.PathLike[str]) -> int:
+    """Bytes on disk of a file, or of all the files under a folder."""
+    root = Path(path)
+    if root.is_file():
+        return root.stat().st_size
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
 
 
 def evict_page_cache(paths: Iterable[str | os.PathLike[str]]) -> int:
@@ -73,13 +81,13 @@ def open_for_mode(path: str | os.PathLike[str], mode: str) -> Dataset:
     """Open a packer output or image folder for a bench mode.
 
     ``bytes``: stored bytes, no decode (IO + format cost); ``decode``: decoded H×W×3 arrays;
-    ``transform``: decoded then :func:`packer.transforms.train_transform` (224×224 crops).
+    ``transform``: decoded then :func:`packer.tools.train_transform.train_transform` (224×224 crops).
 
     Raises:
         PackerError: unknown mode, or the path is neither a packer output nor an image folder.
     """
     from packer.datasets import open_dataset
-    from packer.transforms import train_transform
+    from packer.tools.train_transform import train_transform
 
     if mode not in MODES:
         raise PackerError(f"unknown bench mode {mode!r}; expected one of {', '.join(MODES)}")
@@ -113,10 +121,9 @@ def subset_indices(dataset: Dataset, limit: int | None) -> list[int]:
 
 def stored_bytes(dataset: Dataset, path: str | os.PathLike[str], indices: Sequence[int]) -> int:
     """Bytes the samples occupy on storage (the index's lengths, or the files' sizes)."""
-    reader = getattr(dataset, "reader", None)
-    lengths = getattr(reader, "length", None)
-    if lengths is not None:
-        return int(lengths[np.asarray(indices, dtype=np.int64)].sum())
+    stored = getattr(dataset, "stored_bytes", None)
+    if stored is not None:
+        return int(stored(indices))
     paths = getattr(dataset, "paths", None)
     if paths is not None:
         return sum(os.path.getsize(paths[i]) for i in indices)

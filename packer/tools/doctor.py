@@ -21,7 +21,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from packer.benchdata import (
+from packer.decode import decode
+from packer.errors import PackerError
+from packer.manifest import MANIFEST_NAME, load_manifest
+from packer.sizes import format_size
+from packer.tools.diagnose import LoaderReport, diagnose
+from packer.tools.io_counters import resident_fraction
+from packer.tools.stalls import HEADROOM, recommend_workers
+from packer.tools.targets import (
     bench_collate,
     close_dataset,
     cold_supported,
@@ -30,15 +37,9 @@ from packer.benchdata import (
     open_for_mode,
     stored_bytes,
 )
-from packer.decode import decode
-from packer.diagnose import LoaderReport, diagnose
-from packer.errors import PackerError
-from packer.iostats import resident_fraction
-from packer.manifest import MANIFEST_NAME, load_manifest
-from packer.sizes import format_size
-from packer.stalls import HEADROOM, recommend_workers
-from packer.transforms import train_transform
-from packer.workers import ThreadReport, available_cpus, worker_thread_report
+from packer.tools.timing import time_batches
+from packer.tools.train_transform import train_transform
+from packer.tools.worker_threads import ThreadReport, available_cpus, worker_thread_report
 
 __all__ = ["DiskSpeed", "DoctorReport", "doctor", "measure_disk", "measure_split"]
 
@@ -73,15 +74,10 @@ def spread_indices(n: int, count: int) -> list[int]:
     return sorted({int(i) for i in np.linspace(0, n - 1, min(n, count)).round()})
 
 
-def _read_all(dataset: Any, indices: list[int], deadline: float) -> tuple[int, float]:
-    start = time.perf_counter()
-    done = 0
-    for i in indices:
-        dataset[i]
-        done += 1
-        if time.perf_counter() > deadline:
-            break
-    return done, time.perf_counter() - start
+def _read_all(dataset: Any, indices: list[int], time_limit_s: float | None) -> tuple[int, float]:
+    """Read the samples one by one (within the time limit); return how many, and the seconds."""
+    timing = time_batches((dataset[i] for i in indices), time_limit_s=time_limit_s)
+    return len(timing.waits), timing.seconds
 
 
 def measure_disk(
@@ -94,9 +90,9 @@ def measure_disk(
     if cold_supported():
         evict_page_cache(files)
         resident = resident_fraction(files)
-        count, cold_s = _read_all(dataset, indices, time.perf_counter() + time_limit_s)
+        count, cold_s = _read_all(dataset, indices, time_limit_s)
         indices = indices[:count]
-    count, warm_s = _read_all(dataset, indices, float("inf"))
+    count, warm_s = _read_all(dataset, indices, None)
     close_dataset(dataset)
     return DiskSpeed(count, stored_bytes(dataset, path, indices), cold_s, warm_s, resident)
 

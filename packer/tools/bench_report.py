@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from packer.bench import RunResult
 from packer.errors import PackerError
-from packer.storage import StorageCost
-from packer.workers import available_cpus
+from packer.tools.bench import RunResult
+from packer.tools.storage_cost import StorageCost
+from packer.tools.worker_threads import available_cpus
 
 __all__ = ["machine", "plot_runs", "runs_table", "stalls_text", "storage_table", "write_json"]
 

@@ -28,7 +28,13 @@ def _int_list(text: str, name: str) -> list[int]:
 
 
 def _report(runs: list[Any], costs: list[Any], options: dict[str, Any], complete: bool) -> None:
-    from packer.benchreport import plot_runs, runs_table, stalls_text, storage_table, write_json
+    from packer.tools.bench_report import (
+        plot_runs,
+        runs_table,
+        stalls_text,
+        storage_table,
+        write_json,
+    )
 
     if costs:
         click.echo(
@@ -78,9 +84,10 @@ def bench(paths: tuple[Path, ...], workers: str, modes: str, json_path: Path | N
     Example:
       packer bench images/ images.lmdb images.npy --workers 0,2 --mode bytes,decode --plot b.png
     """
-    from packer.bench import BenchSpec, check_paths, cold_supported, path_labels, plan, run_bench
-    from packer.iostats import io_available
-    from packer.storage import measure_storage
+    from packer.tools.bench import BenchSpec, check_paths, plan, run_bench
+    from packer.tools.io_counters import io_available
+    from packer.tools.storage_cost import measure_storage
+    from packer.tools.targets import cold_supported, path_labels
 
     spec = BenchSpec(workers=_int_list(workers, "--workers"), modes=modes.split(","), **kw)
     spec.validate()
@@ -137,11 +144,11 @@ def doctor(path: Path | None, step_ms: float | None, batch_size: int, workers: i
     if (path is None) == (loader_spec is None):
         raise click.UsageError("give either a dataset PATH or --loader module:function")
     if loader_spec is not None:
-        from packer.diagnose import diagnose, load_loader
+        from packer.tools.diagnose import diagnose, load_loader
 
         report: Any = diagnose(load_loader(loader_spec), steps, step_ms or 0.0, budget)
     else:
-        from packer.doctor import doctor as run
+        from packer.tools.doctor import doctor as run
 
         report = run(path, step_ms, batch_size, workers, budget)  # type: ignore[arg-type]
     click.echo(str(report))

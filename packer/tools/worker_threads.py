@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from packer.errors import PackerError
-from packer.iostats import process_threads
+from packer.tools.io_counters import process_threads
 
 __all__ = [
     "THREAD_ENV",

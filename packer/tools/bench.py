@@ -1,28 +1,28 @@
-"""Measurement functions shared by ``packer demo``, ``packer bench`` and ``benchmarks/``.
+"""``packer bench``: every (path, mode, workers, cache) through a real DataLoader.
 
-They return plain data and never print. :func:`run_bench` times every (path, mode, workers,
-cache) configuration through a real DataLoader and records the wait of every batch;
-:mod:`packer.storage` counts what each sample costs the storage.
+Returns plain data and never prints. :func:`run_bench` times each configuration with
+:func:`packer.tools.timing.time_batches` and records the wait of every batch;
+:mod:`packer.tools.storage_cost` counts what each sample costs the storage.
 """
 
 from __future__ import annotations
 
 import os
-import statistics
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from packer.benchdata import (
+from packer.errors import PackerError
+from packer.tools.io_counters import resident_fraction
+from packer.tools.stalls import Stall, WaitStats, detect_stall, wait_stats
+from packer.tools.targets import (
     MODES,
     bench_collate,
     close_dataset,
     cold_supported,
-    data_files,
     evict_page_cache,
     files_for,
     open_for_mode,
@@ -30,108 +30,9 @@ from packer.benchdata import (
     stored_bytes,
     subset_indices,
 )
-from packer.errors import PackerError
-from packer.iostats import resident_fraction
-from packer.stalls import Stall, WaitStats, detect_stall, wait_stats
+from packer.tools.timing import time_batches
 
-__all__ = [
-    "MODES",
-    "BenchSpec",
-    "RunResult",
-    "Throughput",
-    "data_files",
-    "evict_page_cache",
-    "measure_throughput",
-    "median_run",
-    "open_for_mode",
-    "plan",
-    "run_bench",
-    "run_config",
-    "timed_epoch",
-]
-
-
-@dataclass
-class Throughput:
-    """One timed pass over a dataset through a DataLoader."""
-
-    images: int
-    bytes: int
-    seconds: float
-
-    @property
-    def images_per_s(self) -> float:
-        """Images per second."""
-        return self.images / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def mb_per_s(self) -> float:
-        """Megabytes (10^6) of stored data per second."""
-        return self.bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
-
-    def to_dict(self) -> dict[str, float]:
-        """Plain dict, derived rates included."""
-        return {**asdict(self), "images_per_s": self.images_per_s, "mb_per_s": self.mb_per_s}
-
-
-def _size_of(item: Any) -> int:
-    if isinstance(item, (bytes, bytearray, memoryview)):
-        return len(item)
-    nbytes = getattr(item, "nbytes", None)
-    if nbytes is not None:
-        return int(nbytes)
-    if hasattr(item, "numel"):
-        return int(item.numel() * item.element_size())
-    return 0
-
-
-def measure_throughput(
-    dataset: Dataset,
-    num_workers: int = 0,
-    batch_size: int = 64,
-    collate_fn: Callable[[Any], Any] | None = None,
-    shuffle: bool = False,
-    multiprocessing_context: str | None = None,
-) -> Throughput:
-    """Time one full pass over ``dataset`` through a real DataLoader (worker start-up included)."""
-    loader = DataLoader(
-        dataset,
-        batch_size=batch_size,
-        num_workers=num_workers,
-        collate_fn=collate_fn if collate_fn is not None else _list_collate,
-        shuffle=shuffle,
-        multiprocessing_context=multiprocessing_context if num_workers > 0 else None,
-    )
-    images = nbytes = 0
-    start = time.perf_counter()
-    for batch in loader:
-        if isinstance(batch, list):
-            images += len(batch)
-            nbytes += sum(_size_of(item[0]) for item in batch)
-        else:  # collate_bytes: (data, offsets, labels)
-            images += len(batch[-1])
-            nbytes += _size_of(batch[0])
-    return Throughput(images, nbytes, time.perf_counter() - start)
-
-
-def _list_collate(batch: Sequence[Any]) -> list[Any]:
-    return list(batch)
-
-
-def median_run(runs: Sequence[Throughput]) -> Throughput:
-    """The run with the median time of several."""
-    ordered = sorted(runs, key=lambda r: r.seconds)
-    return (
-        ordered[len(ordered) // 2]
-        if len(ordered) % 2
-        else min(
-            ordered, key=lambda r: abs(r.seconds - statistics.median(x.seconds for x in ordered))
-        )
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# packer bench: every (path, mode, workers, cache) through a real DataLoader, per-batch waits
+__all__ = ["BenchSpec", "RunResult", "check_paths", "plan", "run_bench", "run_config"]
 
 
 @dataclass
@@ -228,28 +129,6 @@ def _loader(dataset: Dataset, spec: BenchSpec, workers: int, persistent: bool) -
     )
 
 
-def timed_epoch(loader: Iterable[Any], step_s: float = 0.0) -> tuple[float, list[float]]:
-    """Iterate once; return the epoch's seconds and each batch's wait (time spent in ``next``).
-
-    The first wait includes creating the iterator (starting the workers). ``step_s`` seconds of
-    sleep after each batch stand in for a training step.
-    """
-    waits = []
-    start = before = time.perf_counter()
-    it = iter(loader)
-    while True:
-        try:
-            next(it)
-        except StopIteration:
-            break
-        waits.append(time.perf_counter() - before)
-        if step_s > 0:
-            time.sleep(step_s)
-        before = time.perf_counter()
-    del it
-    return time.perf_counter() - start, waits
-
-
 def run_config(
     path: str | os.PathLike[str], label: str, mode: str, workers: int, cache: str, spec: BenchSpec
 ) -> RunResult:
@@ -273,14 +152,14 @@ def run_config(
             sample_bytes = stored_bytes(dataset, path, indices)
             files = files_for(dataset, path, indices)
             for _ in range(spec.warmup if cache == "warm" else 0):
-                timed_epoch(loader)
+                time_batches(loader)
         if cache == "cold":
             evict_page_cache(files)
         if epoch == 0:
             resident = resident_fraction(files)
-        seconds, epoch_waits = timed_epoch(loader, spec.step_ms / 1e3)
-        epoch_seconds.append(seconds)
-        waits.extend(epoch_waits)
+        timing = time_batches(loader, step_s=spec.step_ms / 1e3)
+        epoch_seconds.append(timing.seconds)
+        waits.extend(timing.waits)
         images, nbytes = images + len(indices), nbytes + sample_bytes
         if cache == "cold":
             close_dataset(dataset)

@@ -1,0 +1,60 @@
+"""The benchmark scripts are thin parse_args() + main(args) over packer.tools: run each, tiny."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_read_throughput(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _script("read_throughput")
+    args = ["--data", str(tmp_path), "--images", "20", "--repeats", "1", "--workers", "0"]
+    args += ["--caches", "warm", "--formats", "npy", "--modes", "bytes", "--wait-budget", "0"]
+    assert script.main(script.parse_args([*args, "--in-process", "--out", str(tmp_path)])) == 0
+    out = capsys.readouterr().out
+    assert "| jpeg folder | bytes | 0 | warm | default |" in out and "| npy | bytes |" in out
+    report = json.loads((tmp_path / "read_throughput.json").read_text())
+    assert {r["dataset"] for r in report["results"]} == {"jpeg folder", "memory", "npy"}
+
+
+def test_bench_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _script("bench_formats")
+    args = ["--data", str(tmp_path), "--images", "20", "--formats", ".npy", "--workers", "0"]
+    args += ["--modes", "bytes", "--epochs", "1", "--json", str(tmp_path / "b.json")]
+    assert script.main(script.parse_args(args)) == 0
+    assert "| images.npy | bytes | 0 | warm |" in capsys.readouterr().out
+    assert len(json.loads((tmp_path / "b.json").read_text())["runs"]) == 2
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_bench_stall(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _script("bench_stall")
+    args = ["--workers", "2", "--item-ms", "2", "--batch-size", "2", "--step-ms", "2"]
+    assert (
+        script.main(script.parse_args([*args, "--steps", "6", "--json", str(tmp_path / "s.json")]))
+        == 0
+    )
+    assert "| 2 |" in capsys.readouterr().out
+
+
+def test_video_clips(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _script("video_clips")
+    args = ["--data", str(tmp_path), "--videos", "4", "--frames", "8", "--size", "64x48"]
+    args += ["--clips", "4", "--batch", "2", "--repeats", "1", "--workers", "0", "--cache", "warm"]
+    script.main(script.parse_args([*args, "--out", str(tmp_path / "v.json")]))
+    assert "| npy whole-file |" in capsys.readouterr().out
+    assert json.loads((tmp_path / "v.json").read_text())["rows"]
