@@ -7,6 +7,7 @@ uninterrupted run.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -109,16 +110,15 @@ def test_video_kill_then_resume_is_identical(tree_files: Any, tmp_path: Path, su
 
 
 def test_resume_refuses_changed_options_or_source(tree: DemoTree, tmp_path: Path) -> None:
+    src = Path(shutil.copytree(tree.root, tmp_path / "src"))  # changed below: a private copy
     dst = tmp_path / "out.npy"
-    assert kill_at(tree.root, dst, "shard", 0, "15kB", "image") == -9
+    assert kill_at(src, dst, "shard", 0, "15kB", "image") == -9
     with pytest.raises(PackerError, match="option shard_size 15000 → 30000"):
-        packer.convert(tree.root, dst, shard_size="30kB", resume=True, progress=False)
-    extra = tree.root / "class_00" / "extra.JPEG"
+        packer.convert(src, dst, shard_size="30kB", resume=True, progress=False)
+    extra = src / "class_00" / "extra.JPEG"
     extra.write_bytes(tree.good[0].read_bytes())
-    try:
-        with pytest.raises(PackerError, match="files 13 → 14"):
-            packer.convert(tree.root, dst, shard_size="15kB", resume=True, progress=False)
-    finally:
-        extra.unlink()
-    packer.convert(tree.root, dst, shard_size="15kB", resume=True, progress=False)
+    with pytest.raises(PackerError, match="files 13 → 14"):
+        packer.convert(src, dst, shard_size="15kB", resume=True, progress=False)
+    extra.unlink()
+    packer.convert(src, dst, shard_size="15kB", resume=True, progress=False)
     assert (dst / MANIFEST_NAME).is_file()
