@@ -8,7 +8,8 @@ from PIL import Image
 
 from packer.check import check_image
 from packer.decode import decode, encode_bmp
-from packer.errors import InputFileError
+from packer.decoders import DECODERS, decoders_for, register, sniff
+from packer.errors import InputFileError, PackerError
 
 
 def encoded(image: Image.Image, fmt: str, **kw: object) -> bytes:
@@ -62,3 +63,58 @@ def test_check_rejects_bad_inputs() -> None:
     ]:
         with pytest.raises(InputFileError, match=reason):
             check_image(data)
+
+
+def top_down(bmp: bytes) -> bytes:
+    """The same BMP stored top-down: negative height, rows reversed."""
+    import struct
+
+    offset, width, height = (
+        struct.unpack_from("<I", bmp, 10)[0],
+        *struct.unpack_from("<ii", bmp, 18),
+    )
+    stride = (width * 3 + 3) & ~3
+    rows = [bmp[offset + r * stride : offset + (r + 1) * stride] for r in range(height)]
+    header = bytearray(bmp[:offset])
+    struct.pack_into("<i", header, 22, -height)
+    return bytes(header) + b"".join(reversed(rows))
+
+
+def test_bmp_decoder_reads_bottom_up_and_top_down_in_place() -> None:
+    image = RGB.resize((5, 6))
+    bottom_up = encode_bmp(encoded(image, "PNG"))
+    for data in (bottom_up, top_down(bottom_up)):
+        assert sniff(data) == "bmp"
+        assert [d.name for d in decoders_for("bmp")][0] == "bmp"
+        assert np.array_equal(decode(data, "numpy"), np.asarray(image))
+        assert np.array_equal(decode(data, "numpy", "pillow"), np.asarray(image))
+
+
+def test_registry_by_format_with_pillow_fallback() -> None:
+    calls: list[str] = []
+
+    def refuses(data: bytes | memoryview) -> None:
+        calls.append("refused")
+        return None
+
+    def gray(data: bytes | memoryview) -> np.ndarray:
+        calls.append("gray")
+        return np.zeros((2, 3, 3), dtype=np.uint8)
+
+    jpeg, png = encoded(RGB, "JPEG"), encoded(RGB, "PNG")
+    try:
+        register("refuses", {"jpeg"}, refuses)
+        assert decode(jpeg, "numpy").shape == (9, 7, 3)  # refused: Pillow decoded it
+        assert calls == ["refused"]
+        register("gray", {"png"}, gray)
+        assert decode(png, "numpy").shape == (2, 3, 3)  # the png entry, chosen by format
+        assert decode(jpeg, "pil").size == (7, 9)  # not a png: gray never ran for it
+        assert calls == ["refused", "gray", "refused"]
+        assert decode(png, "numpy", "pillow").shape == (9, 7, 3)  # a decoder by name
+    finally:
+        DECODERS.pop("refuses", None)
+        DECODERS.pop("gray", None)
+        register("pillow", {"*"}, DECODERS["pillow"].fn)  # clears the per-process chains
+    with pytest.raises(PackerError, match="unknown decoder 'nvjpeg'"):
+        decode(jpeg, "numpy", "nvjpeg")
+    assert sniff(b"not an image") == "other"

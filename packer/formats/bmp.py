@@ -64,7 +64,12 @@ class Writer:
 
 
 class Reader(ReaderBase):
-    """Read records' ``.bmp`` files."""
+    """Read records' ``.bmp`` files.
+
+    Files are read, not mapped: measured on 400×350 images (420 KB files), a map per file
+    (``mmap`` + fault-in + ``munmap``) decoded at 0.55–0.65× the rate of a plain ``read``. The
+    decoder then uses the pixel rows in place from the bytes read (``packer.decoders``).
+    """
 
     def _read_file(self, file: int, starts: list[int], lengths: list[int]) -> list[bytes]:
         key = self.keys[file]
