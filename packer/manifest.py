@@ -174,7 +174,8 @@ def write_manifest(root: str | os.PathLike[str], manifest: Manifest) -> None:
 
     manifest.packer_version = __version__
     manifest.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    payload = json.dumps(manifest.to_dict(), indent=1, ensure_ascii=False).encode("utf-8")
+    # ASCII JSON: a name that is not UTF-8 (a surrogate-escaped str) round-trips as \\udcXX.
+    payload = json.dumps(manifest.to_dict(), indent=1).encode("ascii")
     _write_atomic(Path(root) / MANIFEST_NAME, payload)
     fsync_dir(Path(root))
 

@@ -157,7 +157,8 @@ class _Env:
     """One process's open environment of one shard, shared by every reader of that shard.
 
     py-lmdb refuses to open the same environment twice in one process, so readers share it
-    (reference-counted) along with one long-lived ``buffers=True`` read transaction.
+    (reference-counted). Each thread reading it gets its own long-lived ``buffers=True`` read
+    transaction and cursor (an LMDB transaction belongs to one thread).
     """
 
     def __init__(self, path: str, readahead: bool) -> None:
@@ -174,9 +175,28 @@ class _Env:
         except lmdb.Error as exc:
             raise FormatError(f"cannot open LMDB shard {path!r}: {exc}") from exc
         self.readahead = readahead
-        self.txn = self.env.begin(buffers=True)
-        self.cursor = self.txn.cursor()
         self.users = 0
+        self._local = threading.local()
+        self._txns: list[Any] = []
+        self._lock = threading.Lock()
+
+    @property
+    def cursor(self) -> Any:
+        """This thread's cursor (its read transaction begins on first use)."""
+        cursor = getattr(self._local, "cursor", None)
+        if cursor is None:
+            txn = self.env.begin(buffers=True)
+            with self._lock:
+                self._txns.append(txn)
+            cursor = self._local.cursor = txn.cursor()
+        return cursor
+
+    def close(self) -> None:
+        with self._lock:
+            for txn in self._txns:
+                txn.abort()
+            self._txns = []
+        self.env.close()
 
 
 _OPEN: dict[str, _Env] = {}
@@ -205,8 +225,13 @@ class _Handle:
             shared.users += 1
         self._key = key
         self._shared: _Env | None = shared
-        self.txn = shared.txn
-        self.cursor = shared.cursor
+
+    @property
+    def cursor(self) -> Any:
+        """This thread's cursor on the shard."""
+        if self._shared is None:
+            raise FormatError(f"LMDB shard {self._key!r} was closed")
+        return self._shared.cursor
 
     def close(self) -> None:
         shared, self._shared = self._shared, None
@@ -216,8 +241,7 @@ class _Handle:
             shared.users -= 1
             if shared.users == 0 and _OPEN.get(self._key) is shared:
                 del _OPEN[self._key]
-                shared.txn.abort()
-                shared.env.close()
+                shared.close()
 
 
 class Reader(ReaderBase):
