@@ -77,15 +77,17 @@ class HandleCache:
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._handles: OrderedDict[Any, Any] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # an opener may itself get a handle (the folder)
+        # The handles close when the cache goes (its dataset was dropped), not at process exit:
+        # shared LMDB environments are released and descriptors never pile up.
+        weakref.finalize(self, _close_remaining, self._handles, self._pid).atexit = False
         if self.close_before_fork:
             _FORK_SENSITIVE.add(self)
 
     def get(self, key: Any, opener: Callable[[], Any]) -> Any:
         """Return the handle for ``key`` in this process, opening it with ``opener()`` if needed."""
         if self._pid != os.getpid():
-            # A forked child: the parent's handles are not ours to use (nor to close).
-            self._reset()
+            self._forget_parent()
         with self._lock:
             handle = self._handles.get(key)
             if handle is not None:
@@ -99,10 +101,18 @@ class HandleCache:
                 _close(old)
             return handle
 
+    def _forget_parent(self) -> None:
+        """In a forked child: drop the parent's handles without closing them (they are the
+        parent's to close), so the child's copies of those objects are freed — py-lmdb forgets
+        an environment only when its object goes, and refuses to open it again until then."""
+        inherited = self._handles
+        self._reset()
+        inherited.clear()
+
     def close_all(self) -> None:
         """Close every handle this process opened."""
         if self._pid != os.getpid():
-            self._reset()
+            self._forget_parent()
             return
         with self._lock:
             while self._handles:
@@ -123,6 +133,14 @@ class HandleCache:
         self.capacity = state["capacity"]
         self.close_before_fork = state["close_before_fork"]
         self._reset()
+
+
+def _close_remaining(handles: OrderedDict[Any, Any], pid: int) -> None:
+    if os.getpid() != pid:  # a forked child's copy of the parent's handles: not ours
+        return
+    while handles:
+        _, handle = handles.popitem(last=False)
+        _close(handle)
 
 
 def _before_fork() -> None:

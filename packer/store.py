@@ -15,7 +15,7 @@ import numpy as np
 
 from packer.errors import FormatError
 from packer.formats import by_name
-from packer.formats.base import ReaderBase, check_shard_files
+from packer.formats.base import ReaderBase, shard_identities
 from packer.manifest import Manifest, load_index, load_manifest, load_records
 
 __all__ = ["Packed", "open_packed"]
@@ -31,6 +31,14 @@ class Packed:
     counts: np.ndarray
     first: np.ndarray
     reader: ReaderBase
+
+
+def _folder_id(path: Path) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise FormatError(f"cannot open {str(path)!r}: {exc.strerror or exc}") from exc
+    return st.st_dev, st.st_ino
 
 
 def open_packed(
@@ -53,6 +61,7 @@ def open_packed(
         FormatError: not a complete packer output, another kind or format, or damaged tables.
     """
     path = Path(root)
+    before = _folder_id(path)
     manifest = load_manifest(path)
     if format and manifest.format != format:
         raise FormatError(
@@ -63,9 +72,12 @@ def open_packed(
         raise FormatError(f"{str(path)!r} holds {manifest.kind}s, not {kind}s")
     index = load_index(path, manifest)
     records = load_records(path, index)
-    if check_files:
-        check_shard_files(path, manifest)
     reader = by_name(manifest.format).Reader(path, manifest, records, **reader_options)
+    if check_files:
+        shards = shard_identities(path, manifest)
+        if _folder_id(path) != before:
+            raise FormatError(f"{str(path)!r} was replaced while it was being opened; try again")
+        reader.pin(before, shards)
     return Packed(
         path,
         manifest,

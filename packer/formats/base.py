@@ -14,6 +14,7 @@ image is one record, a video one record per frame) and declares:
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -22,7 +23,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from packer.errors import FormatError
-from packer.formats.files import MappedFile, OpenFile, read_ranges, read_ranges_into
+from packer.formats.files import (
+    Folder,
+    Identity,
+    MappedFile,
+    OpenFile,
+    identity,
+    read_ranges,
+    read_ranges_into,
+)
 from packer.handles import HandleCache
 from packer.manifest import KEYS_NAME, Manifest, ShardInfo, load_keys
 from packer.strings import StringTable
@@ -82,21 +91,37 @@ class Reader(Protocol):
         ...
 
 
-def check_shard_files(root: Path, manifest: Manifest) -> None:
-    """Raise FormatError if a shard named by the manifest is missing or has the wrong size."""
+def shard_identities(root: Path, manifest: Manifest) -> list[Identity]:
+    """Stat every shard the manifest names (no open): each must be a regular file of the
+    recorded size inside ``root``. Returns their identities, so readers open exactly them.
+
+    Raises:
+        FormatError: a shard is missing, not a regular file (a symlink, a FIFO), or of the wrong
+            size.
+    """
+    out = []
     for shard in manifest.shards:
         path = root / shard.name
         try:
-            size = path.stat().st_size
+            st = os.stat(path, follow_symlinks=False)
         except OSError as exc:
             raise FormatError(
                 f"shard {str(path)!r} of {str(root)!r} cannot be opened: {exc.strerror}"
             ) from exc
-        if size != shard.bytes:
+        if not stat.S_ISREG(st.st_mode):
+            raise FormatError(f"shard {str(path)!r} is not a regular file (a symlink?)")
+        if st.st_size != shard.bytes:
             raise FormatError(
-                f"shard {str(path)!r} has {size} bytes but the manifest records {shard.bytes}: "
-                "it is truncated or was modified; convert again"
+                f"shard {str(path)!r} has {st.st_size} bytes but the manifest records "
+                f"{shard.bytes}: it is truncated or was modified; convert again"
             )
+        out.append(identity(st))
+    return out
+
+
+def check_shard_files(root: Path, manifest: Manifest) -> None:
+    """Raise FormatError if a shard named by the manifest is missing, odd or of the wrong size."""
+    shard_identities(root, manifest)
 
 
 class ReaderBase:
@@ -126,7 +151,23 @@ class ReaderBase:
         self.length = np.ascontiguousarray(records["length"], dtype=np.int64)
         default = self.PER_SAMPLE_CACHE if self.layout == "per-sample" else self.CACHE
         self.handles = HandleCache(max_open_files or default, self.CLOSE_BEFORE_FORK)
+        self.pinned = HandleCache(1)  # the dataset folder's descriptor, outside the LRU
         self._keys: StringTable | None = None
+        self.root_id: tuple[int, int] | None = None
+        self.shard_ids: list[Identity] | None = None
+
+    def pin(self, root_id: tuple[int, int], shard_ids: list[Identity]) -> None:
+        """Read only the folder and shards seen when the dataset was opened: a folder or shard
+        replaced since (``--overwrite``) is refused, never read under this index."""
+        self.root_id, self.shard_ids = root_id, shard_ids
+
+    def folder(self) -> Folder:
+        """This process's descriptor of the dataset folder."""
+        return self.pinned.get(0, lambda: Folder(self.root, self.root_id))
+
+    def shard_id(self, file: int) -> Identity | None:
+        """The identity shard ``file`` had when the dataset was opened (None if not pinned)."""
+        return None if self.shard_ids is None else self.shard_ids[file]
 
     def __len__(self) -> int:
         return len(self.length)
@@ -212,6 +253,7 @@ class ReaderBase:
     def close(self) -> None:
         """Close this process's handles (they reopen on the next read)."""
         self.handles.close_all()
+        self.pinned.close_all()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -231,10 +273,13 @@ class FileReader(ReaderBase):
         return self.root / (self.keys[sample] + self.SAMPLE_SUFFIX)
 
     def _mapped(self, file: int) -> memoryview:
-        return self.handles.get(file, lambda: MappedFile(self.shard_path(file))).view
+        name = self.shard_names[file]
+        opener = lambda: MappedFile(self.folder(), name, self.shard_id(file))  # noqa: E731
+        return self.handles.get(file, opener).view
 
     def _open(self, file: int) -> OpenFile:
-        return self.handles.get(file, lambda: OpenFile(self.sample_path(file)))
+        name = self.keys[file] + self.SAMPLE_SUFFIX
+        return self.handles.get(file, lambda: OpenFile(self.folder(), name))
 
     def _read_file(self, file: int, starts: list[int], lengths: list[int]) -> list[bytes]:
         if self.layout == "per-sample":

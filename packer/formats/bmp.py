@@ -73,11 +73,13 @@ class Reader(ReaderBase):
 
     def _read_file(self, file: int, starts: list[int], lengths: list[int]) -> list[bytes]:
         key = self.keys[file]
+        folder = self.folder()
         out = []
         for number, length in zip(starts, lengths):
             path = record_path(self.root, key, self.kind, number)
+            fd = folder.open(str(path.relative_to(self.root)))
             try:
-                with open(path, "rb") as fh:
+                with open(fd, "rb", closefd=True) as fh:
                     data = fh.read(length + 1)
             except OSError as exc:
                 raise FormatError(f"cannot read {str(path)!r}: {exc.strerror}") from exc

@@ -19,10 +19,13 @@ from packer.manifest import fsync_dir
 
 __all__ = [
     "DurableFiles",
+    "Folder",
+    "Identity",
     "MappedFile",
     "OpenFile",
     "PAGE",
     "coalesce",
+    "identity",
     "read_ranges",
     "read_ranges_into",
 ]
@@ -30,31 +33,105 @@ __all__ = [
 PAGE = 4096
 
 
-def _open_regular(path: Path) -> int:
-    """Open ``path`` read-only; refuse anything but a regular file (a FIFO would hang)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError as exc:
-        raise FormatError(f"cannot open {str(path)!r}: {exc.strerror or exc}") from exc
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise FormatError(f"{str(path)!r} is not a regular file")
-    os.set_blocking(fd, True)
-    return fd
+Identity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
+
+
+def identity(st: os.stat_result) -> Identity:
+    """What identifies a file's content in place: device, inode, size and modification time."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def replaced(path: Path) -> FormatError:
+    return FormatError(
+        f"{str(path)!r} was replaced after the dataset was opened (converted again with "
+        "--overwrite?); open the dataset again"
+    )
+
+
+class Folder:
+    """One process's descriptor of a dataset folder (a handle-cache entry): every data file is
+    opened relative to it, so a reader never reads a folder that replaced the one it opened.
+
+    Args:
+        path: the folder.
+        expected: its ``(st_dev, st_ino)`` when the dataset was opened, or None.
+    """
+
+    def __init__(self, path: Path, expected: tuple[int, int] | None = None) -> None:
+        self.path = path
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise FormatError(f"cannot open {str(path)!r}: {exc.strerror or exc}") from exc
+        st = os.fstat(self.fd)
+        if expected is not None and (st.st_dev, st.st_ino) != tuple(expected):
+            self.close()
+            raise replaced(path)
+
+    def open(self, name: str, expected: Identity | None = None) -> int:
+        """A descriptor of the regular file ``name`` in this folder (never a FIFO, a device or,
+        as the last component, a symlink); with ``expected``, the very file seen at open time."""
+        path = self.path / name
+        try:
+            fd = os.open(
+                name,
+                os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW,
+                dir_fd=self.fd,
+            )
+        except OSError as exc:
+            if os.fstat(self.fd).st_nlink == 0:  # the folder itself was deleted or replaced
+                raise replaced(self.path) from exc
+            raise FormatError(f"cannot open {str(path)!r}: {exc.strerror or exc}") from exc
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise FormatError(f"{str(path)!r} is not a regular file")
+        if expected is not None and identity(st) != tuple(expected):
+            os.close(fd)
+            raise replaced(path)
+        os.set_blocking(fd, True)
+        return fd
+
+    def path_of(self, name: str) -> str:
+        """A path to ``name`` that resolves through this descriptor (for libraries that only
+        take paths, e.g. LMDB), or the plain path where ``/proc`` is missing."""
+        pinned = f"/proc/self/fd/{self.fd}"
+        return f"{pinned}/{name}" if os.path.isdir(pinned) else str(self.path / name)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 class OpenFile:
     """One process's descriptor of one data file (a handle-cache entry).
 
     Args:
-        path: the file.
+        folder: the dataset folder (a :class:`Folder`), or a plain path's parent if None.
+        name: the file's path relative to the folder.
         random: advise the kernel that reads are random (no readahead beyond each read).
+        expected: the file's identity when the dataset was opened (shards), or None.
     """
 
-    def __init__(self, path: Path, random: bool = True) -> None:
-        self.path = path
-        self.fd = _open_regular(path)
+    def __init__(
+        self,
+        folder: Folder | Path,
+        name: str = "",
+        random: bool = True,
+        expected: Identity | None = None,
+    ) -> None:
+        if isinstance(folder, Path):  # a plain file, opened on its own
+            parent = Folder(folder.parent)
+            name = folder.name
+            try:
+                self.fd = parent.open(name, expected)
+            finally:
+                parent.close()
+        else:
+            parent = folder
+            self.fd = parent.open(name, expected)
+        self.path = parent.path / name
         self.size = os.fstat(self.fd).st_size
         if random and hasattr(os, "posix_fadvise"):
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
@@ -68,13 +145,13 @@ class OpenFile:
 class MappedFile:
     """One process's read-only map of one whole data file (a handle-cache entry)."""
 
-    def __init__(self, path: Path) -> None:
-        fd = _open_regular(path)
+    def __init__(self, folder: Folder, name: str, expected: Identity | None = None) -> None:
+        fd = folder.open(name, expected)
         try:
             size = os.fstat(fd).st_size
             self.map: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None
         except (OSError, ValueError) as exc:
-            raise FormatError(f"cannot map {str(path)!r}: {exc}") from exc
+            raise FormatError(f"cannot map {str(folder.path / name)!r}: {exc}") from exc
         finally:
             os.close(fd)
         self.size = size

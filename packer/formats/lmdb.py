@@ -26,6 +26,7 @@ import numpy as np
 
 from packer.errors import FormatError
 from packer.formats.base import ReaderBase
+from packer.formats.files import Identity, identity, replaced
 from packer.manifest import Manifest, ShardInfo, file_checksum, fsync_dir, shard_name
 
 __all__ = ["NAME", "Reader", "Writer", "record_key"]
@@ -199,38 +200,49 @@ class _Env:
         self.env.close()
 
 
-_OPEN: dict[str, _Env] = {}
+_OPEN: dict[tuple[int, int], _Env] = {}
 _OPEN_PID = os.getpid()
 _OPEN_LOCK = threading.Lock()
 
 
 class _Handle:
-    """A reader's reference to a shared :class:`_Env`; ``close`` releases it."""
+    """A reader's reference to a shared :class:`_Env`; ``close`` releases it.
 
-    def __init__(self, path: Path, readahead: bool) -> None:
+    Environments are shared by file identity (device, inode), not by path, so a shard replaced
+    under the same name is a different environment, never the old one.
+    """
+
+    def __init__(self, path: str, readahead: bool, expected: Identity | None) -> None:
         global _OPEN, _OPEN_PID
-        key = os.path.realpath(path)
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise FormatError(f"cannot open LMDB shard {path!r}: {exc.strerror}") from exc
+        if expected is not None and identity(st) != tuple(expected):
+            raise replaced(Path(path))
+        key = (st.st_dev, st.st_ino)
         with _OPEN_LOCK:
             if _OPEN_PID != os.getpid():  # forked child: never touch the parent's environments
                 _OPEN, _OPEN_PID = {}, os.getpid()
             shared = _OPEN.get(key)
             if shared is None:
-                shared = _OPEN[key] = _Env(key, readahead)
+                shared = _OPEN[key] = _Env(path, readahead)
             elif shared.readahead != readahead:
                 raise FormatError(
-                    f"LMDB shard {key!r} is already open in this process with "
+                    f"LMDB shard {path!r} is already open in this process with "
                     f"readahead={shared.readahead}; py-lmdb allows one open per process, so "
                     "every reader of it here must use the same readahead setting"
                 )
             shared.users += 1
         self._key = key
+        self._path = path
         self._shared: _Env | None = shared
 
     @property
     def cursor(self) -> Any:
         """This thread's cursor on the shard."""
         if self._shared is None:
-            raise FormatError(f"LMDB shard {self._key!r} was closed")
+            raise FormatError(f"LMDB shard {self._path!r} was closed")
         return self._shared.cursor
 
     def close(self) -> None:
@@ -265,8 +277,11 @@ class Reader(ReaderBase):
         self.readahead = manifest.kind != "video" if readahead is None else bool(readahead)
 
     def _shard(self, shard: int) -> _Handle:
-        path = self.shard_path(shard)
-        return self.handles.get(shard, lambda: _Handle(path, self.readahead))
+        def opener() -> _Handle:
+            path = self.folder().path_of(self.shard_names[shard])
+            return _Handle(path, self.readahead, self.shard_id(shard))
+
+        return self.handles.get(shard, opener)
 
     def _get(self, file: int, starts: list[int]) -> list[tuple[Any, Any]]:
         keys = [n.to_bytes(8, "big") for n in starts]
