@@ -19,7 +19,13 @@ from types import ModuleType
 from typing import Any
 
 from packer.check import CHECKS
-from packer.destination import check_destination, disk_full_error, partial_path, publish
+from packer.destination import (
+    DestinationLock,
+    check_destination,
+    disk_full_error,
+    partial_path,
+    publish,
+)
 from packer.errors import DestinationError, InputFileError, PackerError
 from packer.formats import by_name, default_layout, format_for
 from packer.loading import default_workers, load_image
@@ -45,6 +51,7 @@ class ConvertResult:
     bytes_in: int
     bytes_out: int
     skipped: list[SkippedInput] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         """A few human-readable lines: counts, sizes, time, skipped inputs."""
@@ -64,6 +71,7 @@ class ConvertResult:
                 f"max {storage.get('max_frames', 0)} per video); padding overhead "
                 f"{storage.get('padding_overhead', 1.0):.3f}× (bytes on disk / bytes of frames)"
             )
+        lines += self.notes
         if self.skipped:
             lines.append(f"skipped {len(self.skipped)} input(s) (listed in the manifest):")
             lines += [f"  {s.path}: {s.reason}" for s in self.skipped[:10]]
@@ -159,7 +167,7 @@ def convert(
     if workers is not None and workers < 1:
         raise PackerError(f"invalid workers {workers}; expected 1 or more")
     size = parse_size(shard_size)
-    check_destination(dst_path, overwrite)
+    check_destination(dst_path, overwrite, src_path, resume)
     kind = kind or detect_kind(src_path)
     prepared = _prepare(kind, src_path, fmt, check, video_options)
     source = prepared.source
@@ -183,10 +191,13 @@ def convert(
         on_event,
     )
     start = time.perf_counter()
-    manifest = _run(job, partial, fingerprint(source, fmt.NAME, options), resume, options)
-    publish(partial, dst_path)
+    with DestinationLock(dst_path):
+        check_destination(dst_path, overwrite, src_path, resume)  # again, now that we hold it
+        resumed = resume and partial.is_dir()
+        manifest = _run(job, partial, fingerprint(source, fmt.NAME, options), resumed, options)
+        publish(partial, dst_path)
     skipped = [SkippedInput(s["path"], s["reason"]) for s in manifest.skipped]
-    return ConvertResult(
+    result = ConvertResult(
         dst=dst_path,
         manifest=manifest,
         seconds=time.perf_counter() - start,
@@ -194,6 +205,9 @@ def convert(
         bytes_out=sum(f.stat().st_size for f in dst_path.rglob("*") if f.is_file()),
         skipped=skipped,
     )
+    if resume and not resumed:
+        result.notes.append(f"nothing to resume in {str(partial)!r}: converted from the start")
+    return result
 
 
 def convert_video(

@@ -1,0 +1,140 @@
+"""The source is sacred and a destination has one writer: refusals come before any work."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import packer
+from packer.errors import DestinationError
+from packer.tools.image_demo import DemoTree
+from packer.verify import verify
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def data(tree: DemoTree, tmp_path: Path) -> Path:
+    """``data/train`` (a copy of the tree) and a sibling ``data/val``."""
+    root = tmp_path / "data"
+    shutil.copytree(tree.root, root / "train")
+    shutil.copytree(tree.root, root / "val")
+    return root
+
+
+@pytest.mark.parametrize(
+    "dst, message",
+    [
+        ("data", "contains the source"),
+        ("data/train", "is the source itself"),
+        ("data/train/out.lmdb", "is inside the source"),
+        ("data/train/class_00", "is inside the source"),
+    ],
+)
+def test_destination_never_touches_the_source(
+    data: Path, tmp_path: Path, dst: str, message: str
+) -> None:
+    before = snapshot(data)
+    for overwrite in (False, True):
+        with pytest.raises(DestinationError, match=message):
+            packer.convert(
+                data / "train", tmp_path / dst, format="bmp", overwrite=overwrite, progress=False
+            )
+    assert snapshot(data) == before
+
+
+def test_overwrite_replaces_only_packer_outputs(tree: DemoTree, tmp_path: Path) -> None:
+    folder = tmp_path / "photos.lmdb"
+    folder.mkdir()
+    (folder / "holiday.jpg").write_bytes(b"precious")
+    with pytest.raises(DestinationError, match="not a packer output"):
+        packer.convert(tree.root, folder, overwrite=True, progress=False)
+    assert (folder / "holiday.jpg").read_bytes() == b"precious"
+    a_file = tmp_path / "notes.npy"
+    a_file.write_bytes(b"mine")
+    with pytest.raises(DestinationError, match="not a folder packer wrote"):
+        packer.convert(tree.root, a_file, overwrite=True, progress=False)
+    assert a_file.read_bytes() == b"mine"
+    out = tmp_path / "out.npy"
+    packer.convert(tree.root, out, progress=False)
+    packer.convert(tree.root, out, overwrite=True, format="hdf5", progress=False)
+    assert packer.open_dataset(out).manifest.format == "hdf5"
+
+
+KILLER = """
+import os, signal, sys, packer
+def on_event(name, n):
+    if name == "shard" and n == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+packer.convert(sys.argv[1], sys.argv[2], shard_size="15kB", workers=1, progress=False,
+               on_event=on_event)
+"""
+
+
+def test_an_interrupted_conversion_is_never_silently_discarded(
+    tree: DemoTree, tmp_path: Path
+) -> None:
+    dst = tmp_path / "out.lmdb"
+    done = subprocess.run([sys.executable, "-c", KILLER, str(tree.root), str(dst)])
+    assert done.returncode == -9
+    partial = tmp_path / "out.lmdb.partial"
+    kept = snapshot(partial)
+    with pytest.raises(DestinationError, match="add --resume to continue it, or --overwrite"):
+        packer.convert(tree.root, dst, shard_size="15kB", progress=False)
+    assert snapshot(partial) == kept
+    result = packer.convert(tree.root, dst, shard_size="15kB", resume=True, progress=False)
+    assert "nothing to resume" not in result.summary()
+    fresh = packer.convert(tree.root, tmp_path / "new.lmdb", resume=True, progress=False)
+    assert "nothing to resume" in fresh.summary()
+
+
+SLOW = """
+import sys, time, packer
+packer.convert(sys.argv[1], sys.argv[2], shard_size="5kB", workers=1, progress=False,
+               on_event=lambda name, n: time.sleep(0.4) if name == "shard" else None)
+print("done")
+"""
+
+
+def test_two_conversions_to_one_destination(
+    tree_files: Any, tree: DemoTree, tmp_path: Path
+) -> None:
+    dst = tmp_path / "out.npy"
+    first = subprocess.Popen(
+        [sys.executable, "-c", SLOW, str(tree.root), str(dst)], stdout=subprocess.PIPE, text=True
+    )
+    lock = tmp_path / "out.npy.partial.lock"
+    deadline = time.monotonic() + 30
+    while not (lock.exists() and lock.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    second = subprocess.run(
+        [sys.executable, "-m", "packer", "convert", str(tree.root), str(dst), "-q", "--overwrite"],
+        capture_output=True,
+        text=True,
+    )
+    out, _ = first.communicate(timeout=120)
+    assert first.returncode == 0 and "done" in out
+    assert second.returncode == 1
+    assert (
+        f"being written by another conversion (process {first.pid})"
+        in second.stderr + second.stdout
+    )
+    assert verify(dst, progress=False).ok
+    assert len(packer.open_dataset(dst)) == len(tree.good)
+    assert not lock.exists()
+
+
+def test_a_dead_writers_lock_is_taken_over(tree: DemoTree, tmp_path: Path) -> None:
+    dst = tmp_path / "out.lmdb"
+    assert subprocess.run([sys.executable, "-c", KILLER, str(tree.root), str(dst)]).returncode == -9
+    assert (tmp_path / "out.lmdb.partial.lock").exists()  # left by the killed process
+    packer.convert(tree.root, dst, shard_size="15kB", resume=True, progress=False)
+    assert verify(dst, progress=False).ok
