@@ -10,33 +10,46 @@ from PIL import Image
 
 from packer.errors import InputFileError
 
-__all__ = ["CHECKS", "check_image"]
+__all__ = ["ALLOWED_FORMATS", "CHECKS", "DEFAULT_MAX_PIXELS", "check_image"]
 
 CHECKS = ("fast", "decode")
+# Image formats packer stores and decodes. Pillow tries only these: never EPS/PostScript (which
+# would start Ghostscript), never an exotic plugin reached by a crafted file.
+ALLOWED_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF", "PPM")
+DEFAULT_MAX_PIXELS = 90_000_000
 _JPEG_EOI = b"\xff\xd9"
 
 
-def check_image(data: bytes, check: str = "fast") -> None:
+def check_image(data: bytes, check: str = "fast", max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
     """Raise :class:`InputFileError` with a reason if ``data`` is not a usable image.
 
-    ``"fast"``: Pillow identifies and verifies the header, and a JPEG must end with its
-    end-of-image marker (a truncated JPEG does not). ``"decode"``: also decode every pixel.
+    ``"fast"``: Pillow identifies and verifies the header (of an allowed format, at most
+    ``max_pixels`` pixels), and a JPEG must end with its end-of-image marker (a truncated JPEG
+    does not). ``"decode"``: also decode every pixel.
     """
     if not data:
         raise InputFileError("empty file (0 bytes)")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
-            with Image.open(io.BytesIO(data)) as image:
+            with Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS) as image:
                 fmt = image.format
+                width, height = image.size
+                if width * height > max_pixels:
+                    raise InputFileError(
+                        f"{width}×{height} is {width * height / 1e6:.0f} Mpx, over the "
+                        f"{max_pixels / 1e6:.0f} Mpx limit (--max-pixels)"
+                    )
                 image.verify()
             if check == "decode":
-                with Image.open(io.BytesIO(data)) as image:
+                with Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS) as image:
                     image.load()
         except Image.DecompressionBombError as exc:
             raise InputFileError(f"decompression bomb refused by Pillow: {exc}") from exc
         except Image.UnidentifiedImageError as exc:
-            raise InputFileError("not an image Pillow can identify") from exc
+            raise InputFileError(
+                f"not an image Pillow can identify (of {', '.join(ALLOWED_FORMATS)})"
+            ) from exc
         except (OSError, ValueError, SyntaxError, struct.error) as exc:
             raise InputFileError(f"broken image: {exc}") from exc
     if fmt == "JPEG" and _JPEG_EOI not in data[-4096:]:

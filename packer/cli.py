@@ -56,6 +56,19 @@ def main() -> None:
     help="fast: header + JPEG end marker; decode: decode every image.",
 )
 @click.option(
+    "--max-file-size",
+    default="64MB",
+    show_default=True,
+    help="Skip (and list) a source file larger than this, before reading it.",
+)
+@click.option(
+    "--max-pixels",
+    type=click.IntRange(min=1),
+    default=90_000_000,
+    show_default=True,
+    help="Skip (and list) an image with more pixels than this, before decompressing it.",
+)
+@click.option(
     "--kind",
     type=click.Choice(["image", "video"]),
     help="image: <class>/<image>; video: <class>/<video>/<frame> or <class>/<video>.mp4 "
@@ -98,6 +111,8 @@ def convert(
     resume: bool,
     strict: bool,
     check: str,
+    max_file_size: str,
+    max_pixels: int,
     kind: str | None,
     quality: int | None,
     max_side: int | None,
@@ -138,6 +153,8 @@ def convert(
         resume=resume,
         progress=not quiet,
         kind=kind,
+        max_file_size=max_file_size,
+        max_pixels=max_pixels,
         **video,
     )
     click.echo(result.summary())

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from packer.check import CHECKS
+from packer.check import CHECKS, DEFAULT_MAX_PIXELS
 from packer.destination import (
     DestinationLock,
     check_destination,
@@ -28,7 +28,7 @@ from packer.destination import (
 )
 from packer.errors import DestinationError, InputFileError, PackerError
 from packer.formats import by_name, default_layout, format_for
-from packer.loading import default_workers, load_image
+from packer.loading import DEFAULT_MAX_FILE_SIZE, default_workers, load_image
 from packer.manifest import Manifest
 from packer.resume import Progress, fingerprint
 from packer.sizes import format_size, parse_size
@@ -80,18 +80,23 @@ class ConvertResult:
         return "\n".join(lines)
 
 
-def _prepare_images(src: Path, fmt: ModuleType, check: str, options: dict[str, Any]) -> Prepared:
+def _prepare_images(
+    src: Path, fmt: ModuleType, check: str, limits: dict[str, int], options: dict[str, Any]
+) -> Prepared:
     if options:
         raise PackerError(f"{', '.join(sorted(options))} only apply to video sources")
     if check not in CHECKS:
         raise PackerError(f"invalid check {check!r}; expected one of {', '.join(CHECKS)}")
-    loader = functools.partial(load_image, check=check, transcode=fmt.TRANSCODE)
-    return Prepared(scan(src), loader, fmt.TRANSCODE is not None, {"check": check}, "img")
+    loader = functools.partial(load_image, check=check, transcode=fmt.TRANSCODE, **limits)
+    recorded = {"check": check, **limits}
+    return Prepared(scan(src), loader, fmt.TRANSCODE is not None, recorded, "img")
 
 
-def _prepare(kind: str, src: Path, fmt: ModuleType, check: str, options: dict) -> Prepared:
+def _prepare(
+    kind: str, src: Path, fmt: ModuleType, check: str, limits: dict[str, int], options: dict
+) -> Prepared:
     if kind == "image":
-        return _prepare_images(src, fmt, check, options)
+        return _prepare_images(src, fmt, check, limits, options)
     if kind == "video":
         from packer.video.convert import prepare_video
 
@@ -134,6 +139,8 @@ def convert(
     progress: bool = True,
     kind: str | None = None,
     on_event: Event | None = None,
+    max_file_size: int | str = DEFAULT_MAX_FILE_SIZE,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
     **video_options: Any,
 ) -> ConvertResult:
     """Convert the folder ``src`` into a packed dataset at ``dst``.
@@ -156,6 +163,8 @@ def convert(
         kind: ``"image"`` or ``"video"``; detected from the tree when None.
         on_event: called as ``on_event(name, number)`` as the conversion advances (see
             :class:`packer.write.Job`).
+        max_file_size: skip (and list) a source image larger than this, before reading it.
+        max_pixels: skip (and list) an image with more pixels than this, before decoding it.
         video_options: for video, ``quality``, ``max_side``, ``short_side``, ``fps``,
             ``skip_bad_frames`` (see :func:`packer.video.convert.prepare_video`).
 
@@ -167,9 +176,12 @@ def convert(
     if workers is not None and workers < 1:
         raise PackerError(f"invalid workers {workers}; expected 1 or more")
     size = parse_size(shard_size)
+    limits = {"max_file_size": parse_size(max_file_size), "max_pixels": int(max_pixels)}
+    if limits["max_pixels"] < 1:
+        raise PackerError(f"invalid max_pixels {max_pixels}; expected 1 or more")
     check_destination(dst_path, overwrite, src_path, resume)
     kind = kind or detect_kind(src_path)
-    prepared = _prepare(kind, src_path, fmt, check, video_options)
+    prepared = _prepare(kind, src_path, fmt, check, limits, video_options)
     source = prepared.source
     if strict and source.skipped:
         raise InputFileError(f"{source.skipped[0].path}: {source.skipped[0].reason} (--strict)")

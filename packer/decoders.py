@@ -21,12 +21,23 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from packer.check import ALLOWED_FORMATS, DEFAULT_MAX_PIXELS
 from packer.errors import PackerError
 
 __all__ = ["DECODERS", "Decoder", "Pixels", "decode_pixels", "decoders_for", "register", "sniff"]
 
 Pixels = np.ndarray | Image.Image
 Buffer = bytes | memoryview
+MAX_PIXELS = DEFAULT_MAX_PIXELS  # images larger than this are refused, never decompressed
+
+
+def _check_pixels(width: int, height: int) -> None:
+    if width * height > MAX_PIXELS:
+        raise ValueError(
+            f"{width}×{height} is over the {MAX_PIXELS / 1e6:.0f} Mpx limit "
+            "(packer.decoders.MAX_PIXELS); refusing to decompress it"
+        )
+
 
 _MAGIC = (
     (b"\xff\xd8\xff", "jpeg"),
@@ -114,6 +125,7 @@ def bmp_pixels(data: Buffer) -> np.ndarray | None:
     if header_size < 40 or bits != 24 or compression != 0 or width <= 0 or height == 0:
         return None
     rows = abs(height)
+    _check_pixels(width, rows)
     stride = (width * 3 + 3) & ~3
     if offset + stride * rows > len(data):
         return None
@@ -131,7 +143,8 @@ def pillow_rgb(data: Buffer) -> Image.Image:
     """Decode encoded image bytes to a loaded RGB PIL image (raises OSError/ValueError if broken)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        image: Image.Image = Image.open(io.BytesIO(data))
+        image: Image.Image = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)
+        _check_pixels(*image.size)
         if image.mode != "RGB":
             if image.mode.startswith("I") or image.mode == "F":  # 16/32-bit grayscale
                 wide = np.asarray(image, dtype=np.float64)

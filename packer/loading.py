@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import stat
 import threading
 import time
 from collections import deque
@@ -20,11 +21,18 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from packer.check import check_image
+from packer.check import DEFAULT_MAX_PIXELS, check_image
 from packer.errors import InputFileError
 from packer.manifest import bytes_checksum
 
-__all__ = ["Loaded", "default_workers", "load_image", "load_in_order"]
+__all__ = [
+    "DEFAULT_MAX_FILE_SIZE",
+    "Loaded",
+    "default_workers",
+    "load_image",
+    "load_in_order",
+    "read_input",
+]
 
 T = TypeVar("T")
 
@@ -43,17 +51,53 @@ class Loaded:
             self.checksums = [bytes_checksum(r) for r in self.records]
 
 
+DEFAULT_MAX_FILE_SIZE = 64_000_000
+
+
+def read_input(path: str, max_bytes: int = DEFAULT_MAX_FILE_SIZE) -> bytes:
+    """Read one source file whole: a regular file (never a FIFO or a device) of at most
+    ``max_bytes``, checked before reading.
+
+    Raises:
+        InputFileError: with the reason, for a file that cannot or must not be read.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise InputFileError(f"cannot read: {exc.strerror or exc}") from exc
+    with open(fd, "rb", closefd=True) as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputFileError("not a regular file (a FIFO, socket or device?)")
+        if st.st_size > max_bytes:
+            raise InputFileError(
+                f"{st.st_size / 1e6:.1f} MB, over the {max_bytes / 1e6:.0f} MB limit "
+                "(--max-file-size)"
+            )
+        os.set_blocking(fd, True)
+        try:
+            data = fh.read(max_bytes + 1)
+        except OSError as exc:
+            raise InputFileError(f"cannot read: {exc.strerror or exc}") from exc
+    if len(data) > max_bytes:
+        raise InputFileError(f"grew past the {max_bytes / 1e6:.0f} MB limit while being read")
+    return data
+
+
 def load_image(
-    sample: Any, check: str = "fast", transcode: Callable[[bytes], bytes] | None = None
+    sample: Any,
+    check: str = "fast",
+    transcode: Callable[[bytes], bytes] | None = None,
+    max_file_size: int = DEFAULT_MAX_FILE_SIZE,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> Loaded:
     """Read, check and transcode one image file (``sample.path``) into one record."""
     try:
-        with open(sample.path, "rb") as fh:
-            data = fh.read()
-    except OSError as exc:
-        return Loaded(None, f"cannot read: {exc.strerror or exc}")
+        data = read_input(sample.path, max_file_size)
+    except InputFileError as exc:
+        return Loaded(None, str(exc))
     try:
-        check_image(data, check)
+        check_image(data, check, max_pixels)
         if transcode is not None:
             data = transcode(data)
     except InputFileError as exc:

@@ -287,10 +287,30 @@ def load_records(root: str | os.PathLike[str], index: np.ndarray) -> np.ndarray:
     return records
 
 
+_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r"}
+_UNESCAPES = {"\\": "\\", "n": "\n", "r": "\r"}
+
+
+def _escape(key: str) -> str:
+    if "\\" not in key and "\n" not in key and "\r" not in key:
+        return key
+    return "".join(_ESCAPES.get(c, c) for c in key)
+
+
+def _unescape(line: str) -> str:
+    if "\\" not in line:
+        return line
+    out, chars = [], iter(line)
+    for c in chars:
+        out.append(_UNESCAPES.get(next(chars, ""), "\\") if c == "\\" else c)
+    return "".join(out)
+
+
 def write_keys(root: str | os.PathLike[str], keys: list[str]) -> str:
-    """Write ``keys.txt`` (one key per line); return its checksum."""
+    """Write ``keys.txt`` (one key per line; backslash, line feed and carriage return escaped as
+    ``\\\\``, ``\\n``, ``\\r``, so any name keeps its line); return its checksum."""
     path = Path(root) / KEYS_NAME
-    payload = "".join(k + "\n" for k in keys).encode("utf-8", "surrogateescape")
+    payload = "".join(_escape(k) + "\n" for k in keys).encode("utf-8", "surrogateescape")
     _write_atomic(path, payload)
     fsync_dir(Path(root))
     return file_checksum(path)
@@ -299,4 +319,4 @@ def write_keys(root: str | os.PathLike[str], keys: list[str]) -> str:
 def load_keys(root: str | os.PathLike[str]) -> list[str]:
     """Read ``keys.txt`` back into a list of keys."""
     data = (Path(root) / KEYS_NAME).read_bytes().decode("utf-8", "surrogateescape")
-    return data.split("\n")[:-1]
+    return [_unescape(line) for line in data.split("\n")[:-1]]

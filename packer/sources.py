@@ -22,6 +22,7 @@ __all__ = [
     "SkippedInput",
     "natural_key",
     "scan",
+    "unique_keys",
 ]
 
 IMAGE_EXTENSIONS = frozenset(
@@ -103,13 +104,30 @@ def _class_dirs(root: Path) -> list[str]:
     return classes
 
 
+def unique_keys(keys: list[str]) -> list[str]:
+    """Make keys unique, deterministically: a repeated key gets ``~2``, ``~3``, ... in order."""
+    taken = set(keys)
+    if len(taken) == len(keys):
+        return keys
+    out, seen = [], set()
+    for key in keys:
+        candidate, n = key, 1
+        while candidate in seen or (candidate != key and candidate in taken):
+            n += 1
+            candidate = f"{key}~{n}"
+        seen.add(candidate)
+        out.append(candidate)
+    return out
+
+
 def _keys_for(class_name: str, names: list[str]) -> list[str]:
     stems = [os.path.splitext(n)[0] for n in names]
     counts: dict[str, int] = {}
     for stem in stems:
         counts[stem] = counts.get(stem, 0) + 1
-    # Two files that differ only by extension keep their extension in the key, so keys stay unique.
-    return [f"{class_name}/{s if counts[s] == 1 else n}" for s, n in zip(stems, names)]
+    # Two files that differ only by extension keep their extension in the key; a name that still
+    # collides (a.png next to a.png.jpg) gets a numbered suffix.
+    return unique_keys([f"{class_name}/{s if counts[s] == 1 else n}" for s, n in zip(stems, names)])
 
 
 def _scan_class(root: Path, class_name: str, label: int, scan_result: Scan) -> None:
@@ -126,9 +144,6 @@ def _scan_class(root: Path, class_name: str, label: int, scan_result: Scan) -> N
             continue
         if not is_image_name(entry.name):
             scan_result.ignored += 1
-            continue
-        if "\n" in entry.name or "\r" in entry.name:
-            scan_result.skipped.append(SkippedInput(entry.path, "line break in file name"))
             continue
         try:
             if not entry.is_file():

@@ -7,6 +7,7 @@ open theirs lazily, per process).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from packer.formats import by_name
 from packer.formats.base import ReaderBase, shard_identities
 from packer.manifest import Manifest, load_index, load_manifest, load_records
 
-__all__ = ["Packed", "open_packed"]
+__all__ = ["Packed", "open_packed", "validate_tables"]
 
 
 @dataclass
@@ -31,6 +32,63 @@ class Packed:
     counts: np.ndarray
     first: np.ndarray
     reader: ReaderBase
+
+
+def _bad(path: Path, what: str, rows: np.ndarray) -> FormatError:
+    first = int(np.flatnonzero(rows)[0])
+    return FormatError(
+        f"{str(path)!r} is damaged or crafted: {what} (row {first}, {int(rows.sum())} in all); "
+        "refusing to read it. Convert the source again"
+    )
+
+
+def validate_tables(path: Path, manifest: Manifest, index: np.ndarray, records: np.ndarray) -> None:
+    """Everything a reader will use, checked once at open: shard names are plain file names in
+    the folder, labels lie in the class range, every record lies in its file.
+
+    Raises:
+        FormatError: the first problem, naming the table row.
+    """
+    module = by_name(manifest.format)
+    layout = manifest.options.get("layout", "shards")
+    if layout not in module.LAYOUTS:
+        raise FormatError(f"{str(path)!r}: layout {layout!r} is not one of {module.NAME}'s")
+    plain = re.compile(r"shard-\d{5}" + re.escape(module.SHARD_SUFFIX))
+    for shard in manifest.shards:
+        if not plain.fullmatch(shard.name):
+            raise FormatError(
+                f"{str(path)!r}: shard name {shard.name!r} is not a plain shard file name in the "
+                "dataset folder; refusing to read outside it"
+            )
+    labels = index["label"]
+    if ((labels < 0) | (labels >= len(manifest.classes))).any():
+        raise _bad(
+            path,
+            f"a label outside the {len(manifest.classes)} classes",
+            (labels < 0) | (labels >= len(manifest.classes)),
+        )
+    file, offset = records["file"].astype(np.int64), records["offset"]
+    length = records["length"].astype(np.int64)
+    counts = index["count"].astype(np.int64)
+    if layout == "shards":
+        bad_file = (file < 0) | (file >= len(manifest.shards))
+    else:
+        bad_file = file != np.repeat(np.arange(len(index)), counts)
+    if bad_file.any():
+        raise _bad(path, "a record names a file that is not the dataset's", bad_file)
+    safe = np.where(bad_file, 0, file)
+    if module.OFFSETS == "bytes" and layout == "shards":
+        sizes = np.array([s.bytes for s in manifest.shards], dtype=np.int64)
+        outside = (offset < 0) | (offset + length > sizes[safe])
+    elif module.OFFSETS == "records":
+        held = np.array([s.samples for s in manifest.shards], dtype=np.int64)
+        outside = (offset < 0) | (offset >= held[safe])
+    elif module.OFFSETS == "numbers":
+        outside = (offset < 0) | (offset >= np.repeat(counts, counts))
+    else:
+        outside = offset < 0
+    if outside.any():
+        raise _bad(path, "a record lies outside its file", outside)
 
 
 def _folder_id(path: Path) -> tuple[int, int]:
@@ -72,6 +130,7 @@ def open_packed(
         raise FormatError(f"{str(path)!r} holds {manifest.kind}s, not {kind}s")
     index = load_index(path, manifest)
     records = load_records(path, index)
+    validate_tables(path, manifest, index, records)
     reader = by_name(manifest.format).Reader(path, manifest, records, **reader_options)
     if check_files:
         shards = shard_identities(path, manifest)

@@ -9,6 +9,7 @@ manifest are written from the checkpoints. The output is byte-for-byte the same 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -121,6 +122,13 @@ def _loaded(job: Job, todo: list[Any]) -> Iterator[Loaded]:
     return load_in_order(job.loader, todo, job.workers, job.cpu_bound)
 
 
+def _name_fits(job: Job, key: str) -> bool:
+    """Whether the per-sample file named after ``key`` (plus its suffix) fits a file name."""
+    limit = os.pathconf(job.partial, "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
+    longest = max(len(os.fsencode(part)) for part in key.split("/"))
+    return longest + 8 <= limit  # room for the format's suffix (.npy, .h5, .bmp, ~N)
+
+
 def write_shards(job: Job, done: list[Checkpoint], progress: Progress) -> list[Checkpoint]:
     """Write every planned shard after the ``done`` ones, checkpointing each as it completes."""
     samples = job.source.samples
@@ -139,6 +147,8 @@ def write_shards(job: Job, done: list[Checkpoint], progress: Progress) -> list[C
             shard = int(shard_of[i])
             for path, reason in loaded.dropped:
                 _skip(job, current, path, f"frame dropped: {reason}")
+            if loaded.records is not None and per_sample and not _name_fits(job, sample.key):
+                loaded = Loaded(None, "name too long for the output file system")
             if loaded.records is None:
                 _skip(job, current, sample.path, loaded.reason or "unknown problem")
             else:

@@ -43,6 +43,7 @@ __all__ = [
     "ReaderBase",
     "Writer",
     "WriterFactory",
+    "check_keys",
     "check_shard_files",
 ]
 
@@ -124,6 +125,21 @@ def check_shard_files(root: Path, manifest: Manifest) -> None:
     shard_identities(root, manifest)
 
 
+def check_keys(root: Path, keys: list[str]) -> None:
+    """Keys that name files must be plain relative paths inside the dataset folder.
+
+    Raises:
+        FormatError: an absolute key, an empty, ``.`` or ``..`` component, or a NUL byte.
+    """
+    for n, key in enumerate(keys):
+        parts = key.split("/")
+        if key.startswith("/") or "\0" in key or any(p in ("", ".", "..") for p in parts):
+            raise FormatError(
+                f"{str(root)!r}: key {n} ({key!r}) is not a plain relative name; refusing to read "
+                "outside the dataset folder"
+            )
+
+
 class ReaderBase:
     """Picklable state of every reader: the root, the record columns, a handle cache.
 
@@ -177,9 +193,12 @@ class ReaderBase:
         """The sample keys (loaded on first use: only per-sample layouts name files by key)."""
         if self._keys is None:
             try:
-                self._keys = StringTable(load_keys(self.root))
+                keys = load_keys(self.root)
             except OSError as exc:
                 raise FormatError(f"cannot read {str(self.root / KEYS_NAME)!r}: {exc}") from exc
+            if self.layout == "per-sample":
+                check_keys(self.root, keys)
+            self._keys = StringTable(keys)
         return self._keys
 
     def shard_path(self, file: int) -> Path:

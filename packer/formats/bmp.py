@@ -25,6 +25,7 @@ NAME = "bmp"
 SUFFIXES = (".bmp",)
 SHARD_SUFFIX = ""
 LAYOUTS = ("per-sample",)
+OFFSETS = "numbers"  # records.npy offsets number the records of a sample
 TRANSCODE = encode_bmp  # decode once at conversion time, never at read time
 
 

@@ -42,6 +42,7 @@ NAME = "hdf5"
 SUFFIXES = (".h5", ".hdf5")
 SHARD_SUFFIX = ".h5"
 LAYOUTS = ("shards", "per-sample")
+OFFSETS = "bytes"  # records.npy offsets are byte offsets in the file
 TRANSCODE = None
 _FLUSH_BYTES = 32 << 20
 

@@ -35,6 +35,7 @@ NAME = "lmdb"
 SUFFIXES = (".lmdb",)
 SHARD_SUFFIX = ".mdb"
 LAYOUTS = ("shards",)
+OFFSETS = "records"  # records.npy offsets are record numbers in the shard
 TRANSCODE = None
 _PAGE = 4096
 _TXN_RECORDS = 1024  # commit a write transaction every this many records ...

@@ -33,6 +33,7 @@ NAME = "npy"
 SUFFIXES = (".npy",)
 SHARD_SUFFIX = ".npy"
 LAYOUTS = ("shards", "per-sample")
+OFFSETS = "bytes"  # records.npy offsets are byte offsets in the file
 TRANSCODE = None
 HEADER_BYTES = 128
 

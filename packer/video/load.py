@@ -19,7 +19,7 @@ from PIL import Image
 
 from packer.check import check_image
 from packer.errors import InputFileError, PackerError
-from packer.loading import Loaded
+from packer.loading import Loaded, read_input
 from packer.video.sources import VideoSample
 
 __all__ = ["FrameOptions", "import_av", "load_video", "resize_to"]
@@ -81,8 +81,7 @@ def _load_folder(sample: VideoSample, options: FrameOptions) -> Loaded:
     dropped: list[tuple[str, str]] = []
     for path in sample.frames or ():
         try:
-            with open(path, "rb") as fh:
-                data = fh.read()
+            data = read_input(path)
             check_image(data)
             if options.resize:
                 with Image.open(io.BytesIO(data)) as image:
