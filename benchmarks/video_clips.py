@@ -30,10 +30,19 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from packer.tools.clip_bench import CORE, EXTRAS, markdown, prepare, run, targets_text
+from packer.tools.clip_bench import (
+    CORE,
+    EXTRAS,
+    markdown,
+    open_text,
+    prepare,
+    run,
+    targets_text,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,6 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also NPY whole-file loads and mp4 seek-decode (generates mp4s)")  # fmt: skip
     parser.add_argument("--prepare-only", action="store_true", help="generate and convert, exit")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/video_clips.json"))
+    parser.add_argument("--report", type=Path, help="print the tables of a saved JSON, exit")
     parser.add_argument("--quick", action="store_true", help="16 videos of 20-30 frames, 1 round")
     args = parser.parse_args(argv)
     if args.quick:
@@ -62,7 +72,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def report(result: dict[str, Any]) -> None:
+    """Print the tables and the targets of a result (as saved in the JSON)."""
+    args, rows, data = result["args"], result["rows"], result["data"]
+    print(
+        f"\n{args['videos']} videos × {args['frames']} frames at {args['size']} (JPEG "
+        f"q{args['quality']}, {data['frame_bytes']['mean'] / 1e3:.1f} KB per frame), "
+        f"{args['num_frames']}-frame segments clips, batch {args['batch']}, one epoch per run, "
+        f"median of {args['repeats']}\n"
+    )
+    for mode in args["modes"]:
+        for cache in args["cache"]:
+            print(markdown(rows, args["names"], args["workers"], mode, cache) + "\n")
+    if "bytes" in args["modes"]:
+        print(open_text(rows, args["names"], args["workers"]) + "\n")
+    for line in targets_text(rows, args["workers"]):
+        print(f"- {line}")
+    print(f"\nmachine: {result['machine']}\ncommand: {result['command']}")
+
+
 def main(args: argparse.Namespace) -> None:
+    if args.report is not None:
+        report(json.loads(args.report.read_text()))
+        return
     width, height = (int(v) for v in args.size.lower().split("x"))
     low, high = (int(v) for v in args.frames.split(","))
     start = time.perf_counter()
@@ -94,17 +126,8 @@ def main(args: argparse.Namespace) -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
-    print(
-        f"\n{args.videos} videos × {args.frames} frames at {args.size} (JPEG q{args.quality}, "
-        f"{data['frame_bytes']['mean'] / 1e3:.1f} KB per frame), {args.num_frames}-frame "
-        f"segments clips, batch {args.batch}, one epoch per run, median of {args.repeats}\n"
-    )
-    for mode in args.modes:
-        for cache in args.cache:
-            print(markdown(rows, args.names, args.workers, mode, cache) + "\n")
-    for line in targets_text(rows, args.workers):
-        print(f"- {line}")
-    print(f"\nmachine: {machine}\nsaved {args.out} ({result['seconds']:.0f} s)")
+    report(result)
+    print(f"saved {args.out} ({result['seconds']:.0f} s)")
 
 
 if __name__ == "__main__":
