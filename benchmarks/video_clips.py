@@ -47,7 +47,7 @@ from packer.tools.clip_bench import (
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", type=Path, default=Path("/tmp/packer-video-bench"))
+    parser.add_argument("--data", type=Path, default=Path("bench-data/video"))
     parser.add_argument("--videos", type=int, default=400, help="videos (4 classes)")
     parser.add_argument("--frames", default="82,100", help="min,max frames per video")
     parser.add_argument("--size", default="320x240", help="frame size WxH")
