@@ -160,3 +160,46 @@ def test_packer_help_lists_bench_and_doctor() -> None:
     result = CliRunner().invoke(main, ["--help"])
     assert result.exit_code == 0
     assert "bench" in result.output and "doctor" in result.output
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from packer.convert import convert_video
+    from packer.tools.video_demo import make_video_tree
+
+    root = tmp_path_factory.mktemp("vbench")
+    tree = make_video_tree(root / "frames", classes=2, per_class=2, frames=(10, 14))
+    out = {"folder": tree.root}
+    for suffix in (".npy", ".lmdb", ".h5"):
+        out[suffix] = convert_video(tree.root, root / f"frames{suffix}", progress=False).dst
+    return out
+
+
+@pytest.mark.skipif(not io_available(), reason="needs /proc/<pid>/io")
+def test_storage_cost_of_video_clips_has_disk_and_payload_per_clip(
+    clips: dict[str, Path],
+) -> None:
+    for name, path in clips.items():
+        cost = measure_storage(path, batch_size=2)
+        per = cost.per_sample()
+        assert cost.unit == "clip" and cost.samples == 4, name
+        assert per["storage_bytes"] >= 0 and per["payload_bytes"] > 0, name
+        # 8 frames of a 10-14 frame video: less than the whole video, the same for every format
+        assert per["payload_bytes"] < per["stored_bytes"], name
+        assert cost.to_dict()["per_sample"]["disk_per_payload"] >= 0
+    payloads = {measure_storage(p, batch_size=2).payload_bytes for p in clips.values()}
+    assert len(payloads) == 1
+
+
+@pytest.mark.skipif(not io_available(), reason="needs /proc/<pid>/io")
+def test_cli_bench_on_video_shows_disk_bytes_next_to_payload(clips: dict[str, Path]) -> None:
+    args = [str(clips["folder"]), str(clips[".npy"]), str(clips[".lmdb"]), "--workers", "0"]
+    result = CliRunner().invoke(bench, args + ["--batch-size", "2", "--cold", "--warmup", "0"])
+    assert result.exit_code == 0, result.output
+    assert "| storage KB | payload KB | storage ÷ payload |" in result.output
+    rows = [line for line in result.output.splitlines() if "4 clips" in line]
+    assert len(rows) == 3, result.output
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        disk, payload = float(cells[5]), float(cells[6])
+        assert disk >= 0 and payload > 0

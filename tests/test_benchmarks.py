@@ -53,8 +53,13 @@ def test_bench_stall(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
 
 def test_video_clips(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = _script("video_clips")
-    args = ["--data", str(tmp_path), "--videos", "4", "--frames", "8", "--size", "64x48"]
-    args += ["--clips", "4", "--batch", "2", "--repeats", "1", "--workers", "0", "--cache", "warm"]
+    args = ["--data", str(tmp_path), "--videos", "4", "--frames", "8,10", "--size", "64x48"]
+    args += ["--batch", "2", "--repeats", "1", "--workers", "0", "--extras"]
     script.main(script.parse_args([*args, "--out", str(tmp_path / "v.json")]))
-    assert "| npy whole-file |" in capsys.readouterr().out
-    assert json.loads((tmp_path / "v.json").read_text())["rows"]
+    out = capsys.readouterr().out
+    assert "| npy whole-file |" in out and "| mp4 seek-decode |" in out
+    assert "**bytes, cold cache**" in out and "cold bytes, disk ≤ 1.3× payload, npy:" in out
+    rows = json.loads((tmp_path / "v.json").read_text())["rows"]
+    for row in rows:
+        assert row["disk_per_clip"] >= 0 and row["clips"] == 4
+        assert row["dataset"] == "mp4 seek-decode" or row["payload_per_clip"] > 0

@@ -27,7 +27,7 @@ from packer.tools.targets import (
     files_for,
     open_for_mode,
     path_labels,
-    stored_bytes,
+    payload_bytes,
     subset_indices,
 )
 from packer.tools.timing import time_batches
@@ -94,7 +94,7 @@ class RunResult:
 
     @property
     def mb_per_s(self) -> float:
-        """Stored megabytes (10^6) per second."""
+        """Payload megabytes (10^6: the stored bytes the samples hand back) per second."""
         return self.bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
 
     def waits_summary(self) -> WaitStats:
@@ -149,7 +149,7 @@ def run_config(
             indices = subset_indices(dataset, spec.limit)
             subset = Subset(dataset, indices) if len(indices) < len(dataset) else dataset  # type: ignore[arg-type]
             loader = _loader(subset, spec, workers, persistent=cache == "warm")
-            sample_bytes = stored_bytes(dataset, path, indices)
+            sample_bytes = payload_bytes(dataset, path, indices)
             files = files_for(dataset, path, indices)
             for _ in range(spec.warmup if cache == "warm" else 0):
                 time_batches(loader)

@@ -1,36 +1,65 @@
-"""Clip-reading throughput of packer's video formats, JPEG frame folders and mp4 seek-decode.
+"""Clip-reading benchmark of packer's video formats against JPEG frame folders (issue 13).
 
-The library half of ``benchmarks/video_clips.py``: the generated frame tree and mp4 files, the
-datasets compared (including two hand-written baselines, :class:`WholeFileNpy` and
-:class:`Mp4Clips`), the interleaved timed passes (:func:`packer.tools.timing.measure_throughput`)
-and the markdown tables.
+The library half of ``benchmarks/video_clips.py``:
+
+- :func:`prepare`: a tree of photo-like videos (JPEG frame folders, ``--quality`` 65 gives
+  ~23 KB per 320×240 frame, as real footage), converted to ``.npy``, ``.h5``, ``.lmdb`` and
+  ``.bmp`` with :func:`packer.convert_video`; optionally the same frames as H.264 mp4;
+- :func:`run`: for every dataset, mode (``bytes``: ``output="bytes"``, I/O and format cost only;
+  ``decoded``: ``output="numpy"``), ``num_workers`` and page cache (``cold``: every data file
+  evicted, ``warm``: every data file resident), one **epoch** (each video once, in a fixed
+  shuffled order) through a real DataLoader over a **freshly constructed dataset** (fork, worker
+  start-up included), repeated and reported as medians;
+- disk bytes per clip: every process that reads (the main process at ``num_workers=0``, each
+  worker otherwise) reads its own ``/proc/self/io`` ``read_bytes`` (and ``majflt`` from
+  ``/proc/self/stat``) at its first batch and after every batch, and writes the difference into
+  its slot of a shared-memory tensor (:class:`CountedClips`); a run's disk bytes are the sum
+  over the slots. Payload per clip: the stored bytes of the clip's sampled frames
+  (:func:`packer.tools.targets.payload_bytes`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from packer.convert import convert_video
 from packer.manifest import MANIFEST_NAME
 from packer.sampling import clip_indices, clip_rng
-from packer.tools.targets import evict_page_cache
-from packer.tools.timing import measure_throughput
+from packer.tools.io_counters import read_counters, resident_fraction
+from packer.tools.targets import close_dataset, data_files, evict_page_cache, payload_bytes
+from packer.tools.timing import time_batches
 from packer.tools.video_demo import make_video_tree, write_video
 from packer.video.datasets import NpyVideoDataset, VideoDataset, open_video_dataset
 from packer.video.load import import_av
 from packer.video.sources import scan_videos
 
-__all__ = ["Mp4Clips", "WholeFileNpy", "clips_per_s", "markdown", "prepare", "run"]
+__all__ = [
+    "CountedClips",
+    "Mp4Clips",
+    "WholeFileNpy",
+    "epoch",
+    "markdown",
+    "open_text",
+    "prepare",
+    "run",
+    "targets_text",
+]
 
 FOLDER, MP4, WHOLE = "jpeg frames", "mp4 seek-decode", "npy whole-file"
 PACKED = {"npy": ".npy", "h5": ".h5", "lmdb": ".lmdb", "bmp": ".bmp"}
-NAMES = [FOLDER, MP4, "npy", WHOLE, "h5", "lmdb", "bmp"]
+CORE = [FOLDER, "npy", "h5", "lmdb", "bmp"]
+EXTRAS = [WHOLE, MP4]
 
 
 class WholeFileNpy(NpyVideoDataset):
@@ -79,36 +108,58 @@ class Mp4Clips(VideoDataset):
         return np.stack([got[int(j)] for j in wanted]), int(self.targets[i])
 
 
-def prepare(
-    data: Path, videos: int, frames: int, size: tuple[int, int], gop: int
-) -> dict[str, Path]:
-    """Generate the frame tree and mp4s (once per configuration) and convert to every format."""
-    stamp = data / "config.json"
-    config = {"videos": videos, "frames": frames, "size": list(size), "gop": gop}
-    if not stamp.is_file() or json.loads(stamp.read_text()) != config:
-        classes = 4
-        tree = make_video_tree(
-            data / "frames", classes, videos // classes, (frames, frames), size, seed=1
-        )
-        from PIL import Image
+# --------------------------------------------------------------------------------------------
+# Data
 
-        for folder in tree.videos:
-            images = [
-                Image.open(p) for p in sorted(folder.iterdir(), key=lambda p: int(p.stem[4:]))
-            ]
-            out = data / "mp4" / folder.parent.name / f"{folder.name}.mp4"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            write_video(out, images, codec="libx264", gop=gop)
+
+def prepare(
+    data: Path,
+    videos: int,
+    frames: tuple[int, int],
+    size: tuple[int, int],
+    quality: int = 65,
+    mp4: bool = False,
+    gop: int = 25,
+) -> dict[str, Path]:
+    """Generate the frame tree (and mp4s) once per configuration and convert it to every format.
+
+    ``videos`` are spread over 4 classes; each has ``frames[0]..frames[1]`` frames.
+    """
+    stamp = data / "config.json"
+    config = {"videos": videos, "frames": list(frames), "size": list(size), "quality": quality}
+    old = json.loads(stamp.read_text()) if stamp.is_file() else {}
+    if {k: old.get(k) for k in config} != config:
+        classes = 4
+        make_video_tree(
+            data / "frames", classes, videos // classes, frames, size, quality=quality, seed=1
+        )
         for suffix in PACKED.values():
             convert_video(data / "frames", data / f"frames{suffix}", overwrite=True, progress=False)
-        stamp.write_text(json.dumps(config))
+        old = {**config, "mp4": False, "frame_bytes": tree_bytes(data / "frames")}
+        stamp.write_text(json.dumps(old))
+    if mp4 and not old.get("mp4"):
+        from PIL import Image
+
+        for video in scan_videos(data / "frames").videos:
+            images = [Image.open(p) for p in video.frames or ()]
+            out = data / "mp4" / f"{video.key}.mp4"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            write_video(out, images, codec="libx264", gop=gop)
+        stamp.write_text(json.dumps({**old, "mp4": True}))
     paths = {FOLDER: data / "frames", MP4: data / "mp4", WHOLE: data / "frames.npy"}
     paths.update({name: data / f"frames{suffix}" for name, suffix in PACKED.items()})
     assert all((paths[n] / MANIFEST_NAME).is_file() for n in PACKED)
     return paths
 
 
+def tree_bytes(root: Path) -> dict[str, float]:
+    """Frames and mean bytes per frame of a frame tree."""
+    sizes = [f.stat().st_size for f in root.rglob("*.jpg")]
+    return {"frames": len(sizes), "mean": float(np.mean(sizes)), "std": float(np.std(sizes))}
+
+
 def make_dataset(name: str, path: Path, mode: str, num_frames: int) -> VideoDataset:
+    """A fresh dataset: ``segments`` clips of ``num_frames`` frames, seed 0 (same frames for all)."""
     if name == MP4:
         return Mp4Clips(path, num_frames, seed=0)
     output = "numpy" if mode == "decoded" else "bytes"
@@ -119,90 +170,262 @@ def make_dataset(name: str, path: Path, mode: str, num_frames: int) -> VideoData
     )
 
 
-def clips_per_s(dataset: VideoDataset, workers: int, batch: int, clips: int) -> float:
-    """Time ``clips`` clips (a fixed random order over the videos) through a DataLoader."""
-    order = np.random.default_rng(0).integers(0, len(dataset), clips).tolist()
-    run = measure_throughput(dataset, workers, batch, sampler=order, multiprocessing_context="fork")
-    return run.images_per_s
+# --------------------------------------------------------------------------------------------
+# Counting what the disk delivers, in every reading process
 
 
-def files_of(path: Path) -> list[Path]:
-    """Every file a dataset reads (to evict from the page cache)."""
-    return [p for p in path.rglob("*") if p.is_file()]
+class CountedClips(Dataset):
+    """Wrap a dataset so each reading process records its own ``/proc/self/io`` counters.
+
+    ``slots`` is a shared-memory int64 tensor of shape ``(1 + workers, 2)``; slot 0 is the main
+    process, slot ``1 + id`` DataLoader worker ``id``. Each process reads its counters at its
+    first batch (before reading) and, after every batch, stores ``read_bytes`` and ``majflt``
+    since then in its slot, so the slots hold exactly the reads of the batches.
+    """
+
+    def __init__(self, dataset: Dataset, slots: torch.Tensor) -> None:
+        self.dataset, self.slots = dataset, slots
+        self._pid: int | None = None
+        self._start: Any = None
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int) -> Any:
+        return self.__getitems__([i])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        if self._pid != os.getpid():
+            self._pid, self._start = os.getpid(), read_counters()
+        samples = [self.dataset[i] for i in indices]
+        now = read_counters() - self._start
+        info = get_worker_info()
+        slot = 0 if info is None else info.id + 1
+        self.slots[slot, 0] = now.read_bytes
+        self.slots[slot, 1] = now.majflt
+        return samples
 
 
-def run(args: argparse.Namespace, paths: dict[str, Path]) -> list[dict[str, Any]]:
+def _list_collate(batch: Sequence[Any]) -> list[Any]:
+    return list(batch)
+
+
+def epoch(
+    dataset: VideoDataset, workers: int, batch: int, order: list[int]
+) -> tuple[float, int, int]:
+    """One timed epoch (``order``) through a fresh DataLoader: seconds, disk bytes, major faults."""
+    slots = torch.zeros((1 + workers, 2), dtype=torch.int64).share_memory_()
+    loader = DataLoader(
+        CountedClips(dataset, slots),
+        batch_size=batch,
+        sampler=order,
+        num_workers=workers,
+        collate_fn=_list_collate,
+        multiprocessing_context="fork" if workers > 0 else None,
+    )
+    timing = time_batches(loader)
+    del loader
+    return timing.seconds, int(slots[:, 0].sum()), int(slots[:, 1].sum())
+
+
+# --------------------------------------------------------------------------------------------
+# The runs
+
+
+def _warm(files: list[Path]) -> None:
+    for path in files:
+        with open(path, "rb") as fh:
+            while fh.read(8 << 20):
+                pass
+
+
+def run(args: argparse.Namespace, paths: dict[str, Path], log: Any = print) -> list[dict[str, Any]]:
+    """Every (dataset, mode, workers, cache), ``args.repeats`` interleaved rounds; one row each.
+
+    ``args``: ``names``, ``modes``, ``workers``, ``cache``, ``repeats``, ``batch``,
+    ``num_frames``.
+    """
+    names = list(args.names)
     configs = [
         (name, mode, workers, cache)
         for cache in args.cache
-        for mode in ("decoded", "bytes")
-        for name in NAMES
-        if not (mode == "bytes" and name == MP4)
+        for mode in args.modes
         for workers in args.workers
+        for name in names
+        if not (mode == "bytes" and name == MP4)
     ]
-    for name in NAMES:  # warm-up: page cache, imports
-        dataset = make_dataset(name, paths[name], "decoded", args.num_frames)
-        clips_per_s(dataset, 0, args.batch, args.batch)
-    files = {name: files_of(path) for name, path in paths.items()}
-    runs: dict[tuple[str, str, int, str], list[float]] = {c: [] for c in configs}
-    for _ in range(args.repeats):
+    files = {name: data_files(paths[name]) if name != MP4 else sorted(paths[MP4].rglob("*.mp4"))
+             for name in names}  # fmt: skip
+    payload: dict[str, float] = {}
+    for name in names:  # imports, and the payload of one epoch's clips
+        mode = "decoded" if name == MP4 else "bytes"
+        dataset = make_dataset(name, paths[name], mode, args.num_frames)
+        if name != MP4:
+            payload[name] = payload_bytes(dataset, paths[name], range(len(dataset))) / len(dataset)
+        epoch(dataset, 0, args.batch, list(range(min(len(dataset), 2 * args.batch))))
+        close_dataset(dataset)
+    resident = dict.fromkeys(names, False)
+    samples: dict[tuple[str, str, int, str], list[dict[str, float]]] = {c: [] for c in configs}
+    for round_ in range(args.repeats):
         for name, mode, workers, cache in configs:
+            start = time.perf_counter()
             dataset = make_dataset(name, paths[name], mode, args.num_frames)
+            opened = time.perf_counter() - start
+            order = np.random.default_rng(round_).permutation(len(dataset)).tolist()
             if cache == "cold":
                 evict_page_cache(files[name])
-            else:  # warm: every file read just before
-                for path in files[name]:
-                    path.read_bytes()
-            speed = clips_per_s(dataset, workers, args.batch, args.clips)
-            runs[name, mode, workers, cache].append(speed)
+                resident[name] = False
+            elif not resident[name]:
+                _warm(files[name])
+                resident[name] = True
+            before = resident_fraction(files[name])
+            seconds, disk, faults = epoch(dataset, workers, args.batch, order)
+            close_dataset(dataset)
+            clips = len(order)
+            if cache == "cold":
+                resident[name] = False  # partly read now: warm it again before a warm run
+            sample = {
+                "clips_per_s": clips / seconds,
+                "seconds": seconds,
+                "open_s": opened,
+                "disk_per_clip": disk / clips,
+                "faults_per_clip": faults / clips,
+                "resident_before": before if before is not None else float("nan"),
+            }
+            samples[name, mode, workers, cache].append(sample)
+            log(
+                f"[{round_ + 1}/{args.repeats}] {name:16} {mode:7} w={workers} {cache}: "
+                f"{sample['clips_per_s']:8,.1f} clips/s, disk {disk / clips / 1e3:8.1f} KB/clip"
+            )
     rows = []
-    for (name, mode, workers, cache), values in runs.items():
-        median = statistics.median(values)
-        folder = statistics.median(runs[FOLDER, mode, workers, cache])
-        mp4 = statistics.median(runs[MP4, "decoded", workers, cache])
+    for (name, mode, workers, cache), values in samples.items():
+        median = {k: statistics.median(v[k] for v in values) for k in values[0]}
+        base = statistics.median(v["clips_per_s"] for v in samples[FOLDER, mode, workers, cache])
+        pay = payload.get(name)
         rows.append(
             {
                 "dataset": name,
                 "mode": mode,
                 "workers": workers,
                 "cache": cache,
-                "clips_per_s": median,
+                **median,
+                "x_folder": median["clips_per_s"] / base,
+                "payload_per_clip": pay,
+                "disk_x_payload": median["disk_per_clip"] / pay if pay else None,
+                "clips": len(dataset),
                 "runs": values,
-                "x_folder": median / folder,
-                "x_mp4": median / mp4 if mode == "decoded" else None,
             }
         )
     return rows
 
 
-def markdown(rows: list[dict[str, Any]], workers: list[int], cache: str) -> str:
-    rows = [r for r in rows if r["cache"] == cache]
-    lines = [f"\n### page cache: {cache}"]
-    for mode in ("decoded", "bytes"):
-        head = " | ".join(
-            f"w={w} clips/s | × frames" + (" | × mp4" if mode == "decoded" else "") for w in workers
-        )
-        lines += [f"\n**{mode}** ({cache} cache)\n", f"| dataset | {head} |"]
-        lines.append("|---|" + "---:|" * (len(workers) * (3 if mode == "decoded" else 2)))
-        for name in NAMES:
-            cells = []
-            for w in workers:
-                row = next(
-                    (r for r in rows if (r["dataset"], r["mode"], r["workers"]) == (name, mode, w)),
-                    None,
-                )
-                if row is None:
-                    continue
-                cells += [f"{row['clips_per_s']:,.1f}", f"{row['x_folder']:.2f}"]
-                if mode == "decoded":
-                    cells.append(f"{row['x_mp4']:.2f}")
-            if cells:
-                lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    by = {(r["dataset"], r["mode"], r["workers"]): r["clips_per_s"] for r in rows}
-    lines.append("")
-    for mode in ("bytes", "decoded"):
-        ratios = ", ".join(
-            f"w={w}: {by['npy', mode, w] / by[WHOLE, mode, w]:.2f}×" for w in workers
-        )
-        lines.append(f"NPY sampled rows vs whole-file ({mode}, {cache}): {ratios}")
+# --------------------------------------------------------------------------------------------
+# Report
+
+
+def _row(rows: list[dict[str, Any]], name: str, mode: str, w: int, cache: str) -> dict[str, Any]:
+    for r in rows:
+        if (r["dataset"], r["mode"], r["workers"], r["cache"]) == (name, mode, w, cache):
+            return r
+    return {}
+
+
+def markdown(rows: list[dict[str, Any]], names: list[str], workers: list[int], mode: str,
+             cache: str) -> str:  # fmt: skip
+    """One table: a row per dataset, per ``num_workers`` clips/s, × frames and disk KB/clip."""
+    head = " | ".join(f"w={w} clips/s | × frames | disk KB/clip" for w in workers)
+    lines = [
+        f"**{mode}, {cache} cache**\n",
+        f"| dataset | payload KB/clip | {head} | disk ÷ payload |",
+        "|---|---:|" + "---:|" * (3 * len(workers)) + "---:|",
+    ]
+    for name in names:
+        found = [_row(rows, name, mode, w, cache) for w in workers]
+        if not any(found):
+            continue
+        pay = next((r["payload_per_clip"] for r in found if r), None)
+        cells = [f"{pay / 1e3:,.1f}" if pay else "–"]
+        ratios = []
+        for r in found:
+            if not r:
+                cells += ["–"] * 3
+                continue
+            cells += [f"{r['clips_per_s']:,.0f}", f"{r['x_folder']:.2f}",
+                      f"{r['disk_per_clip'] / 1e3:,.1f}"]  # fmt: skip
+            if r["disk_x_payload"] is not None:
+                ratios.append(f"{r['disk_x_payload']:.2f}×")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {' / '.join(ratios) or '–'} |")
     return "\n".join(lines)
+
+
+def open_text(rows: list[dict[str, Any]], names: list[str], workers: list[int]) -> str:
+    """Constructing the fresh dataset (untimed above), and bytes-mode clips/s had it been timed."""
+    lines = [
+        "**fresh dataset construction** (outside the timed epoch above; bytes-mode clips/s and "
+        "× frames if it were inside)\n",
+        "| dataset | open ms | "
+        + " | ".join(f"{c} w={w} clips/s | × frames" for c in ("cold", "warm") for w in workers)
+        + " |",
+        "|---|---:|" + "---:|" * (4 * len(workers)),
+    ]
+
+    def with_open(r: dict[str, Any]) -> float:
+        return float(r["clips"] / (r["seconds"] + r["open_s"]))
+
+    for name in names:
+        found = [_row(rows, name, "bytes", w, c) for c in ("cold", "warm") for w in workers]
+        if not any(found):
+            continue
+        base = [_row(rows, FOLDER, "bytes", w, c) for c in ("cold", "warm") for w in workers]
+        cells = [f"{statistics.median(r['open_s'] for r in found if r) * 1e3:,.1f}"]
+        for r, b in zip(found, base):
+            cells += (
+                [f"{with_open(r):,.0f}", f"{with_open(r) / with_open(b):.2f}"]
+                if r and b
+                else ["–", "–"]
+            )
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def targets_text(rows: list[dict[str, Any]], workers: list[int]) -> list[str]:
+    """Issue 13's targets, each met or missed with its figures."""
+    out = []
+
+    def get(name: str, mode: str, w: int, cache: str) -> dict[str, Any]:
+        return _row(rows, name, mode, w, cache)
+
+    for name in ("npy", "h5", "lmdb"):
+        figs = [get(name, "bytes", w, "cold") for w in workers]
+        figs = [r for r in figs if r]
+        if figs:
+            worst = max(r["disk_x_payload"] for r in figs)
+            out.append(
+                f"cold bytes, disk ≤ 1.3× payload, {name}: "
+                f"{'MET' if worst <= 1.3 else 'MISSED'} ("
+                + ", ".join(f"w={r['workers']}: {r['disk_x_payload']:.2f}×" for r in figs)
+                + ")"
+            )
+    for cache, label in (("cold", "cold bytes"), ("warm", "warm bytes")):
+        for name in ("npy", "h5", "lmdb") + (("bmp",) if cache == "warm" else ()):
+            figs = [r for r in (get(name, "bytes", w, cache) for w in workers) if r]
+            if figs:
+                worst = min(r["x_folder"] for r in figs)
+                out.append(
+                    f"{label}, clips/s ≥ 1.5× frame folders, {name}: "
+                    f"{'MET' if worst >= 1.5 else 'MISSED'} ("
+                    + ", ".join(f"w={r['workers']}: {r['x_folder']:.2f}×" for r in figs)
+                    + ")"
+                )
+    for name in ("npy", "h5", "lmdb", "bmp"):
+        figs = [r for c in ("warm", "cold") for w in workers
+                if (r := get(name, "decoded", w, c))]  # fmt: skip
+        if figs:
+            worst = min(r["x_folder"] for r in figs)
+            out.append(
+                f"decoded, not slower than frame folders, {name}: "
+                f"{'MET' if worst >= 1.0 else 'MISSED'} ("
+                + ", ".join(f"{r['cache']} w={r['workers']}: {r['x_folder']:.2f}×" for r in figs)
+                + ")"
+            )
+    return out

@@ -2,7 +2,9 @@
 
 Reads a dataset's samples in bytes mode in one DataLoader worker, normally right after evicting
 its files from the page cache, with :class:`packer.tools.io_counters.MeteredDataset` reading
-``/proc/self/io`` and ``/proc/self/stat`` around every batch inside that worker.
+``/proc/self/io`` and ``/proc/self/stat`` around every batch inside that worker. For a video
+dataset a sample is a clip: its disk bytes (``read_bytes``) stand next to its payload, the
+stored bytes of the frames the clip samples (:func:`packer.tools.targets.payload_bytes`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from packer.tools.targets import (
     evict_page_cache,
     files_for,
     open_for_mode,
+    payload_bytes,
     stored_bytes,
     subset_indices,
 )
@@ -46,9 +49,12 @@ class StorageCost:
     cold: bool
     resident_before: float | None
     seconds: float
+    payload_bytes: int = 0
+    unit: str = "sample"
 
     def per_sample(self) -> dict[str, float]:
-        """Files opened, read syscalls, storage bytes, major faults and stored bytes per sample."""
+        """Files opened, read syscalls, storage (disk) bytes, major faults, stored bytes and
+        payload bytes per sample (a clip, for video), and disk bytes per payload byte."""
         n = max(1, self.samples)
         c = self.counters
         return {
@@ -57,6 +63,8 @@ class StorageCost:
             "storage_bytes": c.read_bytes / n,
             "major_faults": c.majflt / n,
             "stored_bytes": self.stored_bytes / n,
+            "payload_bytes": self.payload_bytes / n,
+            "disk_per_payload": c.read_bytes / self.payload_bytes if self.payload_bytes else 0.0,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -94,4 +102,6 @@ def measure_storage(
     return StorageCost(
         label or Path(path).name, str(path), len(indices),
         stored_bytes(dataset, path, indices), total, cold, resident, seconds,
+        payload_bytes(dataset, path, indices),
+        "clip" if hasattr(dataset, "clip_indices") else "sample",
     )  # fmt: skip

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from torch.utils.data import Dataset, default_collate
 
 from packer.collate import collate_bytes
@@ -30,19 +31,26 @@ __all__ = [
     "files_for",
     "open_for_mode",
     "path_labels",
+    "payload_bytes",
     "stored_bytes",
     "subset_indices",
 ]
 
 
 def data_files(path: str | os.PathLike[str]) -> list[Path]:
-    """The files holding a dataset's data: a packer output's shards/files, or a folder's images."""
+    """The files holding a dataset's data: a packer output's shards/files, or a folder's images
+    (or, for a ``<class>/<video>/<frame>`` tree, its frames and video files)."""
     root = Path(path)
     if (root / MANIFEST_NAME).is_file():
         manifest = load_manifest(root)
         if manifest.shards:
             return [root / s.name for s in manifest.shards]
         return sorted(p for p in root.rglob("*") if p.is_file())
+    from packer.video.sources import detect_kind, scan_videos
+
+    if root.is_dir() and detect_kind(root) == "video":
+        videos = scan_videos(root).videos
+        return [Path(f) for v in videos for f in (v.frames if v.frames is not None else (v.path,))]
     return [Path(s.path) for s in scan(root).samples]
 
 
@@ -129,6 +137,27 @@ def stored_bytes(dataset: Dataset, path: str | os.PathLike[str], indices: Sequen
         return sum(os.path.getsize(paths[i]) for i in indices)
     total = sum(f.stat().st_size for f in data_files(path))
     return int(total * len(indices) / max(1, len(dataset)))  # type: ignore[arg-type]
+
+
+def _frame_bytes(dataset: Any, i: int, frames: np.ndarray) -> int:
+    """Stored bytes of frames ``frames`` of video ``i`` (a packer output or a frame folder)."""
+    reader, first = getattr(dataset, "reader", None), getattr(dataset, "first", None)
+    if reader is not None and first is not None:
+        return int(reader.lengths(int(first[i]) + frames).sum())
+    paths, starts = getattr(dataset, "_paths", None), getattr(dataset, "_first", None)
+    if paths is not None and starts is not None:  # VideoFolderDataset: one file per frame
+        return sum(os.path.getsize(paths[int(starts[i] + j)]) for j in frames.tolist())
+    raise PackerError(f"cannot tell the frame sizes of {type(dataset).__name__}")
+
+
+def payload_bytes(dataset: Dataset, path: str | os.PathLike[str], indices: Sequence[int]) -> int:
+    """Bytes the samples hand back: for a clip dataset, the stored bytes of each clip's distinct
+    sampled frames (its current epoch and seed; a frame repeated to pad a short video counts
+    once, as it is read once); for an image dataset, the images' stored bytes."""
+    clip_indices = getattr(dataset, "clip_indices", None)
+    if clip_indices is None:
+        return stored_bytes(dataset, path, indices)
+    return sum(_frame_bytes(dataset, i, np.unique(clip_indices(i))) for i in indices)
 
 
 def files_for(dataset: Dataset, path: str | os.PathLike[str], indices: Sequence[int]) -> list[Path]:
