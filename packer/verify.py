@@ -6,6 +6,8 @@ Returns a report; never prints. ``packer verify`` echoes it and exits non-zero o
 from __future__ import annotations
 
 import os
+import stat
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +16,8 @@ from tqdm.auto import tqdm
 
 from packer.decode import decode
 from packer.errors import PackerError
+from packer.formats.base import check_keys
+from packer.loading import default_workers
 from packer.manifest import (
     INDEX_NAME,
     KEYS_NAME,
@@ -78,13 +82,18 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport) -> set[st
     for name, digest, size in named:
         path = root / name
         report.files_checked += 1
-        if not path.is_file():
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            st = None
+        if st is None:
             report.problems.append(Problem(name, "missing"))
             bad.add(name)
-        elif size is not None and path.stat().st_size != size:
-            report.problems.append(
-                Problem(name, f"{path.stat().st_size} bytes, manifest records {size}")
-            )
+        elif not stat.S_ISREG(st.st_mode):
+            report.problems.append(Problem(name, "not a regular file (a symlink, FIFO, device?)"))
+            bad.add(name)
+        elif size is not None and st.st_size != size:
+            report.problems.append(Problem(name, f"{st.st_size} bytes, manifest records {size}"))
             bad.add(name)
         elif file_checksum(path) != digest:
             report.problems.append(Problem(name, "checksum differs from the manifest"))
@@ -108,7 +117,7 @@ def _check_sample(
     records = np.arange(first, first + count)
     try:
         stored = packed.reader.read_many(records)
-    except (PackerError, OSError) as exc:
+    except Exception as exc:  # any library's error on damaged data is a finding, never a crash
         report.problems.append(Problem(_where(packed, sample, first, keys), f"cannot read: {exc}"))
         return []
     report.samples_checked += 1
@@ -122,31 +131,81 @@ def _check_sample(
     return sound
 
 
-def verify(path: str | os.PathLike[str], full: bool = False, progress: bool = True) -> VerifyReport:
-    """Verify the packed dataset at ``path``.
+def _decodes(item: tuple[str, bytes]) -> Problem | None:
+    try:
+        decode(item[1], "numpy")
+    except Exception as exc:  # Pillow's DecompressionBombError is no OSError: catch them all
+        return Problem(item[0], f"does not decode: {exc}")
+    return None
 
-    Checks every data file's and table's xxh3 checksum and size against the manifest, then
-    reads every record of every sample (every frame of a video) and compares its bytes'
-    checksum with the record table, naming the shard and sample key of each mismatch. With
-    ``full``, also decodes every record.
+
+def _skip_bad_shards(
+    packed: Packed, bad: set[str], keys: StringTable, report: VerifyReport
+) -> np.ndarray:
+    """One finding per broken shard naming the samples it holds; those samples are not read
+    (a damaged LMDB page could crash the reading process)."""
+    skip = np.zeros(len(packed.first), dtype=bool)
+    if packed.reader.layout != "shards":
+        return skip
+    names = packed.reader.shard_names
+    shard_of_sample = packed.reader.file[packed.first]
+    for n, name in enumerate(names):
+        if name in bad:
+            held = np.flatnonzero(shard_of_sample == n)
+            skip[held] = True
+            shown = ", ".join(repr(keys[int(i)]) for i in held[:3])
+            more = f" and {len(held) - 3} more" if len(held) > 3 else ""
+            report.problems.append(
+                Problem(name, f"its {len(held)} sample(s) were not read: {shown}{more}")
+            )
+    return skip
+
+
+def verify(
+    path: str | os.PathLike[str], full: bool = False, progress: bool = True, workers: int = 0
+) -> VerifyReport:
+    """Verify the packed dataset at ``path``; never raises on damaged data, reports it.
+
+    Checks every data file's and table's xxh3 checksum and size against the manifest (a shard
+    that fails is reported once, with the samples it holds, and not read further), then reads
+    every record of every sample (every frame of a video) and compares its bytes' checksum with
+    the record table, naming the shard and sample key of each mismatch. With ``full``, also
+    decodes every record, on ``workers`` threads (default: the CPU count).
     """
     root = Path(path)
     manifest = load_manifest(root)
     report = VerifyReport(root)
-    bad_files = _check_files(root, manifest, report)
-    if {INDEX_NAME, RECORDS_NAME, KEYS_NAME} & bad_files:
-        return report  # per-sample checks need sound tables
-    packed = open_packed(root, check_files=False)
-    checksums = load_records(root, load_index(root, manifest))["checksum"]
-    keys = StringTable(load_keys(root))
+    try:
+        names = {s.name for s in manifest.shards} | set(manifest.files)
+        unsafe = sorted(n for n in names if "/" in n or n in (".", "..") or "\0" in n)
+        if unsafe:
+            report.problems.append(Problem(unsafe[0], "not a plain file name in the dataset"))
+            return report
+        bad_files = _check_files(root, manifest, report)
+        if {INDEX_NAME, RECORDS_NAME, KEYS_NAME} & bad_files:
+            return report  # per-sample checks need sound tables
+        packed = open_packed(root, check_files=False)
+        checksums = load_records(root, load_index(root, manifest))["checksum"]
+        keys = StringTable(load_keys(root))
+        if packed.reader.layout == "per-sample":
+            check_keys(root, list(keys))
+    except PackerError as exc:
+        report.problems.append(Problem("tables", str(exc)))
+        return report
+    skip = _skip_bad_shards(packed, bad_files, keys, report)
     unit = "video" if manifest.kind == "video" else "sample"
-    for i in tqdm(range(manifest.num_samples), unit=unit, desc="verify", disable=not progress):
-        for where, data in _check_sample(packed, i, keys, checksums, report):
-            if full:
-                try:
-                    decode(data, "numpy")
-                    report.decoded += 1
-                except (OSError, ValueError, SyntaxError) as exc:
-                    report.problems.append(Problem(where, f"does not decode: {exc}"))
-    packed.reader.close()
+    pool = ThreadPoolExecutor(workers or default_workers()) if full else None
+    try:
+        for i in tqdm(range(manifest.num_samples), unit=unit, desc="verify", disable=not progress):
+            if skip[i]:
+                continue
+            sound = _check_sample(packed, i, keys, checksums, report)
+            if pool is not None and sound:
+                found = list(pool.map(_decodes, sound))
+                report.problems += [p for p in found if p is not None]
+                report.decoded += sum(p is None for p in found)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+        packed.reader.close()
     return report

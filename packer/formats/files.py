@@ -194,10 +194,20 @@ def _pread(handle: OpenFile, start: int, size: int) -> bytes:
     return data
 
 
+def _prefetch(handle: OpenFile, runs: list[tuple[int, int, int, int]]) -> None:
+    """Put every run's read in flight at once (``POSIX_FADV_WILLNEED``) before the ``pread``s
+    that wait for them: a cold clip then costs about one disk round trip, not one per frame."""
+    if len(runs) > 1 and hasattr(os, "posix_fadvise"):
+        for start, stop, _, _ in runs:
+            os.posix_fadvise(handle.fd, start, stop - start, os.POSIX_FADV_WILLNEED)
+
+
 def read_ranges(handle: OpenFile, starts: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
     """The bytes of each range (sorted by start), one ``pread`` per coalesced run."""
     out: list[bytes] = []
-    for start, stop, first, last in coalesce(starts, lengths):
+    runs = coalesce(starts, lengths)
+    _prefetch(handle, runs)
+    for start, stop, first, last in runs:
         block = _pread(handle, start, stop - start)
         if last - first == 1 and lengths[first] == len(block):
             out.append(block)
@@ -221,7 +231,9 @@ def read_ranges_into(
 
     One ``preadv`` per coalesced run: the gaps go to a scratch buffer, the records to ``out``.
     """
-    for start, stop, first, last in coalesce(starts, lengths):
+    runs = coalesce(starts, lengths)
+    _prefetch(handle, runs)
+    for start, stop, first, last in runs:
         buffers: list[memoryview | bytearray] = []
         position = start
         for k in range(first, last):
