@@ -113,6 +113,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "baselines included; default: only packer's readers set it",
     )
     parser.add_argument(
+        "--mmap-threshold",
+        type=int,
+        default=0,
+        help="what-if: also set glibc's M_MMAP_THRESHOLD to this many bytes in every pass "
+        "(0: leave it; keep_freed_heap's M_TRIM_THRESHOLD freezes it at 128 KiB)",
+    )
+    parser.add_argument(
         "--in-process",
         action="store_true",
         help="run every pass in this process instead of a fresh forked child (for profiling)",
@@ -146,6 +153,7 @@ def main(args: argparse.Namespace) -> int:
         args.batch_size,
         in_process=args.in_process,
         same_allocator=args.allocator == "same",
+        mmap_threshold=args.mmap_threshold,
     )
     names = [n for name in outputs for n in ([name, PLAIN_LMDB] if name == "lmdb" else [name])]
     configs = make_configs(

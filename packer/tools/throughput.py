@@ -15,6 +15,7 @@ packer's readers set for themselves.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import os
@@ -215,9 +216,11 @@ class ThroughputBench:
         batch_size: int,
         in_process: bool = False,
         same_allocator: bool = True,
+        mmap_threshold: int = 0,
     ) -> None:
         self.in_process = in_process
         self.same_allocator = same_allocator
+        self.mmap_threshold = mmap_threshold
         self.paths: dict[str, Path] = {FOLDER: src, **outputs}
         if "lmdb" in outputs:
             self.paths[PLAIN_LMDB] = outputs["lmdb"]
@@ -265,6 +268,8 @@ class ThroughputBench:
         """One timed pass of ``config`` on a fresh dataset, in this process."""
         if self.same_allocator:
             keep_freed_heap()  # what packer's readers do on their first handle; for baselines too
+        if self.mmap_threshold:  # a what-if: glibc's M_MMAP_THRESHOLD (-3), fixed
+            ctypes.CDLL("libc.so.6").mallopt(-3, self.mmap_threshold)
         dataset = self.make_dataset(config.dataset, config.mode)
         resident = self.set_cache(config)
         gc.collect()
