@@ -6,7 +6,9 @@ Generates (or reuses) a photo-like JPEG tree under ``--data``, converts it to ``
 every dataset with ``packer.tools.timing.measure_throughput``:
 
 - datasets: the JPEG folder (``packer.FolderDataset``, the baseline), an in-memory list of the
-  same JPEG bytes (the ceiling: no I/O at all) and each packed output (``packer.open_dataset``);
+  same JPEG bytes (the ceiling: no I/O at all), each packed output (``packer.open_dataset``) and,
+  in bytes mode, a plain py-lmdb reader of the LMDB output
+  (``packer.tools.plain_lmdb.PlainLMDBDataset``, the baseline of packer's LMDB reader);
 - modes: ``bytes`` (``output="bytes"``) and ``decoded`` (``output="numpy"``);
 - ``num_workers`` 0 and 2, batch 64, page cache ``warm`` (files read once just before the pass)
   and ``cold`` (``packer.tools.targets.evict_page_cache`` just before the pass; residency is checked
@@ -20,7 +22,10 @@ the in-memory ceiling.
 Each pass runs in a freshly forked child of the same parent, so nothing one pass leaves behind
 (an allocator setting such as packer's ``mallopt``, heap layout, open LMDB environments, mapped
 shards: a mapped page cannot be evicted, which would make "cold" warm) reaches the next; the
-child builds a fresh dataset and closes its reader at the end. Each pass also records its CPU time and page faults (this process and its reaped DataLoader workers) and
+child builds a fresh dataset and closes its reader at the end. By default (``--allocator same``)
+each child first applies packer's allocator setting (``packer.handles.keep_freed_heap``), so the
+baselines run under the same glibc trim threshold as packer's readers; ``--allocator default``
+leaves it to packer's readers (the baselines then run with glibc's default). Each pass also records its CPU time and page faults (this process and its reaped DataLoader workers) and
 the share of the CPUs other processes used meanwhile; on a shared machine the script first waits
 (``--quiet-below``, within ``--wait-budget`` seconds in all) for other processes to go quiet.
 
@@ -51,6 +56,7 @@ from packer.tools.throughput import (
     FORMATS,
     MEMORY,
     MODES,
+    PLAIN_LMDB,
     ThroughputBench,
     make_configs,
     prepare_images,
@@ -100,6 +106,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="total seconds the run may spend waiting for a quiet machine (0: never wait)",
     )
     parser.add_argument(
+        "--allocator",
+        choices=["same", "default"],
+        default="same",
+        help="same: every pass applies packer's M_TRIM_THRESHOLD (keep_freed_heap) first, "
+        "baselines included; default: only packer's readers set it",
+    )
+    parser.add_argument(
+        "--mmap-threshold",
+        type=int,
+        default=0,
+        help="what-if: also set glibc's M_MMAP_THRESHOLD to this many bytes in every pass "
+        "(0: leave it; keep_freed_heap's M_TRIM_THRESHOLD freezes it at 128 KiB)",
+    )
+    parser.add_argument(
         "--in-process",
         action="store_true",
         help="run every pass in this process instead of a fresh forked child (for profiling)",
@@ -127,9 +147,17 @@ def main(args: argparse.Namespace) -> int:
     args.data.mkdir(parents=True, exist_ok=True)
     formats = {name: FORMATS[name] for name in args.formats}
     src, outputs = prepare_images(args.data, args.images, log, formats)
-    bench = ThroughputBench(src, outputs, args.batch_size, in_process=args.in_process)
+    bench = ThroughputBench(
+        src,
+        outputs,
+        args.batch_size,
+        in_process=args.in_process,
+        same_allocator=args.allocator == "same",
+        mmap_threshold=args.mmap_threshold,
+    )
+    names = [n for name in outputs for n in ([name, PLAIN_LMDB] if name == "lmdb" else [name])]
     configs = make_configs(
-        [FOLDER, MEMORY, *outputs], args.modes, args.workers, args.caches, args.cold_decoded_workers
+        [FOLDER, MEMORY, *names], args.modes, args.workers, args.caches, args.cold_decoded_workers
     )
     log(f"{len(configs)} configurations × {args.repeats} interleaved rounds")
     waiter = QuietWaiter(args.quiet_below, args.wait_budget) if args.wait_budget > 0 else None

@@ -7,7 +7,13 @@ import json
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
+from torch.utils.data import DataLoader
+
+import packer
+from packer.errors import FormatError
+from packer.tools.plain_lmdb import PlainLMDBDataset
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -23,12 +29,46 @@ def _script(name: str) -> ModuleType:
 def test_read_throughput(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = _script("read_throughput")
     args = ["--data", str(tmp_path), "--images", "20", "--repeats", "1", "--workers", "0"]
-    args += ["--caches", "warm", "--formats", "npy", "--modes", "bytes", "--wait-budget", "0"]
-    assert script.main(script.parse_args([*args, "--in-process", "--out", str(tmp_path)])) == 0
+    args += ["--caches", "warm", "--formats", "npy", "lmdb", "--modes", "bytes"]
+    args += ["--wait-budget", "0", "--in-process", "--out", str(tmp_path)]
+    assert script.main(script.parse_args(args)) == 0
     out = capsys.readouterr().out
     assert "| jpeg folder | bytes | 0 | warm | default |" in out and "| npy | bytes |" in out
+    assert "| plain lmdb | bytes | 0 | warm | default |" in out
     report = json.loads((tmp_path / "read_throughput.json").read_text())
-    assert {r["dataset"] for r in report["results"]} == {"jpeg folder", "memory", "npy"}
+    names = {r["dataset"] for r in report["results"]}
+    assert names == {"jpeg folder", "memory", "npy", "lmdb", "plain lmdb"}
+    assert any(c["target"].startswith("lmdb: >= 1x plain") for c in report["targets"])
+
+
+def test_plain_lmdb_reads_what_packer_reads(packed: dict[str, Path]) -> None:
+    """The plain py-lmdb baseline returns the same bytes and labels as packer's LMDBDataset, in
+    any order and across shards, in this process and in DataLoader workers. (py-lmdb opens a
+    file once per process, so each reader closes before the other opens.)"""
+    root = packed[".lmdb"]
+    assert len(json.loads((root / "packer.json").read_text())["shards"]) > 1
+    ours = packer.LMDBDataset(root, output="bytes")
+    expected = [ours[i] for i in range(len(ours))]
+    ours.reader.close()
+    decoded = packer.LMDBDataset(root, output="numpy")
+    image = decoded[1][0]
+    decoded.reader.close()
+    plain = PlainLMDBDataset(root, output="bytes")
+    n = len(expected)
+    assert len(plain) == n
+    assert [plain[i] for i in range(n)] == expected
+    order = list(range(n))[::-2] + list(range(n))[::2]
+    assert plain.__getitems__(order) == [expected[i] for i in order]
+    loader = DataLoader(plain, batch_size=4, num_workers=2, collate_fn=list)
+    assert [item for batch in loader for item in batch] == expected
+    plain.close()
+    plain_decoded = PlainLMDBDataset(root, output="numpy")
+    assert np.array_equal(plain_decoded[1][0], image) and plain_decoded[1][1] == expected[1][1]
+    plain_decoded.close()
+    assert plain[0] == expected[0]  # reopens after close
+    plain.close()
+    with pytest.raises(FormatError):
+        PlainLMDBDataset(packed[".npy"])
 
 
 def test_bench_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

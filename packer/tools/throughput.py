@@ -4,10 +4,18 @@ The library half of ``benchmarks/read_throughput.py``: the image data it generat
 the configurations (dataset, mode, workers, cache, collate) it sweeps, and one timed pass of a
 configuration (:func:`packer.tools.timing.measure_throughput`), each in a freshly forked child
 by default, with CPU time, page faults and the other processes' CPU share recorded.
+
+Baselines measured in the same run: the JPEG folder (``packer.FolderDataset``), the JPEG bytes in
+memory, and, next to packer's LMDB reader, a plain py-lmdb reader of the same files
+(:class:`packer.tools.plain_lmdb.PlainLMDBDataset`, bytes mode only). With ``same_allocator``
+(the default) every pass first applies packer's allocator setting
+(:func:`packer.handles.keep_freed_heap`), so the baselines run under the glibc trim threshold
+packer's readers set for themselves.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import os
@@ -23,12 +31,14 @@ from torch.utils.data import Dataset
 import packer
 from packer.decode import decode
 from packer.errors import PackerError
+from packer.handles import keep_freed_heap
 from packer.manifest import MANIFEST_NAME, load_manifest
 from packer.sources import scan
 from packer.tools.forked import in_child
 from packer.tools.host_load import QuietWaiter, host_busy_seconds, others_during, own_usage
 from packer.tools.image_demo import make_image_tree
 from packer.tools.io_counters import resident_fraction
+from packer.tools.plain_lmdb import PlainLMDBDataset
 from packer.tools.targets import close_dataset, data_files, evict_page_cache
 from packer.tools.timing import measure_throughput
 
@@ -38,6 +48,7 @@ __all__ = [
     "FORMATS",
     "MEMORY",
     "MODES",
+    "PLAIN_LMDB",
     "Config",
     "InMemoryDataset",
     "ThroughputBench",
@@ -49,6 +60,7 @@ __all__ = [
 CLASSES = 10
 FOLDER = "jpeg folder"
 MEMORY = "memory"
+PLAIN_LMDB = "plain lmdb"  # py-lmdb by hand over the LMDB output (bytes mode only)
 FORMATS = {"lmdb": ".lmdb", "hdf5": ".h5", "npy": ".npy", "bmp": ".bmp"}
 MODES = {"bytes": "bytes", "decoded": "numpy"}  # mode -> the datasets' output=
 DEFAULT_COLLATE = "default"  # measure_throughput's own list collate
@@ -167,6 +179,9 @@ def make_configs(
 ) -> list[Config]:
     """Every configuration, in the order of the table and of each round.
 
+    :data:`PLAIN_LMDB` runs in bytes mode only: decoding dominates decoded passes, and packer's
+    LMDB reader shares its decode with every other dataset.
+
     ``cold_decoded_workers`` limits decoded passes with a cold cache to those worker counts
     (None: all of ``workers``); decoding dominates them, and each costs a ~10 s pass.
     """
@@ -186,7 +201,7 @@ def make_configs(
                     ):
                         continue
                     for name in datasets:
-                        if name != MEMORY:
+                        if name != MEMORY and (name != PLAIN_LMDB or mode == "bytes"):
                             configs.append(Config(name, mode, w, cache, collate))
     return configs
 
@@ -195,10 +210,20 @@ class ThroughputBench:
     """The datasets' paths and the in-memory bytes; runs single timed passes."""
 
     def __init__(
-        self, src: Path, outputs: dict[str, Path], batch_size: int, in_process: bool = False
+        self,
+        src: Path,
+        outputs: dict[str, Path],
+        batch_size: int,
+        in_process: bool = False,
+        same_allocator: bool = True,
+        mmap_threshold: int = 0,
     ) -> None:
         self.in_process = in_process
+        self.same_allocator = same_allocator
+        self.mmap_threshold = mmap_threshold
         self.paths: dict[str, Path] = {FOLDER: src, **outputs}
+        if "lmdb" in outputs:
+            self.paths[PLAIN_LMDB] = outputs["lmdb"]
         self.files = {name: data_files(path) for name, path in self.paths.items()}
         self.batch_size = batch_size
         samples = scan(src).samples
@@ -212,6 +237,8 @@ class ThroughputBench:
             return InMemoryDataset(self.blobs, self.labels, output)
         if name == FOLDER:
             return packer.FolderDataset(self.paths[name], output=output)
+        if name == PLAIN_LMDB:
+            return PlainLMDBDataset(self.paths[name], output=output)
         return packer.open_dataset(self.paths[name], output=output)
 
     def run(self, config: Config, waiter: QuietWaiter | None = None) -> dict[str, Any]:
@@ -239,6 +266,10 @@ class ThroughputBench:
 
     def one_pass(self, config: Config) -> dict[str, Any]:
         """One timed pass of ``config`` on a fresh dataset, in this process."""
+        if self.same_allocator:
+            keep_freed_heap()  # what packer's readers do on their first handle; for baselines too
+        if self.mmap_threshold:  # a what-if: glibc's M_MMAP_THRESHOLD (-3), fixed
+            ctypes.CDLL("libc.so.6").mallopt(-3, self.mmap_threshold)
         dataset = self.make_dataset(config.dataset, config.mode)
         resident = self.set_cache(config)
         gc.collect()
