@@ -34,15 +34,8 @@ from typing import Any
 
 import torch
 
-from packer.tools.clip_bench import (
-    CORE,
-    EXTRAS,
-    markdown,
-    open_text,
-    prepare,
-    run,
-    targets_text,
-)
+from packer.tools.clip_bench import CORE, EXTRAS, prepare, run
+from packer.tools.clip_report import markdown, open_text, targets_text
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

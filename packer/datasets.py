@@ -74,10 +74,12 @@ class ImageDataset(SampleDataset):
 class PackedDataset(PackedSamples, ImageDataset):
     """A dataset over a packer image output (format given by ``FORMAT``).
 
-    With ``output="bytes"`` (and no transforms) a batch is read straight into one buffer
-    (shared memory inside a DataLoader worker) with no ``bytes`` object per sample; pass
-    ``collate_fn=packer.collate_bytes`` to receive it as ``(data, offsets, labels)`` tensors.
-    Reader options (``readahead`` for LMDB, ``max_open_files``) pass through.
+    With ``output="bytes"``, ``batch_buffer=True`` (and no transforms) a batch is read straight
+    into one buffer (shared memory inside a DataLoader worker) with no ``bytes`` object per
+    sample; use it with ``collate_fn=packer.collate_bytes``, which hands the buffer on as
+    ``(data, offsets, labels)`` tensors without a copy. (Any other collate would turn it back
+    into ``bytes``: a second copy, so it is off by default.) Reader options (``readahead`` for
+    LMDB, ``max_open_files``) pass through.
     """
 
     FORMAT = ""
@@ -88,9 +90,11 @@ class PackedDataset(PackedSamples, ImageDataset):
         transform: Transform = None,
         target_transform: Transform = None,
         output: str = "pil",
+        batch_buffer: bool = False,
         **reader_options: Any,
     ) -> None:
         packed = open_packed(root, "image", self.FORMAT or None, **reader_options)
+        self.batch_buffer = bool(batch_buffer)
         super().__init__(
             root, packed.manifest.classes, packed.labels, transform, target_transform, output
         )
@@ -101,7 +105,7 @@ class PackedDataset(PackedSamples, ImageDataset):
 
     def __getitems__(self, indices: Sequence[int]) -> Sequence[tuple[Any, Any]]:
         """A whole batch; raw bytes go straight into one buffer (see the class docstring)."""
-        if not self._raw():
+        if not (self.batch_buffer and self._raw()):
             return super().__getitems__(indices)
         positions = np.asarray(self._positions(indices), dtype=np.int64)
         records = self.first[positions]

@@ -73,8 +73,10 @@ class VerifyReport:
         return "\n".join([head + f": {len(self.problems)} problem(s)", *map(str, self.problems)])
 
 
-def _check_files(root: Path, manifest: Manifest, report: VerifyReport) -> set[str]:
+def _check_files(root: Path, manifest: Manifest, report: VerifyReport) -> tuple[set[str], set[str]]:
+    """Check every file's size and checksum; return (unreadable files, corrupt files)."""
     bad: set[str] = set()
+    corrupt: set[str] = set()
     named: list[tuple[str, str, int | None]] = [
         (s.name, s.xxh3_64, s.bytes) for s in manifest.shards
     ]
@@ -97,8 +99,8 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport) -> set[st
             bad.add(name)
         elif file_checksum(path) != digest:
             report.problems.append(Problem(name, "checksum differs from the manifest"))
-            bad.add(name)
-    return bad
+            corrupt.add(name)
+    return bad, corrupt
 
 
 def _where(packed: Packed, sample: int, record: int, keys: StringTable) -> str:
@@ -181,9 +183,12 @@ def verify(
         if unsafe:
             report.problems.append(Problem(unsafe[0], "not a plain file name in the dataset"))
             return report
-        bad_files = _check_files(root, manifest, report)
-        if {INDEX_NAME, RECORDS_NAME, KEYS_NAME} & bad_files:
+        unreadable, corrupt = _check_files(root, manifest, report)
+        if {INDEX_NAME, RECORDS_NAME, KEYS_NAME} & (unreadable | corrupt):
             return report  # per-sample checks need sound tables
+        # A corrupt LMDB page can crash the reading process: such a shard is not read. A
+        # corrupt NPY/HDF5 shard is read by bounded slices, so its bad samples get named.
+        bad_files = unreadable | (corrupt if manifest.format == "lmdb" else set())
         packed = open_packed(root, check_files=False)
         checksums = load_records(root, load_index(root, manifest))["checksum"]
         keys = StringTable(load_keys(root))

@@ -49,3 +49,39 @@ def test_worker_batches_are_built_in_shared_memory(packed: dict[str, Path]) -> N
         collate_fn=_shared_flag,
     )
     assert list(loader) == [True, True, True]
+
+
+def _buffer_kind(batch: object) -> tuple[str, bool]:
+    data = packer.collate_bytes(batch)[0]  # type: ignore[arg-type]
+    return type(batch).__name__, data.is_shared()
+
+
+def test_batch_buffer_reads_straight_into_shared_memory(
+    packed: dict[str, Path], suffix: str
+) -> None:
+    """``batch_buffer=True``: the worker's batch is read into one shared buffer (read_into) that
+    collate_bytes hands on as is; any other collate still sees (bytes, label) pairs."""
+    dataset = packer.open_dataset(packed[suffix], output="bytes", batch_buffer=True)
+    plain = packer.open_dataset(packed[suffix], output="bytes")
+    expected = [plain[i] for i in range(len(plain))]
+    for ctx in ("fork", "spawn"):
+        loader = DataLoader(
+            dataset,
+            batch_size=5,
+            num_workers=2,
+            multiprocessing_context=ctx,
+            collate_fn=packer.collate_bytes,
+        )
+        got = [
+            (bytes(buf), int(y))
+            for data, offsets, labels in loader
+            for buf, y in zip(packer.unpack_bytes(data, offsets), labels)
+        ]
+        assert got == expected
+    kinds = DataLoader(dataset, batch_size=5, num_workers=1, collate_fn=_buffer_kind)
+    assert set(kinds) == {("BytesBatch", True)}
+    pairs = DataLoader(dataset, batch_size=4, num_workers=0, collate_fn=list)
+    assert [pair for batch in pairs for pair in batch] == expected
+    default = next(iter(DataLoader(dataset, batch_size=3)))
+    assert list(default[0]) == [b for b, _ in expected[:3]]
+    assert default[1].tolist() == [y for _, y in expected[:3]]

@@ -18,6 +18,7 @@ import ctypes
 import errno
 import os
 import threading
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,7 @@ class _Env:
     """
 
     def __init__(self, path: str, readahead: bool) -> None:
+        self.env: Any = None
         try:
             self.env = lmdb.open(
                 path,
@@ -208,12 +210,22 @@ class _Env:
         self._local = threading.local()
         self._txns: list[Any] = []
         self._lock = threading.Lock()
+        _ALL_ENVS.add(self)
+
+    def forget(self) -> None:
+        """In a forked child: drop (never close) the parent's environment, transactions and
+        cursors, so py-lmdb forgets them and this process may open the shard itself."""
+        self.env = None
+        self._txns = []
+        self._local = threading.local()
 
     @property
     def cursor(self) -> Any:
         """This thread's cursor (its read transaction begins on first use)."""
         cursor = getattr(self._local, "cursor", None)
         if cursor is None:
+            if self.env is None:
+                raise FormatError("an LMDB environment inherited through fork cannot be used")
             txn = self.env.begin(buffers=True)
             with self._lock:
                 self._txns.append(txn)
@@ -225,8 +237,21 @@ class _Env:
             for txn in self._txns:
                 txn.abort()
             self._txns = []
-        self.env.close()
+        if self.env is not None:
+            self.env.close()
 
+
+_ALL_ENVS: weakref.WeakSet[_Env] = weakref.WeakSet()
+
+
+def _forget_inherited() -> None:
+    global _OPEN
+    _OPEN = {}
+    for shared in list(_ALL_ENVS):
+        shared.forget()
+
+
+os.register_at_fork(after_in_child=_forget_inherited)
 
 _OPEN: dict[tuple[int, int], _Env] = {}
 _OPEN_PID = os.getpid()

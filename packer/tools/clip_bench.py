@@ -49,11 +49,8 @@ __all__ = [
     "Mp4Clips",
     "WholeFileNpy",
     "epoch",
-    "markdown",
-    "open_text",
     "prepare",
     "run",
-    "targets_text",
 ]
 
 FOLDER, MP4, WHOLE = "jpeg frames", "mp4 seek-decode", "npy whole-file"
@@ -321,111 +318,3 @@ def run(args: argparse.Namespace, paths: dict[str, Path], log: Any = print) -> l
 
 # --------------------------------------------------------------------------------------------
 # Report
-
-
-def _row(rows: list[dict[str, Any]], name: str, mode: str, w: int, cache: str) -> dict[str, Any]:
-    for r in rows:
-        if (r["dataset"], r["mode"], r["workers"], r["cache"]) == (name, mode, w, cache):
-            return r
-    return {}
-
-
-def markdown(rows: list[dict[str, Any]], names: list[str], workers: list[int], mode: str,
-             cache: str) -> str:  # fmt: skip
-    """One table: a row per dataset, per ``num_workers`` clips/s, × frames and disk KB/clip."""
-    head = " | ".join(f"w={w} clips/s | × frames | disk KB/clip" for w in workers)
-    lines = [
-        f"**{mode}, {cache} cache**\n",
-        f"| dataset | payload KB/clip | {head} | disk ÷ payload |",
-        "|---|---:|" + "---:|" * (3 * len(workers)) + "---:|",
-    ]
-    for name in names:
-        found = [_row(rows, name, mode, w, cache) for w in workers]
-        if not any(found):
-            continue
-        pay = next((r["payload_per_clip"] for r in found if r), None)
-        cells = [f"{pay / 1e3:,.1f}" if pay else "–"]
-        ratios = []
-        for r in found:
-            if not r:
-                cells += ["–"] * 3
-                continue
-            cells += [f"{r['clips_per_s']:,.0f}", f"{r['x_folder']:.2f}",
-                      f"{r['disk_per_clip'] / 1e3:,.1f}"]  # fmt: skip
-            if r["disk_x_payload"] is not None:
-                ratios.append(f"{r['disk_x_payload']:.2f}×")
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {' / '.join(ratios) or '–'} |")
-    return "\n".join(lines)
-
-
-def open_text(rows: list[dict[str, Any]], names: list[str], workers: list[int]) -> str:
-    """Constructing the fresh dataset (untimed above), and bytes-mode clips/s had it been timed."""
-    lines = [
-        "**fresh dataset construction** (outside the timed epoch above; bytes-mode clips/s and "
-        "× frames if it were inside)\n",
-        "| dataset | open ms | "
-        + " | ".join(f"{c} w={w} clips/s | × frames" for c in ("cold", "warm") for w in workers)
-        + " |",
-        "|---|---:|" + "---:|" * (4 * len(workers)),
-    ]
-
-    def with_open(r: dict[str, Any]) -> float:
-        return float(r["clips"] / (r["seconds"] + r["open_s"]))
-
-    for name in names:
-        found = [_row(rows, name, "bytes", w, c) for c in ("cold", "warm") for w in workers]
-        if not any(found):
-            continue
-        base = [_row(rows, FOLDER, "bytes", w, c) for c in ("cold", "warm") for w in workers]
-        cells = [f"{statistics.median(r['open_s'] for r in found if r) * 1e3:,.1f}"]
-        for r, b in zip(found, base):
-            cells += (
-                [f"{with_open(r):,.0f}", f"{with_open(r) / with_open(b):.2f}"]
-                if r and b
-                else ["–", "–"]
-            )
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def targets_text(rows: list[dict[str, Any]], workers: list[int]) -> list[str]:
-    """Issue 13's targets, each met or missed with its figures."""
-    out = []
-
-    def get(name: str, mode: str, w: int, cache: str) -> dict[str, Any]:
-        return _row(rows, name, mode, w, cache)
-
-    for name in ("npy", "h5", "lmdb"):
-        figs = [get(name, "bytes", w, "cold") for w in workers]
-        figs = [r for r in figs if r]
-        if figs:
-            worst = max(r["disk_x_payload"] for r in figs)
-            out.append(
-                f"cold bytes, disk ≤ 1.3× payload, {name}: "
-                f"{'MET' if worst <= 1.3 else 'MISSED'} ("
-                + ", ".join(f"w={r['workers']}: {r['disk_x_payload']:.2f}×" for r in figs)
-                + ")"
-            )
-    for cache, label in (("cold", "cold bytes"), ("warm", "warm bytes")):
-        for name in ("npy", "h5", "lmdb") + (("bmp",) if cache == "warm" else ()):
-            figs = [r for r in (get(name, "bytes", w, cache) for w in workers) if r]
-            if figs:
-                worst = min(r["x_folder"] for r in figs)
-                out.append(
-                    f"{label}, clips/s ≥ 1.5× frame folders, {name}: "
-                    f"{'MET' if worst >= 1.5 else 'MISSED'} ("
-                    + ", ".join(f"w={r['workers']}: {r['x_folder']:.2f}×" for r in figs)
-                    + ")"
-                )
-    for name in ("npy", "h5", "lmdb", "bmp"):
-        figs = [r for c in ("warm", "cold") for w in workers
-                if (r := get(name, "decoded", w, c))]  # fmt: skip
-        if figs:
-            worst = min(r["x_folder"] for r in figs)
-            out.append(
-                f"decoded, not slower than frame folders, {name}: "
-                f"{'MET' if worst >= 1.0 else 'MISSED'} ("
-                + ", ".join(f"{r['cache']} w={r['workers']}: {r['x_folder']:.2f}×" for r in figs)
-                + ")"
-            )
-    return out

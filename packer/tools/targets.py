@@ -101,8 +101,11 @@ def open_for_mode(path: str | os.PathLike[str], mode: str) -> Dataset:
         raise PackerError(f"unknown bench mode {mode!r}; expected one of {', '.join(MODES)}")
     if not Path(path).exists():
         raise PackerError(f"{str(path)!r} does not exist")
-    if mode == "bytes":
-        return open_dataset(path, output="bytes")
+    if mode == "bytes":  # batches go to collate_bytes: packed images read straight into one
+        dataset = open_dataset(path, output="bytes")
+        if hasattr(dataset, "batch_buffer"):
+            dataset.batch_buffer = True
+        return dataset
     if mode == "decode":
         return open_dataset(path, output="numpy")
     return open_dataset(path, output="pil", transform=train_transform())

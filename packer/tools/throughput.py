@@ -230,8 +230,9 @@ class ThroughputBench:
         self.blobs = [Path(s.path).read_bytes() for s in samples]
         self.labels = [s.label for s in samples]
 
-    def make_dataset(self, name: str, mode: str) -> Dataset:
-        """A fresh dataset for one pass."""
+    def make_dataset(self, name: str, mode: str, collate: str = "default") -> Dataset:
+        """A fresh dataset for one pass (packed ones read raw batches into one buffer when the
+        batch goes to ``collate_bytes``)."""
         output = MODES[mode]
         if name == MEMORY:
             return InMemoryDataset(self.blobs, self.labels, output)
@@ -239,7 +240,8 @@ class ThroughputBench:
             return packer.FolderDataset(self.paths[name], output=output)
         if name == PLAIN_LMDB:
             return PlainLMDBDataset(self.paths[name], output=output)
-        return packer.open_dataset(self.paths[name], output=output)
+        buffer = {"batch_buffer": True} if collate == COLLATE_BYTES and output == "bytes" else {}
+        return packer.open_dataset(self.paths[name], output=output, **buffer)
 
     def run(self, config: Config, waiter: QuietWaiter | None = None) -> dict[str, Any]:
         """One timed pass of ``config``, in a forked child unless ``in_process``."""
@@ -270,7 +272,7 @@ class ThroughputBench:
             keep_freed_heap()  # what packer's readers do on their first handle; for baselines too
         if self.mmap_threshold:  # a what-if: glibc's M_MMAP_THRESHOLD (-3), fixed
             ctypes.CDLL("libc.so.6").mallopt(-3, self.mmap_threshold)
-        dataset = self.make_dataset(config.dataset, config.mode)
+        dataset = self.make_dataset(config.dataset, config.mode, config.collate)
         resident = self.set_cache(config)
         gc.collect()
         host_before, (cpu_before, faults_before) = host_busy_seconds(), own_usage()
