@@ -201,6 +201,7 @@ def convert(
         progress,
         prepared.unit,
         on_event,
+        limits["max_file_size"] if kind == "image" else None,
     )
     start = time.perf_counter()
     with DestinationLock(dst_path):

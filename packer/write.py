@@ -96,6 +96,7 @@ class Job:
     progress: bool
     unit: str = "img"
     on_event: Event | None = None
+    max_file_size: int | None = None  # inputs above it are skipped: they plan as 0 bytes
 
     def emit(self, name: str, number: int) -> None:
         if self.on_event is not None:
@@ -132,7 +133,9 @@ def _name_fits(job: Job, key: str) -> bool:
 def write_shards(job: Job, done: list[Checkpoint], progress: Progress) -> list[Checkpoint]:
     """Write every planned shard after the ``done`` ones, checkpointing each as it completes."""
     samples = job.source.samples
-    shard_of, planned = plan_shards([s.size for s in samples], job.shard_size)
+    cap = job.max_file_size
+    sizes = [0 if cap is not None and s.size > cap else s.size for s in samples]
+    shard_of, planned = plan_shards(sizes, job.shard_size)
     starts = [0, *(np.flatnonzero(np.diff(shard_of)) + 1).tolist()] if len(samples) else []
     first = starts[len(done)] if len(done) < len(starts) else len(samples)
     for k in range(len(done), len(planned)):  # a half-written shard is rewritten from scratch
