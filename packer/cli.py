@@ -235,9 +235,14 @@ def demo(workdir: Path, classes: int, per_class: int, kind: str, quiet: bool) ->
 @main.command(context_settings=CONTEXT)
 @click.argument("dst", type=click.Path(exists=True, path_type=Path))
 @click.option("--full", is_flag=True, help="Also decode every sample.")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    help="Threads decoding with --full (default: CPU count).",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @friendly
-def verify(dst: Path, full: bool, quiet: bool) -> None:
+def verify(dst: Path, full: bool, workers: int | None, quiet: bool) -> None:
     """Check a packed dataset: file checksums, every sample's checksum, and (--full) decoding.
 
     Each problem is reported with its shard and sample key; the exit status is 1 if any.
@@ -248,7 +253,7 @@ def verify(dst: Path, full: bool, quiet: bool) -> None:
     """
     from packer.verify import verify as run
 
-    report = run(dst, full=full, progress=not quiet)
+    report = run(dst, full=full, progress=not quiet, workers=workers or 0)
     click.echo(report.summary())
     if not report.ok:
         sys.exit(1)

@@ -96,6 +96,12 @@ def load_image(
         data = read_input(sample.path, max_file_size)
     except InputFileError as exc:
         return Loaded(None, str(exc))
+    if len(data) != sample.size:  # shards were planned, and --resume fingerprinted, by size
+        return Loaded(
+            None,
+            f"changed during the conversion ({sample.size} bytes scanned, {len(data)} read); "
+            "convert again once it is complete",
+        )
     try:
         check_image(data, check, max_pixels)
         if transcode is not None:

@@ -123,6 +123,47 @@ def _loaded(job: Job, todo: list[Any]) -> Iterator[Loaded]:
     return load_in_order(job.loader, todo, job.workers, job.cpu_bound)
 
 
+def _store(
+    job: Job, writer: Any, current: Checkpoint, sample: Any, loaded: Loaded, shard: int
+) -> None:
+    """Write one loaded sample into the open shard and note its rows, or note why it is not."""
+    for path, reason in loaded.dropped:
+        _skip(job, current, path, f"frame dropped: {reason}")
+    per_sample = job.layout == "per-sample"
+    if loaded.records is not None and per_sample and not _name_fits(job, sample.key):
+        loaded = Loaded(None, "name too long for the output file system")
+    if loaded.records is None:
+        _skip(job, current, sample.path, loaded.reason or "unknown problem")
+        return
+    try:
+        offsets = writer.write(shard, sample.key, loaded.records)
+    except InputFileError as exc:  # the writer refused this input (it grew since the scan)
+        _skip(job, current, sample.path, str(exc))
+        return
+    file = -1 if per_sample else shard
+    current.samples.append([sample.label, len(loaded.records)])
+    current.records += [
+        [file, len(r), off, ck] for r, off, ck in zip(loaded.records, offsets, loaded.checksums)
+    ]
+    current.keys.append(sample.key)
+
+
+def _end_shard(
+    job: Job,
+    writer: Any,
+    progress: Progress,
+    done: list[Checkpoint],
+    current: Checkpoint,
+    shard: int,
+) -> Checkpoint:
+    """Make planned shard ``shard`` durable, checkpoint it, and start the next one."""
+    current.shard = writer.finish_shard()
+    progress.save(shard, current)
+    done.append(current)
+    job.emit("shard", shard)
+    return Checkpoint()
+
+
 def _name_fits(job: Job, key: str) -> bool:
     """Whether the per-sample file named after ``key`` (plus its suffix) fits a file name."""
     limit = os.pathconf(job.partial, "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
@@ -144,32 +185,13 @@ def write_shards(job: Job, done: list[Checkpoint], progress: Progress) -> list[C
     bar = _bar(job, len(samples), first)
     current = Checkpoint()
     begun, done_bytes, last = time.perf_counter(), 0, 0.0
-    per_sample = job.layout == "per-sample"
     with job.fmt.Writer(job.partial, planned, job.layout, job.source.kind) as writer:
         for i, (sample, loaded) in enumerate(zip(todo, _loaded(job, todo)), start=first):
             shard = int(shard_of[i])
-            for path, reason in loaded.dropped:
-                _skip(job, current, path, f"frame dropped: {reason}")
-            if loaded.records is not None and per_sample and not _name_fits(job, sample.key):
-                loaded = Loaded(None, "name too long for the output file system")
-            if loaded.records is None:
-                _skip(job, current, sample.path, loaded.reason or "unknown problem")
-            else:
-                offsets = writer.write(shard, sample.key, loaded.records)
-                file = -1 if per_sample else shard
-                current.samples.append([sample.label, len(loaded.records)])
-                current.records += [
-                    [file, len(r), off, ck]
-                    for r, off, ck in zip(loaded.records, offsets, loaded.checksums)
-                ]
-                current.keys.append(sample.key)
+            _store(job, writer, current, sample, loaded, shard)
             job.emit("sample", i)
             if i + 1 == len(samples) or shard_of[i + 1] != shard:
-                current.shard = writer.finish_shard()
-                progress.save(shard, current)
-                done.append(current)
-                current = Checkpoint()
-                job.emit("shard", shard)
+                current = _end_shard(job, writer, progress, done, current, shard)
             done_bytes += sample.size
             bar.update(1)
             if job.progress and (now := time.perf_counter()) - last > 0.5:

@@ -270,3 +270,19 @@ def test_a_huge_input_plans_no_space(tree: DemoTree, tmp_path: Path) -> None:
     result = packer.convert(src, tmp_path / "out.h5", progress=False)
     assert sum(s.bytes for s in result.manifest.shards) < 10 << 20
     assert len(packer.open_dataset(tmp_path / "out.h5")) == len(tree.good)
+
+
+def test_a_file_growing_during_an_hdf5_conversion(tree: DemoTree, tmp_path: Path) -> None:
+    src = Path(shutil.copytree(tree.root, tmp_path / "src"))
+    victim = sorted((src / "class_01").iterdir())[0]
+
+    def grow(name: str, number: int) -> None:
+        if name == "sample" and number == 0:  # after the scan, before the victim is read
+            with open(victim, "ab") as fh:
+                fh.write(b"\0" * 64)
+
+    result = packer.convert(src, tmp_path / "out.h5", workers=1, progress=False, on_event=grow)
+    reasons = {Path(s.path).name: s.reason for s in result.skipped}
+    assert "changed during the conversion" in reasons[victim.name]
+    assert verify(tmp_path / "out.h5", progress=False).ok
+    assert len(packer.open_dataset(tmp_path / "out.h5")) == len(tree.good) - 1

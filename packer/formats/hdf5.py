@@ -32,6 +32,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from packer.errors import InputFileError
 from packer.formats.base import FileReader
 from packer.formats.files import DurableFiles
 from packer.manifest import LAYOUT_VERSION, ShardInfo, file_checksum, shard_name
@@ -137,6 +138,12 @@ class Writer:
             )
             self._base = int(data.id.get_offset())
             self._current = shard
+        room = self.planned[shard] - self._flushed - len(self._buffer)
+        if sum(len(r) for r in records) > room:  # the file grew since it was scanned
+            raise InputFileError(
+                f"changed during the conversion: {sum(len(r) for r in records)} bytes read, more "
+                "than scanned; convert it again once it is complete"
+            )
         out = []
         for record in records:
             offset = self._flushed + len(self._buffer)
