@@ -174,7 +174,11 @@ def inspect(dst: Path, skipped: bool, num_keys: int) -> None:
     """
     from packer.inspect import describe
     from packer.manifest import load_manifest
+    from packer.splits import describe_splits
 
+    if load_manifest(dst).kind == "splits":
+        click.echo(describe_splits(dst))
+        return
     click.echo(describe(dst, show_skipped=skipped, num_keys=num_keys))
     if load_manifest(dst).kind == "video":
         from packer.video.inspect import describe_video

@@ -33,6 +33,7 @@ from packer.manifest import Manifest
 from packer.resume import Progress, fingerprint
 from packer.sizes import format_size, parse_size
 from packer.sources import SkippedInput, scan
+from packer.splits import convert_splits, find_splits
 from packer.video.sources import detect_kind
 from packer.write import Event, Job, Prepared, finalize, plan_shards, write_shards
 
@@ -58,9 +59,14 @@ class ConvertResult:
         m = self.manifest
         rate = self.bytes_in / self.seconds if self.seconds > 0 else 0.0
         what = "videos" if m.kind == "video" else "samples"
+        files = (
+            f"{len(m.options.get('splits', {}))} splits"
+            if m.kind == "splits"
+            else f"{len(m.shards) or m.num_samples} file(s)"
+        )
         lines = [
             f"wrote {self.dst} ({m.format}): {m.num_samples} {what}, {len(m.classes)} classes, "
-            f"{len(m.shards) or m.num_samples} file(s)",
+            f"{files}",
             f"read {format_size(self.bytes_in)}, wrote {format_size(self.bytes_out)} "
             f"in {self.seconds:.1f} s ({format_size(rate)}/s)",
         ]
@@ -81,7 +87,12 @@ class ConvertResult:
 
 
 def _prepare_images(
-    src: Path, fmt: ModuleType, check: str, limits: dict[str, int], options: dict[str, Any]
+    src: Path,
+    fmt: ModuleType,
+    check: str,
+    limits: dict[str, int],
+    options: dict[str, Any],
+    classes: list[str] | None = None,
 ) -> Prepared:
     if options:
         raise PackerError(f"{', '.join(sorted(options))} only apply to video sources")
@@ -89,14 +100,22 @@ def _prepare_images(
         raise PackerError(f"invalid check {check!r}; expected one of {', '.join(CHECKS)}")
     loader = functools.partial(load_image, check=check, transcode=fmt.TRANSCODE, **limits)
     recorded = {"check": check, **limits}
-    return Prepared(scan(src), loader, fmt.TRANSCODE is not None, recorded, "img")
+    return Prepared(scan(src, classes=classes), loader, fmt.TRANSCODE is not None, recorded, "img")
 
 
 def _prepare(
-    kind: str, src: Path, fmt: ModuleType, check: str, limits: dict[str, int], options: dict
+    kind: str,
+    src: Path,
+    fmt: ModuleType,
+    check: str,
+    limits: dict[str, int],
+    options: dict,
+    classes: list[str] | None,
 ) -> Prepared:
     if kind == "image":
-        return _prepare_images(src, fmt, check, limits, options)
+        return _prepare_images(src, fmt, check, limits, options, classes)
+    if classes is not None:
+        raise PackerError("splits (a shared class index) are supported for images only so far")
     if kind == "video":
         from packer.video.convert import prepare_video
 
@@ -141,6 +160,8 @@ def convert(
     on_event: Event | None = None,
     max_file_size: int | str = DEFAULT_MAX_FILE_SIZE,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    split: str | list[str] | None = None,
+    classes: list[str] | None = None,
     **video_options: Any,
 ) -> ConvertResult:
     """Convert the folder ``src`` into a packed dataset at ``dst``.
@@ -165,6 +186,9 @@ def convert(
             :class:`packer.write.Job`).
         max_file_size: skip (and list) a source image larger than this, before reading it.
         max_pixels: skip (and list) an image with more pixels than this, before decoding it.
+        split: for a source whose top-level folders are splits (``train``, ``val``, ...), the
+            split(s) to convert (default: all, into one output; see :mod:`packer.splits`).
+        classes: pin the class index (names in label order) instead of taking the folders'.
         video_options: for video, ``quality``, ``max_side``, ``short_side``, ``fps``,
             ``skip_bad_frames`` (see :func:`packer.video.convert.prepare_video`).
 
@@ -173,6 +197,17 @@ def convert(
     """
     src_path, dst_path = Path(src), Path(os.fspath(dst).rstrip("/") or "/")
     fmt = by_name(format) if format else format_for(dst_path)
+    if classes is None and kind != "video":
+        found = find_splits(src_path)
+        wanted = [split] if isinstance(split, str) else list(split or found)
+        unknown = [w for w in wanted if w not in found]
+        if unknown:
+            raise PackerError(
+                f"{str(src_path)!r} has no split {unknown[0]!r}"
+                + (f"; it has {', '.join(found)}" if found else " (it is not a split root)")
+            )
+        if wanted:
+            return _convert_splits(src_path, dst_path, wanted, locals())
     if workers is not None and workers < 1:
         raise PackerError(f"invalid workers {workers}; expected 1 or more")
     size = parse_size(shard_size)
@@ -181,7 +216,7 @@ def convert(
         raise PackerError(f"invalid max_pixels {max_pixels}; expected 1 or more")
     check_destination(dst_path, overwrite, src_path, resume)
     kind = kind or detect_kind(src_path)
-    prepared = _prepare(kind, src_path, fmt, check, limits, video_options)
+    prepared = _prepare(kind, src_path, fmt, check, limits, video_options, classes)
     source = prepared.source
     if strict and source.skipped:
         raise InputFileError(f"{source.skipped[0].path}: {source.skipped[0].reason} (--strict)")
@@ -220,6 +255,31 @@ def convert(
     )
     if resume and not resumed:
         result.notes.append(f"nothing to resume in {str(partial)!r}: converted from the start")
+    return result
+
+
+def _convert_splits(src: Path, dst: Path, splits: list[str], args: dict) -> ConvertResult:
+    names = ["format", "shard_size", "workers", "overwrite", "strict", "check", "resume"]
+    names += ["progress", "on_event", "max_file_size", "max_pixels"]
+    options = {n: args[n] for n in names}
+    options["format"] = args["fmt"].NAME  # a split's folder has no suffix of its own
+    start = time.perf_counter()
+    manifest, results = convert_splits(
+        src, dst, splits, convert, kind="image", **options, **args["video_options"]
+    )
+    counts = ", ".join(f"{s} {m.num_samples}" for s, m in results.items())
+    result = ConvertResult(
+        dst=dst,
+        manifest=manifest,
+        seconds=time.perf_counter() - start,
+        bytes_in=sum(int(m.source.get("bytes", 0)) for m in results.values()),
+        bytes_out=sum(f.stat().st_size for f in dst.rglob("*") if f.is_file()),
+        skipped=[SkippedInput(x["path"], x["reason"]) for m in results.values() for x in m.skipped],
+    )
+    result.notes.append(
+        f"image classes: {len(manifest.classes)} in splits {', '.join(splits)} ({counts}); "
+        f"one class index, from {manifest.options['class_index_from']!r}"
+    )
     return result
 
 

@@ -106,6 +106,7 @@ class PackedSamples:
     counts: np.ndarray
 
     def _attach(self, packed: Packed) -> None:
+        self.root = packed.root  # a split's own folder when a split was opened
         self.manifest = packed.manifest
         self.reader = packed.reader
         self.first = packed.first

@@ -23,6 +23,7 @@ from packer.errors import FormatError, InputFileError, PackerError
 from packer.formats import FORMATS
 from packer.manifest import MANIFEST_NAME, load_manifest
 from packer.sources import scan
+from packer.splits import find_splits, split_root
 from packer.store import open_packed
 from packer.strings import StringTable
 
@@ -180,20 +181,29 @@ _CLASSES: dict[str, type[PackedDataset]] = {
 }
 
 
-def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> ImageDataset:
+def open_dataset(
+    path: str | os.PathLike[str], split: str | None = None, **kwargs: Any
+) -> ImageDataset:
     """Open a packer output (any format and kind, read from its manifest) or a plain folder
-    (``<class>/<image>`` or ``<class>/<video>/<frame>``).
+    (``<class>/<image>``, ``<class>/<video>/<frame>``, or a split root such as ``imagenet/``
+    with ``train/`` and ``val/``).
 
-    Keyword arguments go to the dataset class (``transform``, ``output``, reader options; for
-    video ``num_frames``, ``sampling``, ``stride``, ``seed``).
+    Args:
+        path: the output or folder.
+        split: the split to open (``"train"``, ``"val"``, ...) of an output or folder that has
+            splits.
+        kwargs: go to the dataset class (``transform``, ``output``, reader options; for video
+            ``num_frames``, ``sampling``, ``stride``, ``seed``).
 
     Raises:
-        PackerError: the path is neither a packer output nor an image folder.
+        PackerError: the path is neither a packer output nor an image folder, or a split is
+            missing or unknown.
     """
     root = Path(path)
     if not root.exists():
         raise PackerError(f"{str(root)!r} does not exist")
     if (root / MANIFEST_NAME).is_file():
+        root = split_root(root, split)
         manifest = load_manifest(root)
         if manifest.kind == "video":
             from packer.video.datasets import open_video_dataset
@@ -207,6 +217,14 @@ def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> ImageDataset:
     if root.is_dir():
         from packer.video.sources import detect_kind
 
+        splits = find_splits(root)
+        if splits or split is not None:
+            if split not in splits:
+                raise PackerError(
+                    f"{str(root)!r} holds splits {', '.join(splits) or '(none)'}: pass split="
+                    + (f" one of them, not {split!r}" if split is not None else "")
+                )
+            root = root / split
         if detect_kind(root) == "video":
             from packer.video.datasets import open_video_dataset
 

@@ -160,12 +160,17 @@ def _scan_class(root: Path, class_name: str, label: int, scan_result: Scan) -> N
         scan_result.samples.append(Sample(key, label, str(folder / name), size))
 
 
-def scan(root: str | os.PathLike[str], kind: str = "image") -> Scan:
+def scan(
+    root: str | os.PathLike[str], kind: str = "image", classes: list[str] | None = None
+) -> Scan:
     """Scan ``root/<class>/<image>`` into an ordered :class:`Scan`.
 
     Args:
         root: the source folder.
         kind: ``"image"`` (the only kind this version scans).
+        classes: pin the class index (a split of a dataset takes its training split's): the
+            class folders found must be among them, and keep their indices; a class without a
+            folder here simply has no samples.
 
     Raises:
         SourceError: the folder is missing, a file, has no class folders, or no class has images.
@@ -173,13 +178,27 @@ def scan(root: str | os.PathLike[str], kind: str = "image") -> Scan:
     if kind != "image":
         raise SourceError(f"unknown source kind {kind!r}; expected 'image'")
     root_path = Path(root)
-    classes = _class_dirs(root_path)
-    result = Scan(root=str(root_path.resolve()), kind=kind, classes=classes, samples=[])
+    found = _class_dirs(root_path)
+    if classes is not None:
+        unknown = [c for c in found if c not in set(classes)]
+        if unknown:
+            shown = ", ".join(repr(c) for c in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+            raise SourceError(
+                f"{str(root_path)!r} has class folder(s) the class index does not know: {shown} "
+                f"(the index has {len(classes)} classes, taken from the training split)"
+            )
+    else:
+        classes = found
+    result = Scan(root=str(root_path.resolve()), kind=kind, classes=list(classes), samples=[])
     per_class = []
+    present = set(found)
     for label, class_name in enumerate(classes):
+        if class_name not in present:
+            continue
         before = len(result.samples)
         _scan_class(root_path, class_name, label, result)
         per_class.append(len(result.samples) - before)
+    classes = [c for c in classes if c in present]
     empty = [c for c, n in zip(classes, per_class) if n == 0]
     if not result.samples:
         raise SourceError(

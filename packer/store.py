@@ -18,6 +18,7 @@ from packer.errors import FormatError
 from packer.formats import by_name
 from packer.formats.base import ReaderBase, shard_identities
 from packer.manifest import Manifest, load_index, load_manifest, load_records
+from packer.splits import split_root
 
 __all__ = ["Packed", "open_packed", "validate_tables"]
 
@@ -104,6 +105,7 @@ def open_packed(
     kind: str | None = None,
     format: str | None = None,
     check_files: bool = True,
+    split: str | None = None,
     **reader_options: Any,
 ) -> Packed:
     """Load the manifest and tables of the packed output at ``root`` and make its reader.
@@ -113,12 +115,13 @@ def open_packed(
         format: refuse an output of another format (the dataset classes pin one).
         check_files: refuse shards that are missing or of the wrong size (``verify`` reports
             them instead).
+        split: the split to open, for an output holding splits (``packer.splits``).
         reader_options: passed to the format's reader (``readahead``, ``max_open_files``).
 
     Raises:
         FormatError: not a complete packer output, another kind or format, or damaged tables.
     """
-    path = Path(root)
+    path = split_root(Path(root), split)
     before = _folder_id(path)
     manifest = load_manifest(path)
     if format and manifest.format != format:

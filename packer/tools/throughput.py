@@ -240,7 +240,9 @@ class ThroughputBench:
             return packer.FolderDataset(self.paths[name], output=output)
         if name == PLAIN_LMDB:
             return PlainLMDBDataset(self.paths[name], output=output)
-        buffer = {"batch_buffer": True} if collate == COLLATE_BYTES and output == "bytes" else {}
+        buffer: dict[str, Any] = (
+            {"batch_buffer": True} if collate == COLLATE_BYTES and output == "bytes" else {}
+        )
         return packer.open_dataset(self.paths[name], output=output, **buffer)
 
     def run(self, config: Config, waiter: QuietWaiter | None = None) -> dict[str, Any]:

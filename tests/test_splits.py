@@ -1,0 +1,96 @@
+"""ImageNet as it ships: a root of split folders converts into one output with one class index."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import packer
+from packer.cli import main
+from packer.errors import PackerError, SourceError
+from packer.tools.image_demo import DemoTree
+from packer.verify import verify
+
+
+@pytest.fixture
+def imagenet(tree: DemoTree, tmp_path: Path) -> Path:
+    """``train/`` with 3 classes; ``val/`` lacking ``class_01`` (its index must not shift)."""
+    root = tmp_path / "imagenet"
+    shutil.copytree(tree.root, root / "train")
+    shutil.copytree(tree.root, root / "val", ignore=shutil.ignore_patterns("broken*"))
+    shutil.rmtree(root / "val" / "class_01")
+    return root
+
+
+def walk_count(root: Path) -> int:
+    return sum(1 for _, _, files in os.walk(root) for f in files if not f.startswith("broken"))
+
+
+@pytest.mark.parametrize("suffix", [".lmdb", ".npy"])
+def test_a_split_root_converts_with_one_class_index(
+    imagenet: Path, tmp_path: Path, suffix: str
+) -> None:
+    dst = tmp_path / f"out{suffix}"
+    result = packer.convert(imagenet, dst, progress=False)
+    assert "image classes: 3 in splits train, val" in result.summary()
+    assert "from 'train'" in result.summary()
+    train = packer.open_dataset(dst, split="train", output="bytes")
+    val = packer.open_dataset(dst, split="val", output="bytes")
+    assert train.class_to_idx == val.class_to_idx == {"class_00": 0, "class_01": 1, "class_02": 2}
+    assert len(train) == walk_count(imagenet / "train") and len(val) == walk_count(imagenet / "val")
+    assert set(val.targets.tolist()) == {0, 2}  # class_02 keeps index 2 without class_01
+    assert all(val.classes[val.targets[i]] == val.keys[i].split("/")[0] for i in range(len(val)))
+    alone = packer.open_dataset(dst / "val", output="bytes")  # each split readable on its own
+    assert len(alone) == len(val)
+    with pytest.raises(PackerError, match="holds splits train, val: pass split="):
+        packer.open_dataset(dst)
+    with pytest.raises(PackerError, match="has no split 'test'"):
+        packer.open_dataset(dst, split="test")
+    assert verify(dst, progress=False).ok
+    out = CliRunner().invoke(main, ["inspect", str(dst)]).output
+    assert "2 splits, 3 classes" in out and f"val: {len(val)} samples" in out
+
+
+def test_one_split_and_unknown_classes(imagenet: Path, tmp_path: Path) -> None:
+    packer.convert(imagenet, tmp_path / "val.lmdb", split="val", progress=False)
+    assert len(packer.open_dataset(tmp_path / "val.lmdb", split="val")) == walk_count(
+        imagenet / "val"
+    )
+    with pytest.raises(PackerError, match="has no split 'valid'; it has train, val"):
+        packer.convert(imagenet, tmp_path / "x.lmdb", split="valid", progress=False)
+    (imagenet / "val" / "n99999999").mkdir()
+    (imagenet / "val" / "n99999999" / "a.JPEG").write_bytes(b"x")
+    with pytest.raises(
+        SourceError, match="class folder.s. the class index does not know: 'n99999999'"
+    ):
+        packer.convert(imagenet, tmp_path / "y.lmdb", progress=False)
+
+
+def test_a_split_root_is_never_taken_for_video(imagenet: Path, tmp_path: Path) -> None:
+    folder = packer.open_dataset(imagenet, split="train", output="bytes")
+    assert type(folder).__name__ == "FolderDataset" and len(folder.classes) == 3
+    (imagenet / "extra").mkdir()
+    with pytest.raises(SourceError, match="split folders .train, val. next to other folders"):
+        packer.convert(imagenet, tmp_path / "z.lmdb", progress=False)
+
+
+def test_an_interrupted_split_conversion_resumes(
+    imagenet: Path, tmp_path: Path, tree_files
+) -> None:  # type: ignore[no-untyped-def]
+    reference = tmp_path / "ref.npy"
+    packer.convert(imagenet, reference, progress=False, shard_size="15kB")
+    dst = tmp_path / "out.npy"
+
+    def stop(name: str, number: int) -> None:
+        if name == "shard" and number == 1 and (tmp_path / "out.npy.partial" / "train").is_dir():
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        packer.convert(imagenet, dst, progress=False, shard_size="15kB", on_event=stop)
+    assert not dst.exists()
+    packer.convert(imagenet, dst, progress=False, shard_size="15kB", resume=True)
+    assert tree_files(dst) == tree_files(reference)
