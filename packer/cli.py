@@ -56,6 +56,12 @@ def main() -> None:
     help="fast: header + JPEG end marker; decode: decode every image.",
 )
 @click.option(
+    "--split",
+    "splits",
+    multiple=True,
+    help="For a root of split folders (train/, val/, ...): convert this split only (repeatable).",
+)
+@click.option(
     "--max-file-size",
     default="64MB",
     show_default=True,
@@ -111,6 +117,7 @@ def convert(
     resume: bool,
     strict: bool,
     check: str,
+    splits: tuple[str, ...],
     max_file_size: str,
     max_pixels: int,
     kind: str | None,
@@ -123,6 +130,9 @@ def convert(
 ) -> None:
     """Convert the image folder SRC (<class>/<image>) into the packed dataset DST.
 
+    A root of split folders (imagenet/ with train/ and val/) becomes one output holding every
+    split, with one class index taken from train/ (--split NAME converts one).
+
     Video sources work the same way: <class>/<video>/<frame>.jpg frame folders (kept as they
     are) or <class>/<video>.mp4|.avi|.webm|.mkv files (decoded once with PyAV, stored as JPEG).
 
@@ -132,6 +142,7 @@ def convert(
 
     \b
     Example:
+      packer convert imagenet/ imagenet.lmdb
       packer convert imagenet/train train.lmdb --shard-size 1GB
       packer convert ucf101/ ucf101.npy --short-side 256 --fps 10
     """
@@ -155,6 +166,7 @@ def convert(
         kind=kind,
         max_file_size=max_file_size,
         max_pixels=max_pixels,
+        split=list(splits) or None,
         **video,
     )
     click.echo(result.summary())

@@ -94,3 +94,15 @@ def test_an_interrupted_split_conversion_resumes(
     assert not dst.exists()
     packer.convert(imagenet, dst, progress=False, shard_size="15kB", resume=True)
     assert tree_files(dst) == tree_files(reference)
+
+
+def test_cli_converts_a_split_root_and_one_split(imagenet: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    done = runner.invoke(main, ["convert", str(imagenet), str(tmp_path / "all.npy"), "-q"])
+    assert done.exit_code == 0, done.output
+    assert "in splits train, val" in done.output
+    one = runner.invoke(
+        main, ["convert", str(imagenet), str(tmp_path / "v.npy"), "-q", "--split", "val"]
+    )
+    assert one.exit_code == 0, one.output
+    assert "splits val " in one.output or "in splits val" in one.output
