@@ -56,6 +56,23 @@ def main() -> None:
     help="fast: header + JPEG end marker; decode: decode every image.",
 )
 @click.option(
+    "--labels",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Labels of a flat folder of images: a CSV with a header (name, label) or 'name label' "
+    "lines; ImageNet's LOC_val_solution.csv reads as it ships.",
+)
+@click.option(
+    "--classes",
+    "classes_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Pin the class index: one class name per line, in label order.",
+)
+@click.option(
+    "--classes-from",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Pin the class index to a packer output's (e.g. the train output), so both agree.",
+)
+@click.option(
     "--split",
     "splits",
     multiple=True,
@@ -117,6 +134,9 @@ def convert(
     resume: bool,
     strict: bool,
     check: str,
+    labels: Path | None,
+    classes_file: Path | None,
+    classes_from: Path | None,
     splits: tuple[str, ...],
     max_file_size: str,
     max_pixels: int,
@@ -144,9 +164,17 @@ def convert(
     Example:
       packer convert imagenet/ imagenet.lmdb
       packer convert imagenet/train train.lmdb --shard-size 1GB
+      packer convert val_flat/ val.lmdb --labels LOC_val_solution.csv --classes-from train.lmdb
       packer convert ucf101/ ucf101.npy --short-side 256 --fps 10
     """
     from packer.convert import convert as run
+    from packer.labels import classes_from as index_of
+    from packer.labels import read_classes
+
+    if classes_file and classes_from:
+        raise click.UsageError("--classes and --classes-from are exclusive; pass one")
+    classes = read_classes(classes_file) if classes_file else None
+    classes = index_of(classes_from) if classes_from else classes
 
     given = {"quality": quality, "max_side": max_side, "short_side": short_side, "fps": fps}
     video: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
@@ -167,6 +195,8 @@ def convert(
         max_file_size=max_file_size,
         max_pixels=max_pixels,
         split=list(splits) or None,
+        labels=labels,
+        classes=classes,
         **video,
     )
     click.echo(result.summary())

@@ -28,6 +28,7 @@ from packer.destination import (
 )
 from packer.errors import DestinationError, InputFileError, PackerError
 from packer.formats import by_name, default_layout, format_for
+from packer.labels import read_labels, scan_flat
 from packer.loading import DEFAULT_MAX_FILE_SIZE, default_workers, load_image
 from packer.manifest import Manifest
 from packer.resume import Progress, fingerprint
@@ -93,6 +94,7 @@ def _prepare_images(
     limits: dict[str, int],
     options: dict[str, Any],
     classes: list[str] | None = None,
+    labels: str | os.PathLike[str] | None = None,
 ) -> Prepared:
     if options:
         raise PackerError(f"{', '.join(sorted(options))} only apply to video sources")
@@ -100,7 +102,12 @@ def _prepare_images(
         raise PackerError(f"invalid check {check!r}; expected one of {', '.join(CHECKS)}")
     loader = functools.partial(load_image, check=check, transcode=fmt.TRANSCODE, **limits)
     recorded = {"check": check, **limits}
-    return Prepared(scan(src, classes=classes), loader, fmt.TRANSCODE is not None, recorded, "img")
+    if labels is not None:
+        tokens = read_labels(labels)
+        source = scan_flat(src, tokens, classes, labels_name=os.path.basename(labels))
+    else:
+        source = scan(src, classes=classes)
+    return Prepared(source, loader, fmt.TRANSCODE is not None, recorded, "img")
 
 
 def _prepare(
@@ -111,9 +118,10 @@ def _prepare(
     limits: dict[str, int],
     options: dict,
     classes: list[str] | None,
+    labels: str | os.PathLike[str] | None,
 ) -> Prepared:
-    if kind == "image":
-        return _prepare_images(src, fmt, check, limits, options, classes)
+    if kind == "image" or labels is not None:
+        return _prepare_images(src, fmt, check, limits, options, classes, labels)
     if classes is not None:
         raise PackerError("splits (a shared class index) are supported for images only so far")
     if kind == "video":
@@ -162,6 +170,7 @@ def convert(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     split: str | list[str] | None = None,
     classes: list[str] | None = None,
+    labels: str | os.PathLike[str] | None = None,
     **video_options: Any,
 ) -> ConvertResult:
     """Convert the folder ``src`` into a packed dataset at ``dst``.
@@ -189,6 +198,7 @@ def convert(
         split: for a source whose top-level folders are splits (``train``, ``val``, ...), the
             split(s) to convert (default: all, into one output; see :mod:`packer.splits`).
         classes: pin the class index (names in label order) instead of taking the folders'.
+        labels: a labels file for a flat folder of images (see :mod:`packer.labels`).
         video_options: for video, ``quality``, ``max_side``, ``short_side``, ``fps``,
             ``skip_bad_frames`` (see :func:`packer.video.convert.prepare_video`).
 
@@ -197,7 +207,7 @@ def convert(
     """
     src_path, dst_path = Path(src), Path(os.fspath(dst).rstrip("/") or "/")
     fmt = by_name(format) if format else format_for(dst_path)
-    if classes is None and kind != "video":
+    if classes is None and labels is None and kind != "video":
         found = find_splits(src_path)
         wanted = [split] if isinstance(split, str) else list(split or found)
         unknown = [w for w in wanted if w not in found]
@@ -215,8 +225,8 @@ def convert(
     if limits["max_pixels"] < 1:
         raise PackerError(f"invalid max_pixels {max_pixels}; expected 1 or more")
     check_destination(dst_path, overwrite, src_path, resume)
-    kind = kind or detect_kind(src_path)
-    prepared = _prepare(kind, src_path, fmt, check, limits, video_options, classes)
+    kind = kind or ("image" if labels is not None else detect_kind(src_path))
+    prepared = _prepare(kind, src_path, fmt, check, limits, video_options, classes, labels)
     source = prepared.source
     if strict and source.skipped:
         raise InputFileError(f"{source.skipped[0].path}: {source.skipped[0].reason} (--strict)")
