@@ -12,6 +12,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from packer.decode import check_output
+from packer.errors import PackerError
 from packer.formats.base import ReaderBase
 from packer.manifest import Manifest
 from packer.store import Packed
@@ -32,6 +33,10 @@ class SampleDataset(Dataset):
         transform: applied to each item (an image, or a whole clip).
         target_transform: applied to each label.
         output: ``"pil"``, ``"numpy"``, ``"tensor"`` or ``"bytes"``.
+        on_error: ``"raise"`` (default) an :class:`InputFileError` for a sample that cannot be
+            decoded, or ``"skip"``: serve the next decodable sample in its place (the same one
+            every time) and count it in ``replaced``, so one bad sample of a dataset packed
+            elsewhere cannot kill an epoch.
     """
 
     UNIT = "samples"
@@ -44,7 +49,12 @@ class SampleDataset(Dataset):
         transform: Transform = None,
         target_transform: Transform = None,
         output: str = "pil",
+        on_error: str = "raise",
     ) -> None:
+        if on_error not in ("raise", "skip"):
+            raise PackerError(f"unknown on_error {on_error!r}; expected 'raise' or 'skip'")
+        self.on_error = on_error
+        self.replaced = 0  # samples served in place of an undecodable one, in this process
         self.root = Path(root)
         self.classes = list(classes)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}

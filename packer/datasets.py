@@ -59,9 +59,25 @@ class ImageDataset(SampleDataset):
     def _raw(self) -> bool:
         return self.output == "bytes" and self.transform is None and self.target_transform is None
 
+    def _item(self, data: bytes, i: int) -> tuple[Any, Any]:
+        try:
+            return self._finish(data, i)
+        except InputFileError:
+            if self.on_error != "skip":
+                raise
+        for step in range(1, min(len(self), 17)):  # the next decodable sample, deterministically
+            j = (i + step) % len(self)
+            try:
+                item = self._finish(self._read(j), j)
+            except InputFileError:
+                continue
+            self.replaced += 1
+            return item
+        raise InputFileError(f"{self._describe(i)} and the 16 samples after it cannot be decoded")
+
     def __getitem__(self, i: int) -> tuple[Any, Any]:
         position = self._position(i)
-        return self._finish(self._read(position), position)
+        return self._item(self._read(position), position)
 
     def __getitems__(self, indices: Sequence[int]) -> Sequence[tuple[Any, Any]]:
         """A whole batch: read in one pass (one transaction per shard), then decode each."""
@@ -69,7 +85,7 @@ class ImageDataset(SampleDataset):
         data = self._read_many(positions)
         if self._raw():
             return list(zip(data, self.targets[positions].tolist()))
-        return [self._finish(d, i) for d, i in zip(data, positions)]
+        return [self._item(d, i) for d, i in zip(data, positions)]
 
 
 class PackedDataset(PackedSamples, ImageDataset):
@@ -92,12 +108,19 @@ class PackedDataset(PackedSamples, ImageDataset):
         target_transform: Transform = None,
         output: str = "pil",
         batch_buffer: bool = False,
+        on_error: str = "raise",
         **reader_options: Any,
     ) -> None:
         packed = open_packed(root, "image", self.FORMAT or None, **reader_options)
         self.batch_buffer = bool(batch_buffer)
         super().__init__(
-            root, packed.manifest.classes, packed.labels, transform, target_transform, output
+            root,
+            packed.manifest.classes,
+            packed.labels,
+            transform,
+            target_transform,
+            output,
+            on_error,
         )
         self._attach(packed)
 
@@ -155,13 +178,16 @@ class FolderDataset(ImageDataset):
         target_transform: Transform = None,
         output: str = "pil",
         is_valid_file: Callable[[str], bool] | None = None,
+        on_error: str = "raise",
     ) -> None:
         result = scan(root)
         samples = [s for s in result.samples if is_valid_file is None or is_valid_file(s.path)]
         if not samples:
             raise PackerError(f"no valid image in {str(root)!r}")
         labels = np.array([s.label for s in samples], dtype=np.int64)
-        super().__init__(root, result.classes, labels, transform, target_transform, output)
+        super().__init__(
+            root, result.classes, labels, transform, target_transform, output, on_error
+        )
         self.paths = StringTable(s.path for s in samples)
         self.keys = StringTable(s.key for s in samples)
 
