@@ -78,12 +78,17 @@ def validate_tables(path: Path, manifest: Manifest, index: np.ndarray, records: 
     if bad_file.any():
         raise _bad(path, "a record names a file that is not the dataset's", bad_file)
     safe = np.where(bad_file, 0, file)
+    if layout == "shards":
+        held = np.array([s.samples for s in manifest.shards], dtype=np.int64)
+        if not np.array_equal(np.bincount(safe, minlength=len(held)), held):
+            raise FormatError(
+                f"{str(path)!r} is damaged or crafted: the record table and the shards' record "
+                "counts disagree; refusing to read it. Convert the source again"
+            )
     if module.OFFSETS == "bytes" and layout == "shards":
         sizes = np.array([s.bytes for s in manifest.shards], dtype=np.int64)
-        outside = (offset < 0) | (offset + length > sizes[safe])
-    elif module.OFFSETS == "records":
-        held = np.array([s.samples for s in manifest.shards], dtype=np.int64)
-        outside = (offset < 0) | (offset >= held[safe])
+        unknown = (offset == -1) if module.NAME == "lmdb" else np.zeros(len(offset), bool)
+        outside = ((offset < 0) & ~unknown) | (offset + length > sizes[safe])
     elif module.OFFSETS == "numbers":
         outside = (offset < 0) | (offset >= np.repeat(counts, counts))
     else:

@@ -158,6 +158,14 @@ def _end_shard(
 ) -> Checkpoint:
     """Make planned shard ``shard`` durable, checkpoint it, and start the next one."""
     current.shard = writer.finish_shard()
+    final = getattr(writer, "final_offsets", None)  # offsets known only once the shard is done
+    if final is not None and current.shard is not None:
+        if len(final) != len(current.records):
+            raise PackerError(
+                f"shard {shard}: {len(final)} offsets for {len(current.records)} records"
+            )
+        for row, offset in zip(current.records, final):
+            row[2] = offset
     progress.save(shard, current)
     done.append(current)
     job.emit("shard", shard)

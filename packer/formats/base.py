@@ -143,8 +143,9 @@ def check_keys(root: Path, keys: list[str]) -> None:
 class ReaderBase:
     """Picklable state of every reader: the root, the record columns, a handle cache.
 
-    Subclasses implement ``_read_file(file, starts, lengths) -> list[bytes]`` and may override
-    ``_read_file_into`` (by default a copy of ``_read_file``'s result); ``starts`` are sorted.
+    Subclasses implement ``_read_file(file, records, starts, lengths) -> list[bytes]`` and may
+    override ``_read_file_into`` (by default a copy of ``_read_file``'s result); the records of
+    one file come sorted by their ``starts`` (offsets).
     """
 
     CACHE = 4096  # most handles one process keeps open (least recently used closed first)
@@ -205,13 +206,21 @@ class ReaderBase:
         """The path of shard ``file``."""
         return self.root / self.shard_names[file]
 
-    def _read_file(self, file: int, starts: list[int], lengths: list[int]) -> list[bytes]:
+    def _read_file(
+        self, file: int, records: list[int], starts: list[int], lengths: list[int]
+    ) -> list[bytes]:
         raise NotImplementedError
 
     def _read_file_into(
-        self, file: int, starts: list[int], lengths: list[int], out: memoryview, where: list[int]
+        self,
+        file: int,
+        records: list[int],
+        starts: list[int],
+        lengths: list[int],
+        out: memoryview,
+        where: list[int],
     ) -> None:
-        for data, w in zip(self._read_file(file, starts, lengths), where):
+        for data, w in zip(self._read_file(file, records, starts, lengths), where):
             out[w : w + len(data)] = data
 
     def _groups(self, records: Sequence[int] | np.ndarray) -> list[tuple[int, np.ndarray]]:
@@ -237,7 +246,9 @@ class ReaderBase:
         out: list[bytes] = [b""] * len(rec)
         for file, where in self._groups(rec):
             chosen = rec[where]
-            data = self._read_file(file, self.offset[chosen].tolist(), self.length[chosen].tolist())
+            data = self._read_file(
+                file, chosen.tolist(), self.offset[chosen].tolist(), self.length[chosen].tolist()
+            )
             for j, d in zip(where.tolist(), data):
                 out[j] = d
         return out
@@ -255,6 +266,7 @@ class ReaderBase:
             chosen = rec[pos]
             self._read_file_into(
                 file,
+                chosen.tolist(),
                 self.offset[chosen].tolist(),
                 self.length[chosen].tolist(),
                 out,
@@ -300,14 +312,22 @@ class FileReader(ReaderBase):
         name = self.keys[file] + self.SAMPLE_SUFFIX
         return self.handles.get(file, lambda: OpenFile(self.folder(), name))
 
-    def _read_file(self, file: int, starts: list[int], lengths: list[int]) -> list[bytes]:
+    def _read_file(
+        self, file: int, records: list[int], starts: list[int], lengths: list[int]
+    ) -> list[bytes]:
         if self.layout == "per-sample":
             return read_ranges(self._open(file), starts, lengths)
         view = self._mapped(file)
         return [bytes(view[a : a + n]) for a, n in zip(starts, lengths)]
 
     def _read_file_into(
-        self, file: int, starts: list[int], lengths: list[int], out: memoryview, where: list[int]
+        self,
+        file: int,
+        records: list[int],
+        starts: list[int],
+        lengths: list[int],
+        out: memoryview,
+        where: list[int],
     ) -> None:
         if self.layout == "per-sample":
             read_ranges_into(self._open(file), starts, lengths, out, where)

@@ -72,7 +72,9 @@ class Reader(ReaderBase):
     decoder then uses the pixel rows in place from the bytes read (``packer.decoders``).
     """
 
-    def _read_file(self, file: int, starts: list[int], lengths: list[int]) -> list[bytes]:
+    def _read_file(
+        self, file: int, records: list[int], starts: list[int], lengths: list[int]
+    ) -> list[bytes]:
         key = self.keys[file]
         folder = self.folder()
         out = []

@@ -3,22 +3,23 @@
 The key is the record's number within its shard as 8 big-endian bytes, so keys are appended in
 order and records lie on disk in dataset order; the value is the stored bytes (an image, or one
 frame of a video: a video's frames are consecutive records of one shard). ``records.npy`` gives
-each record's shard (``file``) and number (``offset``). Only the ``"shards"`` layout exists.
+each record's shard (``file``) and the byte offset of its value in the shard file (``offset``,
+read back from the finished shard; -1 where it cannot be told); a record's key is its position
+among its shard's records. Only the ``"shards"`` layout exists.
 
 Reading: each process opens each shard once (``readonly=True, lock=False``) and keeps one
 long-lived ``buffers=True`` read transaction; a batch or a clip is one ``getmulti`` per shard.
 Readahead defaults to on for images (measured: off made cold image reads several times slower
 than plain files) and off for video (a clip reads a few frames of a video: readahead would read
-the frames around them too).
+the frames around them too). Without readahead, a clip first asks the kernel for exactly its
+frames' pages at once (``POSIX_FADV_WILLNEED`` at the recorded offsets): py-lmdb touches every
+page of a value inside ``getmulti``, which would otherwise be one synchronous read per page.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
-import threading
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ import numpy as np
 
 from packer.errors import FormatError
 from packer.formats.base import ReaderBase
-from packer.formats.files import Identity, identity, replaced
+from packer.formats.lmdb_env import Handle
 from packer.manifest import Manifest, ShardInfo, file_checksum, fsync_dir, shard_name
 
 __all__ = ["NAME", "Reader", "Writer", "record_key"]
@@ -37,7 +38,7 @@ NAME = "lmdb"
 SUFFIXES = (".lmdb",)
 SHARD_SUFFIX = ".mdb"
 LAYOUTS = ("shards",)
-OFFSETS = "records"  # records.npy offsets are record numbers in the shard
+OFFSETS = "bytes"  # records.npy offsets: each value's byte offset in the shard (-1: unknown)
 TRANSCODE = None
 _PAGE = 4096
 _TXN_RECORDS = 1024  # commit a write transaction every this many records ...
@@ -69,6 +70,7 @@ class Writer:
         self._count = 0
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
+        self.final_offsets: list[int] | None = None  # file offsets of the last shard's values
 
     def __enter__(self) -> Writer:
         return self
@@ -144,6 +146,7 @@ class Writer:
         self._env.close()
         path = self.root / shard_name(self._current, SHARD_SUFFIX)
         fsync_dir(self.root)
+        self.final_offsets = value_offsets(path, self._count)
         self._env = self._txn = None
         self._current = -1
         self._pending = []
@@ -157,156 +160,46 @@ class Writer:
             self._env = self._txn = None
 
 
-def _libc_madvise() -> Any:
+def _map_base(path: Path) -> int | None:
+    """The address where this process mapped ``path`` from file offset 0 (``/proc/self/maps``),
+    or None where it cannot be told."""
+    st = os.stat(path)
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        madvise = libc.madvise
-    except (OSError, AttributeError):  # not a libc with madvise: no prefetch, still correct
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) >= 6 and int(fields[4]) == st.st_ino and int(fields[2], 16) == 0:
+                    major, minor = (int(x, 16) for x in fields[3].split(":"))
+                    if os.makedev(major, minor) == st.st_dev:
+                        return int(fields[0].split("-")[0], 16)
+    except (OSError, ValueError):
         return None
-    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    return madvise
+    return None
 
 
-_MADVISE = _libc_madvise()
-_MADV_WILLNEED = 3
-
-
-def prefetch(values: list[Any]) -> None:
-    """Ask the kernel to read the pages of several mapped records at once (``MADV_WILLNEED``)
-    before they are copied one by one: without readahead every page would otherwise be its own
-    synchronous read, one after another. Values are ``buffers=True`` views into LMDB's map."""
-    if _MADVISE is None:
-        return
-    for value in values:
-        address = np.frombuffer(value, dtype=np.uint8).ctypes.data
-        start = address & ~(_PAGE - 1)
-        _MADVISE(start, address + len(value) - start, _MADV_WILLNEED)
-
-
-class _Env:
-    """One process's open environment of one shard, shared by every reader of that shard.
-
-    py-lmdb refuses to open the same environment twice in one process, so readers share it
-    (reference-counted). Each thread reading it gets its own long-lived ``buffers=True`` read
-    transaction and cursor (an LMDB transaction belongs to one thread).
-    """
-
-    def __init__(self, path: str, readahead: bool) -> None:
-        self.env: Any = None
-        try:
-            self.env = lmdb.open(
-                path,
-                subdir=False,
-                readonly=True,
-                lock=False,
-                readahead=readahead,
-                max_readers=1,
-                max_spare_txns=1,
-            )
-        except lmdb.Error as exc:
-            raise FormatError(f"cannot open LMDB shard {path!r}: {exc}") from exc
-        self.readahead = readahead
-        self.users = 0
-        self._local = threading.local()
-        self._txns: list[Any] = []
-        self._lock = threading.Lock()
-        _ALL_ENVS.add(self)
-
-    def forget(self) -> None:
-        """In a forked child: drop (never close) the parent's environment, transactions and
-        cursors, so py-lmdb forgets them and this process may open the shard itself."""
-        self.env = None
-        self._txns = []
-        self._local = threading.local()
-
-    @property
-    def cursor(self) -> Any:
-        """This thread's cursor (its read transaction begins on first use)."""
-        cursor = getattr(self._local, "cursor", None)
-        if cursor is None:
-            if self.env is None:
-                raise FormatError("an LMDB environment inherited through fork cannot be used")
-            txn = self.env.begin(buffers=True)
-            with self._lock:
-                self._txns.append(txn)
-            cursor = self._local.cursor = txn.cursor()
-        return cursor
-
-    def close(self) -> None:
-        with self._lock:
-            for txn in self._txns:
-                txn.abort()
-            self._txns = []
-        if self.env is not None:
-            self.env.close()
-
-
-_ALL_ENVS: weakref.WeakSet[_Env] = weakref.WeakSet()
-
-
-def _forget_inherited() -> None:
-    global _OPEN
-    _OPEN = {}
-    for shared in list(_ALL_ENVS):
-        shared.forget()
-
-
-os.register_at_fork(after_in_child=_forget_inherited)
-
-_OPEN: dict[tuple[int, int], _Env] = {}
-_OPEN_PID = os.getpid()
-_OPEN_LOCK = threading.Lock()
-
-
-class _Handle:
-    """A reader's reference to a shared :class:`_Env`; ``close`` releases it.
-
-    Environments are shared by file identity (device, inode), not by path, so a shard replaced
-    under the same name is a different environment, never the old one.
-    """
-
-    def __init__(self, path: str, readahead: bool, expected: Identity | None) -> None:
-        global _OPEN, _OPEN_PID
-        try:
-            st = os.stat(path)
-        except OSError as exc:
-            raise FormatError(f"cannot open LMDB shard {path!r}: {exc.strerror}") from exc
-        if expected is not None and identity(st) != tuple(expected):
-            raise replaced(Path(path))
-        key = (st.st_dev, st.st_ino)
-        with _OPEN_LOCK:
-            if _OPEN_PID != os.getpid():  # forked child: never touch the parent's environments
-                _OPEN, _OPEN_PID = {}, os.getpid()
-            shared = _OPEN.get(key)
-            if shared is None:
-                shared = _OPEN[key] = _Env(path, readahead)
-            elif shared.readahead != readahead:
-                raise FormatError(
-                    f"LMDB shard {path!r} is already open in this process with "
-                    f"readahead={shared.readahead}; py-lmdb allows one open per process, so "
-                    "every reader of it here must use the same readahead setting"
-                )
-            shared.users += 1
-        self._key = key
-        self._path = path
-        self._shared: _Env | None = shared
-
-    @property
-    def cursor(self) -> Any:
-        """This thread's cursor on the shard."""
-        if self._shared is None:
-            raise FormatError(f"LMDB shard {self._path!r} was closed")
-        return self._shared.cursor
-
-    def close(self) -> None:
-        shared, self._shared = self._shared, None
-        if shared is None or _OPEN_PID != os.getpid():
-            return
-        with _OPEN_LOCK:
-            shared.users -= 1
-            if shared.users == 0 and _OPEN.get(self._key) is shared:
-                del _OPEN[self._key]
-                shared.close()
+def value_offsets(path: Path, count: int) -> list[int]:
+    """The byte offset in the shard file of each record's value (``records.npy`` keeps it, so a
+    clip can ask the kernel for exactly its frames' pages before LMDB touches them), or -1s
+    where the offsets cannot be told (no ``/proc``)."""
+    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, max_readers=1)
+    try:
+        base = None
+        offsets = []
+        with env.begin(buffers=True) as txn:
+            for _, value in txn.cursor():
+                address = np.frombuffer(value, dtype=np.uint8).ctypes.data if len(value) else 0
+                if base is None:
+                    base = _map_base(path)
+                    if base is None:
+                        return [-1] * count
+                offsets.append(address - base if len(value) else 0)
+    finally:
+        env.close()
+    if len(offsets) != count:
+        raise OSError(
+            errno.EIO, f"LMDB shard {str(path)!r} holds {len(offsets)} records, not {count}"
+        )
+    return offsets
 
 
 class Reader(ReaderBase):
@@ -328,18 +221,25 @@ class Reader(ReaderBase):
     ) -> None:
         super().__init__(root, manifest, records, max_open_files)
         self.readahead = manifest.kind != "video" if readahead is None else bool(readahead)
+        # A record's LMDB key is its number within its shard; a shard's records are contiguous.
+        counts = np.bincount(self.file, minlength=len(self.shard_names))
+        first = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+        self.number = np.arange(len(self.file), dtype=np.int64) - first[self.file]
 
-    def _shard(self, shard: int) -> _Handle:
-        def opener() -> _Handle:
+    def _shard(self, shard: int) -> Handle:
+        def opener() -> Handle:
             path = self.folder().path_of(self.shard_names[shard])
-            return _Handle(path, self.readahead, self.shard_id(shard))
+            return Handle(path, self.readahead, self.shard_id(shard))
 
         return self.handles.get(shard, opener)
 
-    def _get(self, file: int, starts: list[int]) -> list[tuple[Any, Any]]:
-        keys = [n.to_bytes(8, "big") for n in starts]
+    def _get(self, file: int, records: list[int], starts: list[int], lengths: list[int]) -> Any:
+        handle = self._shard(file)
+        if not self.readahead and len(records) > 1 and starts[0] >= 0:
+            handle.prefetch(starts, lengths)
+        keys = [n.to_bytes(8, "big") for n in self.number[records].tolist()]
         try:
-            pairs = self._shard(file).cursor.getmulti(keys)
+            pairs = handle.cursor.getmulti(keys)
         except lmdb.Error as exc:
             raise FormatError(f"cannot read {self.shard_names[file]!r}: {exc}") from exc
         if len(pairs) != len(keys):
@@ -350,19 +250,21 @@ class Reader(ReaderBase):
             )
         return pairs
 
-    def _read_file(self, file: int, starts: list[int], lengths: list[int]) -> list[bytes]:
-        pairs = self._get(file, starts)
-        if not self.readahead and len(pairs) > 1:
-            prefetch([value for _, value in pairs])
-        return [bytes(value) for _, value in pairs]
+    def _read_file(
+        self, file: int, records: list[int], starts: list[int], lengths: list[int]
+    ) -> list[bytes]:
+        return [bytes(value) for _, value in self._get(file, records, starts, lengths)]
 
     def _read_file_into(
-        self, file: int, starts: list[int], lengths: list[int], out: memoryview, where: list[int]
+        self,
+        file: int,
+        records: list[int],
+        starts: list[int],
+        lengths: list[int],
+        out: memoryview,
+        where: list[int],
     ) -> None:
-        pairs = self._get(file, starts)
-        if not self.readahead and len(pairs) > 1:
-            prefetch([value for _, value in pairs])
-        for (_, value), w, n in zip(pairs, where, lengths):
+        for (_, value), w, n in zip(self._get(file, records, starts, lengths), where, lengths):
             if len(value) != n:
                 raise FormatError(f"a record of {self.shard_names[file]!r} has the wrong length")
             out[w : w + n] = value

@@ -7,7 +7,8 @@ handle cache, no shared environments, no record table lookups per batch beyond t
   ``buffers=True`` read transaction and one cursor on it;
 - a batch is one ``cursor.getmulti`` per shard, the keys being the 8-byte big-endian record
   numbers packer writes (:func:`packer.formats.lmdb.record_key`): sample ``i`` is record
-  ``records["offset"][index["first"][i]]`` of shard ``records["file"][index["first"][i]]``;
+  ``first[i]`` of the record table, in shard ``records["file"][first[i]]``, whose key is its
+  position among that shard's records;
 - each value is copied out of the map with ``bytes(value)`` (``output="bytes"``) or decoded with
   :func:`packer.decode.decode` (any other output).
 
@@ -53,8 +54,10 @@ class PlainLMDBDataset(Dataset):
         if (index["count"] != 1).any():
             raise FormatError(f"{str(root)!r} has samples of several records")
         first = index["first"].astype(np.int64)
-        self.shard = records["file"][first].astype(np.int64)
-        self.number = records["offset"][first].astype(np.int64)
+        files = records["file"].astype(np.int64)
+        starts = np.concatenate(([0], np.cumsum(np.bincount(files))[:-1]))
+        self.shard = files[first]
+        self.number = first - starts[self.shard]
         self.labels = index["label"].astype(np.int64)
         self.paths = [str(self.root / s.name) for s in manifest.shards]
         self.output = check_output(output)
