@@ -115,6 +115,8 @@ class VideoDataset(SampleDataset):
     def read_clip(self, i: int) -> list[bytes]:
         """The encoded frames of item ``i``'s clip (each distinct frame read once)."""
         wanted = self.clip_indices(i)
+        if len(wanted) < 2 or bool((wanted[1:] > wanted[:-1]).all()):  # the usual case
+            return self.read_frames(i, wanted)
         distinct, where = np.unique(wanted, return_inverse=True)
         data = self.read_frames(i, distinct)
         return [data[j] for j in where.reshape(-1)]
@@ -122,6 +124,8 @@ class VideoDataset(SampleDataset):
     def __getitem__(self, i: int) -> tuple[Any, Any]:
         position = self._position(i)
         encoded = self.read_clip(position)
+        if self.output == "bytes" and self.transform is None:  # nothing to decode or copy
+            return [f if type(f) is bytes else bytes(f) for f in encoded], self._label(position)
         try:
             frames = [decode(f, self.output) for f in encoded]
             clip = stack_clip(frames, self.output)
