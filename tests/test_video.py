@@ -307,7 +307,7 @@ def test_pyav_missing_names_the_extra(
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_av)
-    with pytest.raises(PackerError, match=r"pip install packer\[video\]"):
+    with pytest.raises(PackerError, match=r"pip install \"packer-datasets\[video\]\""):
         convert_video(files_tree.root, tmp_path / "x.npy", progress=False)
     assert not (tmp_path / "x.npy").exists() and not (tmp_path / "x.npy.partial").exists()
 

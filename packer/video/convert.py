@@ -44,7 +44,7 @@ def _frame_options(options: dict[str, Any], transcode: Any) -> FrameOptions:
 def _check_source(source: VideoScan, fps: float | None) -> None:
     files = [v for v in source.videos if v.is_file]
     if files:
-        import_av()  # a clear "pip install packer[video]" before any work
+        import_av()  # a clear "pip install packer-datasets[video]" before any work
     if fps is not None and len(files) < len(source.videos):
         folder = next(v for v in source.videos if not v.is_file)
         raise PackerError(

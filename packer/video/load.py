@@ -24,11 +24,11 @@ from packer.video.sources import VideoSample
 
 __all__ = ["FrameOptions", "import_av", "load_video", "resize_to"]
 
-_PYAV_HINT = "reading video files needs PyAV: pip install packer[video]  (or: pip install av)"
+_PYAV_HINT = 'reading video files needs PyAV: pip install "packer-datasets[video]"  (or: pip install av)'
 
 
 def import_av() -> Any:
-    """Import PyAV, or raise a PackerError naming ``pip install packer[video]``."""
+    """Import PyAV, or raise a PackerError naming ``pip install packer-datasets[video]``."""
     try:
         import av
     except ImportError as exc:
