@@ -24,7 +24,9 @@ from packer.video.sources import VideoSample
 
 __all__ = ["FrameOptions", "import_av", "load_video", "resize_to"]
 
-_PYAV_HINT = 'reading video files needs PyAV: pip install "packer-datasets[video]"  (or: pip install av)'
+_PYAV_HINT = (
+    'reading video files needs PyAV: pip install "packer-datasets[video]"  (or: pip install av)'
+)
 
 
 def import_av() -> Any:
