@@ -134,7 +134,10 @@ def test_cli_bench_bad_input(tmp_path: Path) -> None:
 def test_ctrl_c_prints_what_was_measured(clean: dict[str, Path]) -> None:
     code = "import sys; from packer.tools.commands import bench; bench.main(sys.argv[1:])"
     args = [str(clean["folder"]), "--workers", "0", "--mode", "bytes,decode,transform"]
-    args += ["--batch-size", "4", "--step-ms", "300", "--no-storage", "--warmup", "0"]
+    # one batch per run, then a 2 s step: the SIGINT below always lands inside run 2, however
+    # loaded the machine is
+    args += ["--batch-size", "4", "--limit", "4", "--step-ms", "2000", "--no-storage"]
+    args += ["--warmup", "0"]
     proc = subprocess.Popen(
         [sys.executable, "-c", code, *args],
         stdout=subprocess.PIPE,
