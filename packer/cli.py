@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -181,25 +182,34 @@ def convert(
     video: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
     if skip_bad_frames:
         video["skip_bad_frames"] = True
-    result = run(
-        src,
-        dst,
-        format=fmt,
-        shard_size=shard_size,
-        workers=workers,
-        overwrite=overwrite,
-        strict=strict,
-        check=check,
-        resume=resume,
-        progress=not quiet,
-        kind=kind,
-        max_file_size=max_file_size,
-        max_pixels=max_pixels,
-        split=list(splits) or None,
-        labels=labels,
-        classes=classes,
-        **video,
-    )
+    try:
+        result = run(
+            src,
+            dst,
+            format=fmt,
+            shard_size=shard_size,
+            workers=workers,
+            overwrite=overwrite,
+            strict=strict,
+            check=check,
+            resume=resume,
+            progress=not quiet,
+            kind=kind,
+            max_file_size=max_file_size,
+            max_pixels=max_pixels,
+            split=list(splits) or None,
+            labels=labels,
+            classes=classes,
+            **video,
+        )
+    except KeyboardInterrupt:
+        again = " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "--resume")
+        click.echo(
+            f"\ninterrupted: the finished shards are kept in {str(dst)}.partial/; continue with\n"
+            f"  packer {again} --resume",
+            err=True,
+        )
+        sys.exit(130)
     click.echo(result.summary())
 
 

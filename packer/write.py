@@ -10,6 +10,7 @@ manifest are written from the checkpoints. The output is byte-for-byte the same 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -109,14 +110,37 @@ def _skip(job: Job, current: Checkpoint, path: str, reason: str) -> None:
     current.skipped.append({"path": path, "reason": reason})
 
 
+class LineProgress:
+    """Progress for a log file or a pipe (stderr is not a terminal): a plain line every
+    ``every`` seconds and one at the end, never a carriage return."""
+
+    def __init__(self, total: int, initial: int, desc: str, unit: str, every: float = 5.0) -> None:
+        self.total, self.n, self.desc, self.unit, self.every = total, initial, desc, unit, every
+        self.postfix = ""
+        self._last = time.perf_counter()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if (now := time.perf_counter()) - self._last >= self.every:
+            self._last = now
+            self._line()
+
+    def set_postfix_str(self, text: str) -> None:
+        self.postfix = text
+
+    def _line(self) -> None:
+        extra = f", {self.postfix}" if self.postfix else ""
+        print(f"{self.desc}: {self.n}/{self.total} {self.unit}{extra}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self._line()
+
+
 def _bar(job: Job, total: int, initial: int) -> Any:
-    return tqdm(
-        total=total,
-        initial=initial,
-        unit=job.unit,
-        desc=f"convert → {job.fmt.NAME}",
-        disable=not job.progress,
-    )
+    desc = f"convert → {job.fmt.NAME}"
+    if job.progress and not sys.stderr.isatty():
+        return LineProgress(total, initial, desc, job.unit)
+    return tqdm(total=total, initial=initial, unit=job.unit, desc=desc, disable=not job.progress)
 
 
 def _loaded(job: Job, todo: list[Any]) -> Iterator[Loaded]:
