@@ -30,7 +30,7 @@ from packer.tools.targets import (
     payload_bytes,
     subset_indices,
 )
-from packer.tools.timing import time_batches
+from packer.tools.timing import Rates, time_batches
 
 __all__ = ["BenchSpec", "RunResult", "check_paths", "plan", "run_bench", "run_config"]
 
@@ -69,7 +69,7 @@ class BenchSpec:
 
 
 @dataclass
-class RunResult:
+class RunResult(Rates):
     """One configuration's timed epochs: throughput and the wait of every batch."""
 
     label: str
@@ -86,16 +86,6 @@ class RunResult:
     step_ms: float = 0.0
     resident_before: float | None = None
     ratio: float | None = None
-
-    @property
-    def images_per_s(self) -> float:
-        """Images per second over the timed epochs."""
-        return self.images / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def mb_per_s(self) -> float:
-        """Payload megabytes (10^6: the stored bytes the samples hand back) per second."""
-        return self.bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
 
     def waits_summary(self) -> WaitStats:
         """p50 / p95 / max of the per-batch waits."""

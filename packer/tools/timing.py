@@ -93,9 +93,8 @@ def time_batches(
     return timing
 
 
-@dataclass
-class Throughput:
-    """One timed pass over a dataset through a DataLoader."""
+class Rates:
+    """Per-second rates of a measurement holding ``images``, ``bytes`` and ``seconds``."""
 
     images: int
     bytes: int
@@ -103,13 +102,22 @@ class Throughput:
 
     @property
     def images_per_s(self) -> float:
-        """Images per second."""
+        """Images (or clips) per second."""
         return self.images / self.seconds if self.seconds > 0 else 0.0
 
     @property
     def mb_per_s(self) -> float:
-        """Megabytes (10^6) of stored data per second."""
+        """Megabytes (10^6) of stored payload per second."""
         return self.bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
+
+
+@dataclass
+class Throughput(Rates):
+    """One timed pass over a dataset through a DataLoader."""
+
+    images: int
+    bytes: int
+    seconds: float
 
     def to_dict(self) -> dict[str, float]:
         """Plain dict, derived rates included."""
