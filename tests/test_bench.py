@@ -25,6 +25,12 @@ SAMPLES = 12
 BATCH = 4
 
 
+def default_sigint() -> None:
+    """A test runner started in the background (``cmd &``) ignores SIGINT, and so would the
+    child it starts: give the child Python's ordinary Ctrl-C back."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _fstype(path: Path) -> str:
     best, fstype = "", ""
     with open("/proc/self/mountinfo") as fh:
@@ -144,6 +150,7 @@ def test_ctrl_c_prints_what_was_measured(clean: dict[str, Path]) -> None:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        preexec_fn=default_sigint,
     )
     assert proc.stderr is not None
     line = proc.stderr.readline()

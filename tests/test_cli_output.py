@@ -13,6 +13,12 @@ from packer.tools.image_demo import DemoTree
 from packer.verify import verify
 
 
+def default_sigint() -> None:
+    """A test runner started in the background (``cmd &``) ignores SIGINT, and so would the
+    child it starts: give the child Python's ordinary Ctrl-C back."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_progress_in_a_log_has_no_carriage_returns(tree: DemoTree, tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "packer", "convert", str(tree.root), str(tmp_path / "o.lmdb")]
     done = subprocess.run(cmd, capture_output=True, text=True)  # stderr is a pipe, not a tty
@@ -42,7 +48,10 @@ def test_ctrl_c_prints_the_resume_command(tree: DemoTree, tmp_path: Path) -> Non
     dst = tmp_path / "out.npy"
     args = ["convert", str(tree.root), str(dst), "--shard-size", "5kB", "-q"]
     proc = subprocess.Popen(
-        [sys.executable, "-c", SLOW_CLI, *args], stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", SLOW_CLI, *args],
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,
     )
     checkpoint = tmp_path / "out.npy.partial" / "_progress" / "shard-00001.json"
     deadline = time.monotonic() + 60
