@@ -40,7 +40,11 @@ def main() -> None:
     type=click.IntRange(min=1),
     help="Parallel readers (default: CPU count). Output is identical for any value.",
 )
-@click.option("--overwrite", is_flag=True, help="Replace DST (only once the new one is complete).")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace DST (a folder packer wrote, never other data) once the new one is complete.",
+)
 @click.option(
     "--resume",
     is_flag=True,
