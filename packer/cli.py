@@ -79,6 +79,11 @@ def main() -> None:
     help="Pin the class index to a packer output's (e.g. the train output), so both agree.",
 )
 @click.option(
+    "--allow-empty",
+    is_flag=True,
+    help="Keep a class folder without images as a class with no samples (else an error).",
+)
+@click.option(
     "--split",
     "splits",
     multiple=True,
@@ -143,6 +148,7 @@ def convert(
     labels: Path | None,
     classes_file: Path | None,
     classes_from: Path | None,
+    allow_empty: bool,
     splits: tuple[str, ...],
     max_file_size: str,
     max_pixels: int,
@@ -204,6 +210,7 @@ def convert(
             split=list(splits) or None,
             labels=labels,
             classes=classes,
+            allow_empty=allow_empty,
             **video,
         )
     except KeyboardInterrupt:

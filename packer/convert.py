@@ -95,6 +95,7 @@ def _prepare_images(
     options: dict[str, Any],
     classes: list[str] | None = None,
     labels: str | os.PathLike[str] | None = None,
+    allow_empty: bool = False,
 ) -> Prepared:
     if options:
         raise PackerError(f"{', '.join(sorted(options))} only apply to video sources")
@@ -106,7 +107,7 @@ def _prepare_images(
         tokens = read_labels(labels)
         source = scan_flat(src, tokens, classes, labels_name=os.path.basename(labels))
     else:
-        source = scan(src, classes=classes)
+        source = scan(src, classes=classes, allow_empty=allow_empty)
     return Prepared(source, loader, fmt.TRANSCODE is not None, recorded, "img")
 
 
@@ -119,9 +120,10 @@ def _prepare(
     options: dict,
     classes: list[str] | None,
     labels: str | os.PathLike[str] | None,
+    allow_empty: bool = False,
 ) -> Prepared:
     if kind == "image" or labels is not None:
-        return _prepare_images(src, fmt, check, limits, options, classes, labels)
+        return _prepare_images(src, fmt, check, limits, options, classes, labels, allow_empty)
     if classes is not None:
         raise PackerError("splits (a shared class index) are supported for images only so far")
     if kind == "video":
@@ -171,6 +173,7 @@ def convert(
     split: str | list[str] | None = None,
     classes: list[str] | None = None,
     labels: str | os.PathLike[str] | None = None,
+    allow_empty: bool = False,
     **video_options: Any,
 ) -> ConvertResult:
     """Convert the folder ``src`` into a packed dataset at ``dst``.
@@ -201,6 +204,7 @@ def convert(
             split(s) to convert (default: all, into one output; see :mod:`packer.splits`).
         classes: pin the class index (names in label order) instead of taking the folders'.
         labels: a labels file for a flat folder of images (see :mod:`packer.labels`).
+        allow_empty: keep a class folder without images as a class with no samples.
         video_options: for video, ``quality``, ``max_side``, ``short_side``, ``fps``,
             ``skip_bad_frames`` (see :func:`packer.video.convert.prepare_video`).
 
@@ -228,7 +232,9 @@ def convert(
         raise PackerError(f"invalid max_pixels {max_pixels}; expected 1 or more")
     check_destination(dst_path, overwrite, src_path, resume)
     kind = kind or ("image" if labels is not None else detect_kind(src_path))
-    prepared = _prepare(kind, src_path, fmt, check, limits, video_options, classes, labels)
+    prepared = _prepare(
+        kind, src_path, fmt, check, limits, video_options, classes, labels, allow_empty
+    )
     source = prepared.source
     if strict and source.skipped:
         raise InputFileError(f"{source.skipped[0].path}: {source.skipped[0].reason} (--strict)")
@@ -272,7 +278,7 @@ def convert(
 
 def _convert_splits(src: Path, dst: Path, splits: list[str], args: dict) -> ConvertResult:
     names = ["format", "shard_size", "workers", "overwrite", "strict", "check", "resume"]
-    names += ["progress", "on_event", "max_file_size", "max_pixels"]
+    names += ["progress", "on_event", "max_file_size", "max_pixels", "allow_empty"]
     options = {n: args[n] for n in names}
     options["format"] = args["fmt"].NAME  # a split's folder has no suffix of its own
     start = time.perf_counter()

@@ -161,7 +161,10 @@ def _scan_class(root: Path, class_name: str, label: int, scan_result: Scan) -> N
 
 
 def scan(
-    root: str | os.PathLike[str], kind: str = "image", classes: list[str] | None = None
+    root: str | os.PathLike[str],
+    kind: str = "image",
+    classes: list[str] | None = None,
+    allow_empty: bool = False,
 ) -> Scan:
     """Scan ``root/<class>/<image>`` into an ordered :class:`Scan`.
 
@@ -171,6 +174,8 @@ def scan(
         classes: pin the class index (a split of a dataset takes its training split's): the
             class folders found must be among them, and keep their indices; a class without a
             folder here simply has no samples.
+        allow_empty: keep a class folder without images as a class with no samples (like
+            torchvision's ``allow_empty``) instead of refusing the source.
 
     Raises:
         SourceError: the folder is missing, a file, has no class folders, or no class has images.
@@ -205,10 +210,10 @@ def scan(
             f"source {str(root_path)!r} has {len(classes)} class folder(s) but no images "
             f"(looked for {', '.join(sorted(IMAGE_EXTENSIONS))})"
         )
-    if empty:
+    if empty and not allow_empty:
         shown = ", ".join(repr(c) for c in empty[:5]) + (" ..." if len(empty) > 5 else "")
         raise SourceError(
             f"{len(empty)} class folder(s) of {str(root_path)!r} have no images: {shown}; "
-            "remove them or add images (labels would otherwise shift)"
+            "pass --allow-empty to keep them as classes with no samples, or remove them"
         )
     return result

@@ -85,3 +85,20 @@ def test_plan_shards_rolls_by_size() -> None:
     shard_of, planned = plan_shards([5, 5, 5, 20, 1], shard_size=10)
     assert shard_of.tolist() == [0, 0, 1, 2, 3]
     assert planned == [10, 5, 20, 1]
+
+
+def test_an_empty_class_is_refused_or_kept(tree: DemoTree, tmp_path: Path) -> None:
+    import shutil
+
+    src = Path(shutil.copytree(tree.root, tmp_path / "src"))
+    (src / "class_01b").mkdir()  # sorts between class_01 and class_02
+    with pytest.raises(PackerError, match="pass --allow-empty to keep them"):
+        packer.convert(src, tmp_path / "x.npy", progress=False)
+    packer.convert(src, tmp_path / "y.npy", allow_empty=True, progress=False)
+    dataset = packer.open_dataset(tmp_path / "y.npy")
+    assert dataset.classes == ["class_00", "class_01", "class_01b", "class_02"]
+    assert 2 not in set(dataset.targets.tolist()) and 3 in set(dataset.targets.tolist())
+    assert all(
+        dataset.classes[dataset.targets[i]] == dataset.keys[i].split("/")[0]
+        for i in range(len(dataset))
+    )
