@@ -49,7 +49,7 @@ def decode(data: bytes | memoryview, output: str = "pil", decoder: str = "auto")
     if output == "tensor":
         import torch  # imported here so that converting never loads torch
 
-        return torch.from_numpy(array).permute(2, 0, 1)
+        return torch.from_numpy(array).permute(2, 0, 1).contiguous()  # C×H×W, as torchvision
     raise PackerError(f"unknown output {output!r}; expected one of {', '.join(OUTPUTS)}")
 
 

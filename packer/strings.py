@@ -7,6 +7,7 @@ a forked parent's lists of strings into every worker (pytorch#13246). Two numpy 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,9 @@ class StringTable:
     def __len__(self) -> int:
         return len(self._offsets) - 1
 
-    def __getitem__(self, i: int) -> str:
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
         if not -len(self) <= i < len(self):
             raise IndexError(f"index {i} out of range for {len(self)} strings")
         i %= len(self)
@@ -34,3 +37,7 @@ class StringTable:
 
     def __iter__(self) -> Iterator[str]:
         return (self[i] for i in range(len(self)))
+
+    def __repr__(self) -> str:
+        head = ", ".join(repr(self[i]) for i in range(min(3, len(self))))
+        return f"StringTable([{head}{', ...' if len(self) > 3 else ''}], {len(self)} strings)"

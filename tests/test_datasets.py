@@ -90,3 +90,12 @@ def test_no_handle_opened_in_init(packed: dict[str, Path], suffix: str) -> None:
     assert len(dataset.reader.handles) == 0
     dataset[0]
     assert len(dataset.reader.handles) == (0 if suffix == ".bmp" else 1)
+
+
+def test_keys_slice_and_repr_and_contiguous_tensors(packed: dict[str, Path]) -> None:
+    dataset = packer.open_dataset(packed[".npy"], output="tensor")
+    keys = dataset.keys
+    assert keys[:2] == [keys[0], keys[1]] and keys[-1:] == [keys[len(keys) - 1]]
+    assert f"{len(keys)} strings" in repr(keys) and repr(keys[0]) in repr(keys)
+    image, _ = dataset[0]
+    assert image.is_contiguous() and image.shape[0] == 3
