@@ -231,6 +231,7 @@ def convert(
     if limits["max_pixels"] < 1:
         raise PackerError(f"invalid max_pixels {max_pixels}; expected 1 or more")
     check_destination(dst_path, overwrite, src_path, resume)
+    how = "given" if kind else ("a labels file" if labels is not None else "detected")
     kind = kind or ("image" if labels is not None else detect_kind(src_path))
     prepared = _prepare(
         kind, src_path, fmt, check, limits, video_options, classes, labels, allow_empty
@@ -271,9 +272,21 @@ def convert(
         bytes_out=sum(f.stat().st_size for f in dst_path.rglob("*") if f.is_file()),
         skipped=skipped,
     )
+    result.notes.insert(0, _what_was_found(kind, how, source))
     if resume and not resumed:
         result.notes.append(f"nothing to resume in {str(partial)!r}: converted from the start")
     return result
+
+
+def _what_was_found(kind: str, how: str, source: Any) -> str:
+    """The summary's line saying what the source was taken for, and why."""
+    if kind == "video":
+        files = sum(1 for v in source.samples if v.is_file)
+        return (
+            f"video ({how}): {len(source.samples) - files} frame folder(s) and {files} video "
+            f"file(s) in {len(source.classes)} classes"
+        )
+    return f"image classes ({how}): {len(source.classes)}, {len(source.samples)} image file(s)"
 
 
 def _convert_splits(src: Path, dst: Path, splits: list[str], args: dict) -> ConvertResult:
