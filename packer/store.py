@@ -33,6 +33,7 @@ class Packed:
     counts: np.ndarray
     first: np.ndarray
     reader: ReaderBase
+    checksums: np.ndarray  # xxh3_64 of every record (verify compares against it)
 
 
 def _bad(path: Path, what: str, rows: np.ndarray) -> FormatError:
@@ -152,4 +153,5 @@ def open_packed(
         np.ascontiguousarray(index["count"], dtype=np.int64),
         np.ascontiguousarray(index["first"], dtype=np.int64),
         reader,
+        records["checksum"],
     )

@@ -16,7 +16,6 @@ from tqdm.auto import tqdm
 
 from packer.decode import decode
 from packer.errors import PackerError
-from packer.formats.base import check_keys
 from packer.loading import default_workers
 from packer.manifest import (
     INDEX_NAME,
@@ -25,10 +24,7 @@ from packer.manifest import (
     Manifest,
     bytes_checksum,
     file_checksum,
-    load_index,
-    load_keys,
     load_manifest,
-    load_records,
 )
 from packer.store import Packed, open_packed
 from packer.strings import StringTable
@@ -198,10 +194,8 @@ def verify(
         # corrupt NPY/HDF5 shard is read by bounded slices, so its bad samples get named.
         bad_files = unreadable | (corrupt if manifest.format == "lmdb" else set())
         packed = open_packed(root, check_files=False)
-        checksums = load_records(root, load_index(root, manifest))["checksum"]
-        keys = StringTable(load_keys(root))
-        if packed.reader.layout == "per-sample":
-            check_keys(root, list(keys))
+        checksums = packed.checksums  # the tables were loaded and validated once, above
+        keys = packed.reader.keys  # checks keys that name files (per-sample layouts)
     except PackerError as exc:
         report.problems.append(Problem("tables", str(exc)))
         return report
