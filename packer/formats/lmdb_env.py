@@ -125,13 +125,15 @@ class Handle:
         self._key = key
         self._path = path
         self._shared: _Env | None = shared
-        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._fd = -1  # opened on the first prefetch: image readers never need it
 
     def prefetch(self, starts: list[int], lengths: list[int]) -> None:
         """Put the reads of several records' pages in flight at once (``POSIX_FADV_WILLNEED`` at
         the value offsets recorded at conversion) before LMDB touches them page by page: without
         readahead every page would otherwise be its own synchronous read."""
         if hasattr(os, "posix_fadvise"):
+            if self._fd < 0:
+                self._fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
             for start, length in zip(starts, lengths):
                 os.posix_fadvise(self._fd, start, length, os.POSIX_FADV_WILLNEED)
 
