@@ -9,6 +9,7 @@ manifest are written from the checkpoints. The output is byte-for-byte the same 
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -99,6 +100,11 @@ class Job:
     on_event: Event | None = None
     max_file_size: int | None = None  # inputs above it are skipped: they plan as 0 bytes
 
+    @functools.cached_property
+    def name_max(self) -> int:
+        """The longest file name the output file system takes (asked once)."""
+        return os.pathconf(self.partial, "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
+
     def emit(self, name: str, number: int) -> None:
         if self.on_event is not None:
             self.on_event(name, number)
@@ -154,7 +160,7 @@ def _store(
     for path, reason in loaded.dropped:
         _skip(job, current, path, f"frame dropped: {reason}")
     per_sample = job.layout == "per-sample"
-    if loaded.records is not None and per_sample and not _name_fits(job, sample.key):
+    if loaded.records is not None and per_sample and not _name_fits(sample.key, job.name_max):
         loaded = Loaded(None, "name too long for the output file system")
     if loaded.records is None:
         _skip(job, current, sample.path, loaded.reason or "unknown problem")
@@ -196,11 +202,10 @@ def _end_shard(
     return Checkpoint()
 
 
-def _name_fits(job: Job, key: str) -> bool:
-    """Whether the per-sample file named after ``key`` (plus its suffix) fits a file name."""
-    limit = os.pathconf(job.partial, "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
-    longest = max(len(os.fsencode(part)) for part in key.split("/"))
-    return longest + 8 <= limit  # room for the format's suffix (.npy, .h5, .bmp, ~N)
+def _name_fits(key: str, limit: int) -> bool:
+    """Whether the per-sample file named after ``key`` plus its suffix (``.npy``, ``.h5``,
+    ``.bmp``: at most 4 bytes) fits a file name of at most ``limit`` bytes."""
+    return max(len(os.fsencode(part)) for part in key.split("/")) + 4 <= limit
 
 
 def write_shards(job: Job, done: list[Checkpoint], progress: Progress) -> list[Checkpoint]:

@@ -286,3 +286,23 @@ def test_a_file_growing_during_an_hdf5_conversion(tree: DemoTree, tmp_path: Path
     assert "changed during the conversion" in reasons[victim.name]
     assert verify(tmp_path / "out.h5", progress=False).ok
     assert len(packer.open_dataset(tmp_path / "out.h5")) == len(tree.good) - 1
+
+
+def test_a_name_too_long_for_the_output_is_skipped(tree: DemoTree, tmp_path: Path) -> None:
+    """Two 253-byte names differing only by extension keep it in their keys: key + '.bmp' is
+    257 bytes, over the 255 a file name may have, so BMP skips them with a reason."""
+    src = Path(shutil.copytree(tree.root, tmp_path / "src"))
+    stem = "y" * 249
+    for ext in (".jpg", ".png"):
+        shutil.copy(tree.good[0], src / "class_00" / (stem + ext))
+    result = packer.convert(src, tmp_path / "out.bmp", progress=False)
+    reasons = {Path(s.path).name: s.reason for s in result.skipped}
+    assert (
+        reasons[stem + ".jpg"]
+        == reasons[stem + ".png"]
+        == ("name too long for the output file system")
+    )
+    assert len(packer.open_dataset(tmp_path / "out.bmp")) == len(tree.good)
+    lmdb = packer.convert(src, tmp_path / "out.lmdb", progress=False)  # shards: names unused
+    assert len(packer.open_dataset(tmp_path / "out.lmdb")) == len(tree.good) + 2
+    assert not any("too long" in s.reason for s in lmdb.skipped)
