@@ -223,7 +223,22 @@ def convert(
                 + (f"; it has {', '.join(found)}" if found else " (it is not a split root)")
             )
         if wanted:
-            return _convert_splits(src_path, dst_path, wanted, locals())
+            options = {
+                "format": fmt.NAME,  # a split's folder has no suffix of its own
+                "shard_size": shard_size,
+                "workers": workers,
+                "overwrite": overwrite,
+                "strict": strict,
+                "check": check,
+                "resume": resume,
+                "progress": progress,
+                "on_event": on_event,
+                "max_file_size": max_file_size,
+                "max_pixels": max_pixels,
+                "allow_empty": allow_empty,
+                **video_options,
+            }
+            return _convert_splits(src_path, dst_path, wanted, options)
     if workers is not None and workers < 1:
         raise PackerError(f"invalid workers {workers}; expected 1 or more")
     size = parse_size(shard_size)
@@ -289,15 +304,11 @@ def _what_was_found(kind: str, how: str, source: Any) -> str:
     return f"image classes ({how}): {len(source.classes)}, {len(source.samples)} image file(s)"
 
 
-def _convert_splits(src: Path, dst: Path, splits: list[str], args: dict) -> ConvertResult:
-    names = ["format", "shard_size", "workers", "overwrite", "strict", "check", "resume"]
-    names += ["progress", "on_event", "max_file_size", "max_pixels", "allow_empty"]
-    options = {n: args[n] for n in names}
-    options["format"] = args["fmt"].NAME  # a split's folder has no suffix of its own
+def _convert_splits(
+    src: Path, dst: Path, splits: list[str], options: dict[str, Any]
+) -> ConvertResult:
     start = time.perf_counter()
-    manifest, results = convert_splits(
-        src, dst, splits, convert, kind="image", **options, **args["video_options"]
-    )
+    manifest, results = convert_splits(src, dst, splits, convert, kind="image", **options)
     counts = ", ".join(f"{s} {m.num_samples}" for s, m in results.items())
     result = ConvertResult(
         dst=dst,
