@@ -124,11 +124,10 @@ class PackedSamples:
 
     def stored_bytes(self, indices: Sequence[int]) -> int:
         """Bytes the samples' records occupy (every frame of a video, read or not)."""
-        idx = np.asarray(indices, dtype=np.int64)
-        ends = np.cumsum(self.reader.length)
-        last = ends[self.first[idx] + self.counts[idx] - 1]
-        before = np.where(self.first[idx] > 0, ends[np.maximum(self.first[idx] - 1, 0)], 0)
-        return int((last - before).sum())
+        length = self.reader.length
+        return sum(
+            int(length[self.first[i] : self.first[i] + self.counts[i]].sum()) for i in indices
+        )
 
     @property
     def keys(self) -> StringTable:

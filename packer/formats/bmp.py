@@ -29,11 +29,14 @@ OFFSETS = "numbers"  # records.npy offsets number the records of a sample
 TRANSCODE = encode_bmp  # decode once at conversion time, never at read time
 
 
+def record_name(key: str, kind: str, number: int) -> str:
+    """The file of record ``number`` of the sample with ``key``, relative to the dataset."""
+    return f"{key}/{number:06d}.bmp" if kind == "video" else key + ".bmp"
+
+
 def record_path(root: Path, key: str, kind: str, number: int) -> Path:
     """The file of record ``number`` of the sample with ``key``."""
-    if kind == "video":
-        return root / key / f"{number:06d}.bmp"
-    return root / (key + ".bmp")
+    return root / record_name(key, kind, number)
 
 
 class Writer:
@@ -79,8 +82,9 @@ class Reader(ReaderBase):
         folder = self.folder()
         out = []
         for number, length in zip(starts, lengths):
-            path = record_path(self.root, key, self.kind, number)
-            fd = folder.open(str(path.relative_to(self.root)))
+            name = record_name(key, self.kind, number)
+            path = self.root / name
+            fd = folder.open(name)
             try:
                 with open(fd, "rb", closefd=True) as fh:
                     data = fh.read(length + 1)
