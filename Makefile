@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[dev,plot]"
+	$(PY) -m pip install -q -e ".[dev,plot,fast,dask]"
 	touch $(STAMP)
 
 demo: install
