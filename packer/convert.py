@@ -26,6 +26,7 @@ from packer.destination import (
     partial_path,
     publish,
 )
+from packer.detect import detect
 from packer.errors import DestinationError, InputFileError, PackerError
 from packer.formats import by_name, default_layout, format_for
 from packer.labels import read_labels, scan_flat
@@ -33,9 +34,8 @@ from packer.loading import DEFAULT_MAX_FILE_SIZE, default_workers, load_image
 from packer.manifest import Manifest
 from packer.resume import Progress, fingerprint
 from packer.sizes import format_size, parse_size
-from packer.sources import SkippedInput, scan
+from packer.sources import SkippedInput, class_dirs, scan
 from packer.splits import convert_splits, find_splits
-from packer.video.sources import detect_kind
 from packer.write import Event, Job, Prepared, finalize, plan_shards, write_shards
 
 __all__ = ["DEFAULT_SHARD_SIZE", "ConvertResult", "convert", "convert_video", "plan_shards"]
@@ -247,7 +247,10 @@ def convert(
         raise PackerError(f"invalid max_pixels {max_pixels}; expected 1 or more")
     check_destination(dst_path, overwrite, src_path, resume)
     how = "given" if kind else ("a labels file" if labels is not None else "detected")
-    kind = kind or ("image" if labels is not None else detect_kind(src_path))
+    if kind is None and labels is None:
+        detection = detect(src_path, class_dirs(src_path))
+        kind, how = detection.kind, f"detected: {detection.reason}"
+    kind = kind or "image"
     prepared = _prepare(
         kind, src_path, fmt, check, limits, video_options, classes, labels, allow_empty
     )

@@ -241,7 +241,7 @@ def open_dataset(
             f"{str(root)!r} has no {MANIFEST_NAME}: it is not a complete packer output"
         )
     if root.is_dir():
-        from packer.video.sources import detect_kind
+        from packer.detect import detect_kind
 
         splits = find_splits(root)
         if splits or split is not None:

@@ -1,8 +1,11 @@
 """Scan a source folder into an ordered list of samples. Scanning stats files but reads no bytes.
 
-Image kind: ``root/<class>/<image>``. Classes are the sorted first-level folder names and
-``class_to_idx`` maps them to ``0..C-1`` (torchvision ``ImageFolder`` convention); images are
-sorted by name within each class, so sample ``i`` is ImageFolder's sample ``i``.
+Image kind: ``root/<class>/<image>``, images possibly in nested sub-folders of a class folder
+(``root/<class>/a/b/<image>``). Classes are the sorted first-level folder names and
+``class_to_idx`` maps them to ``0..C-1`` (torchvision ``ImageFolder`` convention); a class is
+walked like ImageFolder walks it (folders by relative path, files by name, symlinked folders
+followed), so sample ``i`` is ImageFolder's sample ``i``. A sample's key is its path relative to
+the root without the extension.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ __all__ = [
 IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm", ".pgm", ".pbm"}
 )
+VIDEO_EXTENSIONS = frozenset({".mp4", ".avi", ".webm", ".mkv"})
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,17 @@ def is_image_name(name: str) -> bool:
     return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
 
 
-def _class_dirs(root: Path) -> list[str]:
+def is_video_name(name: str) -> bool:
+    """Whether a file name has a video extension (case-insensitive)."""
+    return os.path.splitext(name)[1].lower() in VIDEO_EXTENSIONS
+
+
+def class_dirs(root: Path) -> list[str]:
+    """The sorted class folder names of ``root`` (hidden folders left out).
+
+    Raises:
+        SourceError: ``root`` is missing, a file, unreadable, or has no class folders.
+    """
     if not root.exists():
         raise SourceError(f"source {str(root)!r} does not exist")
     if not root.is_dir():
@@ -130,34 +144,75 @@ def _keys_for(class_name: str, names: list[str]) -> list[str]:
     return unique_keys([f"{class_name}/{s if counts[s] == 1 else n}" for s, n in zip(stems, names)])
 
 
-def _scan_class(root: Path, class_name: str, label: int, scan_result: Scan) -> None:
-    folder = root / class_name
+def _listing(folder: str, scan_result: Scan) -> list[os.DirEntry[str]] | None:
     try:
-        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        with os.scandir(folder) as it:
+            return sorted(it, key=lambda e: e.name)
     except OSError as exc:
-        scan_result.skipped.append(SkippedInput(str(folder), f"cannot list folder: {exc.strerror}"))
-        return
-    names: list[str] = []
-    sizes: list[int] = []
-    for entry in entries:
-        if entry.name.startswith("."):
+        scan_result.skipped.append(SkippedInput(folder, f"cannot list folder: {exc.strerror}"))
+        return None
+
+
+def _walk(top: str, scan_result: Scan) -> list[tuple[str, list[tuple[str, int]]]]:
+    """``(relative folder, [(image name, size)])`` for ``top`` and every folder under it.
+
+    Like torchvision's ``ImageFolder`` (``sorted(os.walk(top, followlinks=True))``): symlinked
+    folders are followed, folders come in the order of their relative path strings, files by
+    name. Unlike it, a symlink back to a folder being walked (a loop) is skipped and recorded
+    instead of recursing forever, and hidden entries are left out.
+    """
+    found: list[tuple[str, list[tuple[str, int]]]] = []
+    # (relative folder, its stat, the (dev, ino) of the folders above it)
+    pending: list[tuple[str, os.stat_result, tuple[tuple[int, int], ...]]] = [
+        ("", os.stat(top), ())
+    ]
+    while pending:
+        rel, st, above = pending.pop()
+        folder = os.path.join(top, rel) if rel else top
+        here = (*above, (st.st_dev, st.st_ino))
+        entries = _listing(folder, scan_result)
+        if entries is None:
             continue
-        if not is_image_name(entry.name):
-            scan_result.ignored += 1
-            continue
-        try:
-            if not entry.is_file():
-                reason = "is a folder" if entry.is_dir() else "broken symlink or not a file"
-                scan_result.skipped.append(SkippedInput(entry.path, reason))
+        files: list[tuple[str, int]] = []
+        for entry in entries:
+            if entry.name.startswith("."):
                 continue
-            size = entry.stat().st_size
-        except OSError as exc:
-            scan_result.skipped.append(SkippedInput(entry.path, f"cannot stat: {exc.strerror}"))
-            continue
-        names.append(entry.name)
-        sizes.append(size)
+            try:
+                if entry.is_dir():
+                    sub = entry.stat()
+                    if (sub.st_dev, sub.st_ino) in here:
+                        scan_result.skipped.append(
+                            SkippedInput(entry.path, "symlink loop (links back to a folder above)")
+                        )
+                    else:
+                        pending.append((os.path.join(rel, entry.name), sub, here))
+                    continue
+                if not is_image_name(entry.name):
+                    scan_result.ignored += 1
+                    continue
+                if not entry.is_file():
+                    scan_result.skipped.append(
+                        SkippedInput(entry.path, "broken symlink or not a file")
+                    )
+                    continue
+                files.append((entry.name, entry.stat().st_size))
+            except OSError as exc:
+                scan_result.skipped.append(SkippedInput(entry.path, f"cannot stat: {exc.strerror}"))
+        found.append((rel, files))
+    return sorted(found, key=lambda item: item[0])
+
+
+def _scan_class(root: Path, class_name: str, label: int, scan_result: Scan) -> None:
+    folder = os.path.join(root, class_name)
+    try:
+        walked = _walk(folder, scan_result)
+    except OSError as exc:
+        scan_result.skipped.append(SkippedInput(folder, f"cannot list folder: {exc.strerror}"))
+        return
+    names = [os.path.join(rel, name) for rel, files in walked for name, _ in files]
+    sizes = [size for _, files in walked for _, size in files]
     for key, name, size in zip(_keys_for(class_name, names), names, sizes):
-        scan_result.samples.append(Sample(key, label, str(folder / name), size))
+        scan_result.samples.append(Sample(key, label, os.path.join(folder, name), size))
 
 
 def scan(
@@ -183,7 +238,7 @@ def scan(
     if kind != "image":
         raise SourceError(f"unknown source kind {kind!r}; expected 'image'")
     root_path = Path(root)
-    found = _class_dirs(root_path)
+    found = class_dirs(root_path)
     if classes is not None:
         unknown = [c for c in found if c not in set(classes)]
         if unknown:

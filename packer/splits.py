@@ -110,22 +110,28 @@ def convert_splits(
     results: dict[str, Any] = {}
     with DestinationLock(dst):
         check_destination(dst, overwrite, src, resume)
-        if resume and partial.is_dir():
+        fresh = not (resume and partial.is_dir())
+        if not fresh:
             Progress(partial).resume(fp)
         else:
             if partial.exists():
                 shutil.rmtree(partial)
             partial.mkdir()
             Progress(partial).start(fp)
-        for split in splits:
-            part = partial / split
-            if (part / MANIFEST_NAME).is_file():
-                results[split] = load_manifest(part)
-                continue
-            again = resume and partial_path(part).is_dir()
-            results[split] = convert(
-                src / split, part, classes=classes, resume=again, **options
-            ).manifest
+        try:
+            for split in splits:
+                part = partial / split
+                if (part / MANIFEST_NAME).is_file():
+                    results[split] = load_manifest(part)
+                    continue
+                again = resume and partial_path(part).is_dir()
+                results[split] = convert(
+                    src / split, part, classes=classes, resume=again, **options
+                ).manifest
+        except SourceError:
+            if fresh and not results:  # refused before any work: leave nothing to --resume
+                shutil.rmtree(partial, ignore_errors=True)
+            raise
         counts = {s: m.num_samples for s, m in results.items()}
         first = results[splits[0]]
         manifest = Manifest(

@@ -108,9 +108,15 @@ def test_the_summary_says_what_was_detected(tree: DemoTree, tmp_path: Path) -> N
     from packer.tools.video_demo import make_video_tree
 
     text = packer.convert(tree.root, tmp_path / "i.npy", progress=False).summary()
-    assert f"image classes (detected): 3, {len(tree.good) + len(tree.bad)} image file(s)" in text
+    assert (
+        f"image classes (detected: images in class folders): 3, {len(tree.good) + len(tree.bad)} image file(s)"
+        in text
+    )
     video = make_video_tree(tmp_path / "v", classes=2, per_class=1, frames=(3, 4))
     text = packer.convert(video.root, tmp_path / "v.npy", progress=False).summary()
-    assert "video (detected): 2 frame folder(s) and 0 video file(s) in 2 classes" in text
+    assert (
+        "video (detected: 2 class(es) of numbered frame folders): 2 frame folder(s) and 0 video file(s) in 2 classes"
+        in text
+    )
     forced = packer.convert(tree.root, tmp_path / "f.npy", kind="image", progress=False)
     assert "image classes (given)" in forced.summary()

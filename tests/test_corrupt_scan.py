@@ -11,15 +11,7 @@ from torch.utils.data import DataLoader
 
 import packer
 from packer.errors import InputFileError
-from packer.tools.image_demo import DemoTree
-
-
-def corrupt_scan(path: Path) -> None:
-    """Overwrite bytes in the middle of the entropy-coded data with a marker: the header, the
-    end-of-image marker and Pillow's verify() all still pass; a decode fails."""
-    data = path.read_bytes()
-    half = len(data) // 2
-    path.write_bytes(data[:half] + b"\xff\xd0\xff\xda" + data[half + 4 :])
+from packer.tools.image_demo import DemoTree, corrupt_scan
 
 
 @pytest.fixture

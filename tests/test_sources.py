@@ -83,12 +83,12 @@ def test_natural_key_orders_numbers() -> None:
 
 
 def test_stray_subfolder_does_not_make_an_image_tree_video(tmp_path: Path) -> None:
-    from packer.video.sources import detect_kind
+    from packer.detect import detect_kind
 
     touch(tmp_path / "a/1.jpg")
     (tmp_path / "a/thumbnails").mkdir()
     touch(tmp_path / "a/notes/readme.txt")
     assert detect_kind(tmp_path) == "image"
     touch(tmp_path / "b/clip/img_1.jpg")
-    with pytest.raises(SourceError, match="mixes kinds"):
+    with pytest.raises(SourceError, match="could be either kind.*pass --kind image"):
         detect_kind(tmp_path)

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from packer.detect import detect_kind
 from packer.errors import SourceError
 from packer.tools.image_demo import make_image_tree
-from packer.video.sources import detect_kind, scan_videos
+from packer.video.sources import scan_videos
 
 
 def touch_frames(folder: Path, names: list[str]) -> None:
@@ -47,11 +48,16 @@ def test_detect_kind(tmp_path: Path) -> None:
 def test_mixed_tree_is_a_clear_error(tmp_path: Path) -> None:
     touch_frames(tmp_path / "a" / "v0", ["1.jpg"])
     touch_frames(tmp_path / "b", ["1.jpg"])
-    with pytest.raises(SourceError, match="mixes kinds: class 'b' holds images directly"):
+    with pytest.raises(SourceError, match="could be either kind: class 'b' looks like an image"):
         detect_kind(tmp_path)
-    with pytest.raises(SourceError, match="mixes kinds"):
+    with pytest.raises(SourceError, match="class 'b' holds images directly"):
         scan_videos(tmp_path)
-    touch_frames(tmp_path / "b" / "v1", ["1.jpg"])  # b now holds both
+    touch_frames(
+        tmp_path / "b" / "v1", ["1.jpg"]
+    )  # b: images with a nested folder, ImageFolder-style
+    with pytest.raises(SourceError, match="class 'b' holds images directly"):
+        scan_videos(tmp_path)
+    (tmp_path / "b" / "clip.mp4").write_bytes(b"x")  # b now holds images and a video file
     with pytest.raises(SourceError, match="holds both images and videos"):
         scan_videos(tmp_path)
 

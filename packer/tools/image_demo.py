@@ -163,3 +163,12 @@ def time_targets(
         )
         for name, path in targets
     ]
+
+
+def corrupt_scan(path: str | os.PathLike[str]) -> None:
+    """Damage a JPEG's entropy-coded data in place, as a bad disk or download does: a marker is
+    written mid-scan, so the header, the end-of-image marker and Pillow's ``verify()`` still
+    pass while a full decode fails (the case ``--check scan`` exists for)."""
+    data = Path(path).read_bytes()
+    half = len(data) // 2
+    Path(path).write_bytes(data[:half] + b"\xff\xd0\xff\xda" + data[half + 4 :])

@@ -46,7 +46,8 @@ def data_files(path: str | os.PathLike[str]) -> list[Path]:
         if manifest.shards:
             return [root / s.name for s in manifest.shards]
         return sorted(p for p in root.rglob("*") if p.is_file())
-    from packer.video.sources import detect_kind, scan_videos
+    from packer.detect import detect_kind
+    from packer.video.sources import scan_videos
 
     if root.is_dir() and detect_kind(root) == "video":
         videos = scan_videos(root).videos

@@ -25,7 +25,7 @@ _EXPORTS = {
     "VideoFolderDataset": "packer.video.datasets",
     "open_video_dataset": "packer.video.datasets",
     "convert_video": "packer.convert",
-    "detect_kind": "packer.video.sources",
+    "detect_kind": "packer.detect",
     "scan_videos": "packer.video.sources",
     "make_video_files": "packer.tools.video_demo",
     "make_video_tree": "packer.tools.video_demo",

@@ -1,4 +1,4 @@
-"""Scan a video source tree, and tell image trees from video trees. Stats files, reads no bytes.
+"""Scan a video source tree. Stats files, reads no bytes (kind detection: :mod:`packer.detect`).
 
 A video source is ``root/<class>/<video>`` where each video is either
 
@@ -19,26 +19,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packer.detect import class_shape, detect
 from packer.errors import SourceError
-from packer.sources import SkippedInput, is_image_name, natural_key
+from packer.sources import (
+    VIDEO_EXTENSIONS,
+    SkippedInput,
+    is_image_name,
+    is_video_name,
+    natural_key,
+)
 
 __all__ = [
     "KINDS",
     "VIDEO_EXTENSIONS",
     "VideoSample",
     "VideoScan",
-    "detect_kind",
     "is_video_name",
     "scan_videos",
 ]
 
 KINDS = ("image", "video")
-VIDEO_EXTENSIONS = frozenset({".mp4", ".avi", ".webm", ".mkv"})
-
-
-def is_video_name(name: str) -> bool:
-    """Whether a file name has a video extension (case-insensitive)."""
-    return os.path.splitext(name)[1].lower() in VIDEO_EXTENSIONS
 
 
 @dataclass(frozen=True)
@@ -115,68 +115,6 @@ def _class_dirs(root: Path) -> list[str]:
     return sorted(names)
 
 
-def _holds_images(folder: str) -> bool:
-    """Whether a sub-folder holds at least one image (a frame folder, not a stray folder)."""
-    try:
-        with os.scandir(folder) as entries:
-            return any(is_image_name(e.name) and not e.name.startswith(".") for e in entries)
-    except OSError:
-        return False
-
-
-def _class_kind(folder: Path) -> str | None:
-    """``"image"``, ``"video"``, ``"mixed"``, or None for a folder with neither."""
-    images = videos = False
-    try:
-        entries = list(os.scandir(folder))
-    except OSError:
-        return None
-    for entry in entries:
-        if entry.name.startswith("."):
-            continue
-        try:
-            is_dir = entry.is_dir()
-        except OSError:  # a symlink loop or an unreadable entry: the scan reports it
-            continue
-        if is_dir:
-            videos = videos or _holds_images(entry.path)
-        elif is_video_name(entry.name):
-            videos = True
-        elif is_image_name(entry.name):
-            images = True
-    if images and videos:
-        return "mixed"
-    return "image" if images else "video" if videos else None
-
-
-def detect_kind(root: str | os.PathLike[str]) -> str:
-    """``"image"`` for ``<class>/<image>`` trees, ``"video"`` for ``<class>/<video>/...`` trees.
-
-    A tree with neither images nor videos is reported as ``"image"`` (its scan then explains).
-
-    Raises:
-        SourceError: a missing source, or a mixed tree (images and videos side by side).
-    """
-    root_path = Path(root)
-    classes = _class_dirs(root_path)
-    kinds = {c: _class_kind(root_path / c) for c in classes}
-    mixed = [c for c, k in kinds.items() if k == "mixed"]
-    if mixed:
-        raise SourceError(
-            f"class folder {str(root_path / mixed[0])!r} holds both images and videos; "
-            "a source is either <class>/<image> or <class>/<video>/<frame>: move one kind out"
-        )
-    found = {k for k in kinds.values() if k is not None}
-    if found == {"image", "video"}:
-        image = next(c for c, k in kinds.items() if k == "image")
-        video = next(c for c, k in kinds.items() if k == "video")
-        raise SourceError(
-            f"source {str(root_path)!r} mixes kinds: class {image!r} holds images directly but "
-            f"class {video!r} holds videos (frame folders or video files); use one layout"
-        )
-    return "video" if found == {"video"} else "image"
-
-
 def _frames_of(folder: str, result: VideoScan) -> tuple[list[str], int]:
     names: list[str] = []
     size = 0
@@ -239,12 +177,17 @@ def scan_videos(root: str | os.PathLike[str]) -> VideoScan:
             class that holds images directly.
     """
     root_path = Path(root)
-    if detect_kind(root_path) != "video":
-        raise SourceError(
-            f"source {str(root_path)!r} holds images, not videos; expected <class>/<video>/<frame> "
-            "or <class>/<video>.mp4 (convert it as an image folder instead)"
-        )
     classes = _class_dirs(root_path)
+    shapes = {c: class_shape(root_path / c) for c in classes}
+    if "mixed" in shapes.values():
+        detect(root_path, classes)  # raises, naming the class that holds both kinds
+    direct = [c for c, shape in shapes.items() if shape == "image"]
+    if direct:
+        raise SourceError(
+            f"source {str(root_path)!r} holds images, not videos: class {direct[0]!r} holds images "
+            "directly; expected <class>/<video>/<frame> or <class>/<video>.mp4 (convert it as an "
+            "image folder instead)"
+        )
     result = VideoScan(root=str(root_path.resolve()), classes=classes, videos=[])
     counts = [_scan_class(root_path, c, label, result) for label, c in enumerate(classes)]
     if not result.videos:
