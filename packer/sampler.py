@@ -30,10 +30,10 @@ number of ranks can load it: their iteration deals out the *remaining* samples o
 order, so the samples before and after the restart make exactly one epoch (apart from padding).
 Pass ``consumed`` from the training loop (e.g. ``(step + 1) * batch_size``): a DataLoader takes
 indices from the sampler ahead of the loop (``prefetch_factor`` batches per worker), so what the
-sampler has handed out (the default) overcounts unless ``num_workers=0``. torchdata's
-``StatefulDataLoader`` calls a sampler's ``state_dict()`` itself; there, the count must come from
-the loop too. The state is the same on every rank (save it from rank 0); it holds ints and bools
-only.
+sampler has handed out (the default) overcounts unless ``num_workers=0``. (torchdata's
+``StatefulDataLoader`` would call ``state_dict()`` with no count; it is not tested here: save the
+sampler's state from the loop.) The state is the same on every rank (save it from rank 0); it
+holds ints and bools only.
 
 The resume point serves the iterations of its epoch until one runs to its end; ``set_epoch``
 with another epoch starts that epoch from its beginning.
