@@ -24,6 +24,7 @@ _EXPORTS = {
     "open_dataset": "packer.datasets",
     "collate_bytes": "packer.collate",
     "unpack_bytes": "packer.collate",
+    "ShardedSampler": "packer.sampler",
     "LoaderReport": "packer.tools.diagnose",
     "diagnose": "packer.tools.diagnose",
     "worker_init_fn": "packer.tools.worker_threads",
@@ -50,6 +51,7 @@ __all__ = [
     "NpyDataset",
     "NpyVideoDataset",
     "PackerError",
+    "ShardedSampler",
     "SourceError",
     "VideoFolderDataset",
     "__version__",
@@ -73,6 +75,7 @@ if TYPE_CHECKING:
         NpyDataset,
         open_dataset,
     )
+    from packer.sampler import ShardedSampler
     from packer.tools.diagnose import LoaderReport, diagnose
     from packer.tools.worker_threads import worker_init_fn
     from packer.video.datasets import (

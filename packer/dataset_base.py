@@ -129,6 +129,17 @@ class PackedSamples:
             int(length[self.first[i] : self.first[i] + self.counts[i]].sum()) for i in indices
         )
 
+    def shard_of_sample(self) -> np.ndarray | None:
+        """Each sample's shard number (the file of its first record), in sample order, or
+        ``None`` when every sample has its own file (the ``per-sample`` layout).
+
+        A conversion writes samples in order, so a shard holds a run of consecutive samples:
+        the blocks :class:`packer.ShardedSampler` reads together by default.
+        """
+        if self.reader.layout != "shards":
+            return None
+        return self.reader.file[self.first]
+
     @property
     def keys(self) -> StringTable:
         """Each sample's key: its source path relative to the root, without suffix."""

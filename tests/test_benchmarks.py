@@ -103,3 +103,14 @@ def test_video_clips(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     for row in rows:
         assert row["disk_per_clip"] >= 0 and row["clips"] == 4
         assert row["dataset"] == "mp4 seek-decode" or row["payload_per_clip"] > 0
+
+
+def test_sampler_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _script("sampler_reads")
+    out = tmp_path / "sampler_reads.json"
+    args = ["--data", str(tmp_path), "--images", "20", "--shard-size", "200kB", "--repeats", "1"]
+    args += ["--workers", "0", "--caches", "warm", "cold", "--samplers", "random", "sharded"]
+    assert script.main(script.parse_args([*args, "--out", str(out)])) == 0
+    assert "| sharded | cold |" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["shards"] > 1 and len(report["results"]) == 4

@@ -1,0 +1,280 @@
+"""A DDP sampler that reads shard by shard and resumes mid-epoch, also on another number of ranks.
+
+Every packer dataset also works with ``torch.utils.data.DistributedSampler`` (it only needs
+``len``). :class:`ShardedSampler` adds two things a large packed dataset on a disk or NFS wants.
+
+**Shard-local reads.** A conversion writes samples in order, so a shard holds a run of
+consecutive samples. An epoch's *global order* shuffles *blocks* of consecutive samples (by
+default a dataset's shards, from ``dataset.shard_of_sample()``; otherwise ``block`` samples,
+256 when not given), then the samples inside each block. At any moment every rank reads from the
+same one block (or ``mix`` blocks), so the page cache and the disk's readahead serve a small
+region instead of the whole dataset. ``shuffle=False`` is the plain order ``0 .. n-1``. The order
+is a pure function of ``(len(dataset), blocks, seed, epoch, mix)``: never of the rank or the
+number of ranks. A caveat: samples are converted in class order, so a block of one shard is
+mostly one class; ``mix=k`` shuffles the samples of ``k`` consecutive shuffled blocks together
+(``k`` open regions at a time instead of one), which gives batches of ``k`` shards' classes.
+
+**Splitting across ranks.** The rest of the epoch's global order from ``start`` (0, or a resume
+point) is dealt out round robin: rank ``r`` of ``R`` gets positions ``start + r``,
+``start + r + R``, ... Every rank gets the same count: without ``drop_last`` the sequence is
+padded by repeating its beginning (as ``DistributedSampler`` does); with ``drop_last`` its tail of
+fewer than ``R`` samples is left out. So when every rank has consumed ``k`` samples, what the
+whole job has consumed is exactly the *prefix* ``start .. start + k*R`` of the global order,
+whatever ``R`` is.
+
+**Resuming.** That prefix is the state: ``state_dict(consumed=k)`` records ``epoch`` and the
+global position ``start + k*R`` (the number of samples of the epoch's order consumed; the whole
+epoch once ``k`` reaches the rank's count), plus what the order depends on so that loading it
+into a sampler built differently fails loudly instead of repeating or skipping samples. Any
+number of ranks can load it: their iteration deals out the *remaining* samples of the same global
+order, so the samples before and after the restart make exactly one epoch (apart from padding).
+Pass ``consumed`` from the training loop (e.g. ``(step + 1) * batch_size``): a DataLoader takes
+indices from the sampler ahead of the loop (``prefetch_factor`` batches per worker), so what the
+sampler has handed out (the default) overcounts unless ``num_workers=0``. (torchdata's
+``StatefulDataLoader`` would call ``state_dict()`` with no count; it is not tested here: save the
+sampler's state from the loop.) The state is the same on every rank (save it from rank 0); it
+holds ints and bools only.
+
+The resume point serves the iterations of its epoch until one runs to its end; ``set_epoch``
+with another epoch starts that epoch from its beginning.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import numpy as np
+import torch.distributed as dist
+from torch.utils.data import Sampler
+
+from packer.errors import PackerError
+
+__all__ = ["DEFAULT_BLOCK", "ShardedSampler", "block_starts", "epoch_order", "rank_indices"]
+
+DEFAULT_BLOCK = 256  # samples per block when the dataset does not say how it is sharded
+STATE_VERSION = 1
+
+
+def _integer(name: str, value: Any, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise PackerError(f"{name} must be an integer, not {value!r}")
+    if minimum is not None and value < minimum:
+        raise PackerError(f"{name} must be at least {minimum}, not {value}")
+    return int(value)
+
+
+def block_starts(n: int, block: int | None = None, shards: np.ndarray | None = None) -> np.ndarray:
+    """Where each block of consecutive samples starts: every ``block`` samples, or where the
+    shard number changes in ``shards`` (one per sample) when ``block`` is ``None``."""
+    if block is None and shards is not None:
+        shards = np.asarray(shards)
+        if len(shards) != n:
+            raise PackerError(f"shards holds {len(shards)} entries for {n} samples")
+        change = np.flatnonzero(shards[1:] != shards[:-1]) + 1
+        return np.concatenate(([0], change)).astype(np.int64) if n else np.zeros(0, np.int64)
+    return np.arange(0, n, block or DEFAULT_BLOCK, dtype=np.int64)
+
+
+def epoch_order(
+    n: int, starts: np.ndarray, seed: int, epoch: int, shuffle: bool = True, mix: int = 1
+) -> np.ndarray:
+    """The epoch's global order of the samples ``0 .. n-1``: blocks (``starts``) shuffled, then
+    the samples within each group of ``mix`` consecutive shuffled blocks."""
+    if not shuffle or n == 0:
+        return np.arange(n, dtype=np.int64)
+    rng = np.random.default_rng([seed % 2**64, epoch % 2**64])
+    sizes = np.diff(np.append(starts, n))
+    block_of = np.repeat(np.arange(len(starts)), sizes)
+    group = rng.permutation(len(starts)) // mix  # a block's group in the shuffled block order
+    return np.lexsort((rng.random(n), group[block_of])).astype(np.int64)
+
+
+def per_rank(remaining: int, num_replicas: int, drop_last: bool) -> int:
+    """Samples each rank gets out of ``remaining``."""
+    if drop_last:
+        return remaining // num_replicas
+    return -(-remaining // num_replicas)
+
+
+def rank_indices(
+    order: np.ndarray, start: int, num_replicas: int, rank: int, drop_last: bool
+) -> np.ndarray:
+    """Rank ``rank``'s share of ``order[start:]``, dealt round robin, padded by repeating the
+    beginning (or with the tail dropped) so that every rank gets the same count."""
+    rest = order[start:]
+    total = per_rank(len(rest), num_replicas, drop_last) * num_replicas
+    if total > len(rest):
+        rest = np.concatenate((rest, np.resize(rest, total - len(rest))))
+    return rest[:total][rank::num_replicas]
+
+
+def _world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    initialized = dist.is_available() and dist.is_initialized()
+    if num_replicas is None:
+        num_replicas = dist.get_world_size() if initialized else 1
+    num_replicas = _integer("num_replicas", num_replicas, 1)
+    if rank is None:
+        if not initialized and num_replicas > 1:
+            raise PackerError(
+                f"rank= is required with num_replicas={num_replicas} when torch.distributed is "
+                "not initialized (every process would otherwise read rank 0's samples)"
+            )
+        rank = dist.get_rank() if initialized else 0
+    rank = _integer("rank", rank, 0)
+    if rank >= num_replicas:
+        raise PackerError(f"rank {rank} is out of range for num_replicas={num_replicas}")
+    return num_replicas, rank
+
+
+class ShardedSampler(Sampler[int]):
+    """Shuffles blocks of consecutive samples (a dataset's shards by default), splits them across
+    DDP ranks, and resumes mid-epoch on any number of ranks (see the module docstring).
+
+    Args:
+        dataset: any sized dataset; a packer dataset's ``shard_of_sample()`` gives the blocks.
+        num_replicas: ranks sharing the epoch; the ``torch.distributed`` world size by default,
+            1 without a process group.
+        rank: this process's rank; the ``torch.distributed`` rank by default, 0 without one.
+        shuffle: shuffle blocks and samples each epoch; ``False`` reads ``0 .. n-1`` in order.
+        seed: the shuffle's seed, the same on every rank.
+        drop_last: leave out the epoch's last samples that do not split evenly across the ranks
+            instead of padding with repeated ones.
+        block: samples per block; ``None``: the dataset's shards, else 256.
+        mix: blocks whose samples are shuffled together (more classes per batch when shards
+            hold one class each, ``mix`` regions read at a time).
+
+    Raises:
+        PackerError: an argument of the wrong type or out of range.
+
+    Example::
+
+        sampler = ShardedSampler(dataset, seed=1)
+        loader = DataLoader(dataset, batch_size=64, sampler=sampler, num_workers=8)
+        for epoch in range(start_epoch, epochs):
+            sampler.set_epoch(epoch)
+            for step, batch in enumerate(loader):
+                ...
+                state = sampler.state_dict(consumed=(step + 1) * 64)  # saved with the model
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        block: int | None = None,
+        mix: int = 1,
+    ) -> None:
+        self.num_replicas, self.rank = _world(num_replicas, rank)
+        self.seed = _integer("seed", seed)
+        self.mix = _integer("mix", mix, 1)
+        self.block = None if block is None else _integer("block", block, 1)
+        self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
+        self.n = len(dataset)
+        shards = getattr(dataset, "shard_of_sample", None)
+        layout = shards() if callable(shards) and self.block is None else None
+        self.starts = block_starts(self.n, self.block, layout)
+        self.epoch = 0
+        self._order: tuple[int, np.ndarray] | None = None  # (epoch, its global order)
+        self._at(0)
+
+    def _at(self, start: int) -> None:
+        self._start = start  # where this epoch's next iteration starts in the global order
+        self._yielded = 0  # indices handed out by the current (or last) iteration
+        self._done = False  # the last iteration from _start ran to its end
+
+    def order(self) -> np.ndarray:
+        """The current epoch's global order (the same on every rank)."""
+        if self._order is None or self._order[0] != self.epoch:
+            order = epoch_order(self.n, self.starts, self.seed, self.epoch, self.shuffle, self.mix)
+            self._order = (self.epoch, order)
+        return self._order[1]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use the order of ``epoch``; another epoch than the current one starts at its
+        beginning, the current one keeps a resume point."""
+        epoch = _integer("epoch", epoch)
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._at(0)
+
+    def __len__(self) -> int:
+        """Samples of the current (or, before it starts, the next) iteration on this rank."""
+        return per_rank(self.n - self._start, self.num_replicas, self.drop_last)
+
+    def __iter__(self) -> Iterator[int]:
+        if self._done:  # the resumed part of the epoch was read: the next pass is a whole one
+            self._at(0)
+        indices = rank_indices(
+            self.order(), self._start, self.num_replicas, self.rank, self.drop_last
+        )
+        self._yielded = 0
+        for i in indices.tolist():
+            self._yielded += 1
+            yield i
+        self._done = True
+
+    def _fingerprint(self) -> dict[str, Any]:
+        blocks = zlib.crc32(self.starts.tobytes()) if self.shuffle else 0
+        return {
+            "num_samples": self.n,
+            "shuffle": self.shuffle,
+            "seed": self.seed if self.shuffle else 0,
+            "mix": self.mix if self.shuffle else 1,
+            "blocks": blocks,
+        }
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """Where the epoch is: ``{"epoch", "consumed", ...}``, the same on every rank.
+
+        Args:
+            consumed: samples this rank's loop has taken since the current iteration began (e.g.
+                ``(step + 1) * batch_size``). ``None``: the indices the sampler has handed out,
+                which is ahead of the loop when DataLoader workers prefetch.
+
+        Raises:
+            PackerError: ``consumed`` is negative or more than the iteration holds.
+        """
+        count = per_rank(self.n - self._start, self.num_replicas, self.drop_last)
+        k = self._yielded if consumed is None else _integer("consumed", consumed, 0)
+        if k > count:
+            raise PackerError(
+                f"consumed={k} is more than the {count} samples this rank's iteration holds"
+            )
+        position = self.n if k == count else self._start + k * self.num_replicas
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "consumed": position,
+            **self._fingerprint(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the saved epoch from the first sample no rank had consumed.
+
+        Raises:
+            PackerError: the state is not a ShardedSampler's, or was saved by a sampler with
+                another order (dataset length, seed, shuffle, blocks or mix).
+        """
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise PackerError(
+                f"not a ShardedSampler state of version {STATE_VERSION}: {state!r:.200}"
+            )
+        for key, ours in self._fingerprint().items():
+            if state.get(key) != ours:
+                raise PackerError(
+                    f"the sampler state was saved with {key}={state.get(key)!r}, this sampler "
+                    f"has {key}={ours!r}: resuming would repeat and skip samples. Build the "
+                    "sampler as it was built when the state was saved"
+                )
+        epoch = _integer("epoch", state.get("epoch"))
+        position = _integer("consumed", state.get("consumed"), 0)
+        if position > self.n:
+            raise PackerError(f"consumed={position} is past the epoch's {self.n} samples")
+        self.epoch = epoch
+        self._at(position)
