@@ -32,6 +32,7 @@ from packer.formats import by_name, default_layout, format_for
 from packer.labels import read_labels, scan_flat
 from packer.loading import DEFAULT_MAX_FILE_SIZE, default_workers, load_image
 from packer.manifest import Manifest
+from packer.resize import RESIZE_OPTIONS, Resize
 from packer.resume import Progress, fingerprint
 from packer.sizes import format_size, parse_size
 from packer.sources import SkippedInput, class_dirs, scan
@@ -54,6 +55,25 @@ class ConvertResult:
     bytes_out: int
     skipped: list[SkippedInput] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The machine-readable summary (``packer convert --json``): what :meth:`summary` says."""
+        m = self.manifest
+        return {
+            "dst": str(self.dst),
+            "format": m.format,
+            "kind": m.kind,
+            "samples": m.num_samples,
+            "classes": len(m.classes),
+            "splits": m.options.get("splits") if m.kind == "splits" else None,
+            "files": len(m.shards) or m.num_samples,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "seconds": round(self.seconds, 3),
+            "storage": m.options.get("storage", {}),
+            "notes": self.notes,
+            "skipped": [{"path": s.path, "reason": s.reason} for s in self.skipped],
+        }
 
     def summary(self) -> str:
         """A few human-readable lines: counts, sizes, time, skipped inputs."""
@@ -97,18 +117,26 @@ def _prepare_images(
     labels: str | os.PathLike[str] | None = None,
     allow_empty: bool = False,
 ) -> Prepared:
-    if options:
-        raise PackerError(f"{', '.join(sorted(options))} only apply to video sources")
+    video_only = sorted(k for k, v in options.items() if k not in RESIZE_OPTIONS and v is not None)
+    if video_only:
+        raise PackerError(f"{', '.join(video_only)} only apply to video sources")
     if check not in CHECKS:
         raise PackerError(f"invalid check {check!r}; expected one of {', '.join(CHECKS)}")
-    loader = functools.partial(load_image, check=check, transcode=fmt.TRANSCODE, **limits)
-    recorded = {"check": check, **limits}
+    resize = Resize.from_options(options)
+    loader = functools.partial(
+        load_image, check=check, transcode=fmt.TRANSCODE, resize=resize, **limits
+    )
+    recorded = {
+        "check": check,
+        **limits,
+        **({"resize": resize.recorded()} if resize.active else {}),
+    }
     if labels is not None:
         tokens = read_labels(labels)
         source = scan_flat(src, tokens, classes, labels_name=os.path.basename(labels))
     else:
         source = scan(src, classes=classes, allow_empty=allow_empty)
-    return Prepared(source, loader, fmt.TRANSCODE is not None, recorded, "img")
+    return Prepared(source, loader, fmt.TRANSCODE is not None or resize.active, recorded, "img")
 
 
 def _prepare(

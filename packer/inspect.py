@@ -11,7 +11,7 @@ import numpy as np
 from packer.manifest import load_index, load_keys, load_manifest
 from packer.sizes import format_size
 
-__all__ = ["describe"]
+__all__ = ["describe", "inspect_dict"]
 
 
 def describe(path: str | os.PathLike[str], show_skipped: bool = False, num_keys: int = 5) -> str:
@@ -44,9 +44,50 @@ def describe(path: str | os.PathLike[str], show_skipped: bool = False, num_keys:
         lines.append(
             "keys: " + ", ".join(keys[:num_keys]) + (" ..." if len(keys) > num_keys else "")
         )
+    resize = m.options.get("resize")
+    if resize:
+        limit = (
+            f"short side {resize['short_side']}"
+            if resize.get("short_side")
+            else f"max side {resize['max_side']}"
+            if resize.get("max_side")
+            else "no size limit"
+        )
+        kept = (
+            "every image re-encoded" if resize.get("reencode") else "smaller images kept as found"
+        )
+        lines.append(f"resize: {limit}, quality {resize['quality']} ({kept})")
     lines.append(f"skipped inputs: {len(m.skipped)}")
     if show_skipped:
         lines += [f"  {s['path']}: {s['reason']}" for s in m.skipped]
     elif m.skipped:
         lines.append("  (list them with --skipped)")
     return "\n".join(lines)
+
+
+def inspect_dict(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """What ``packer inspect --json`` prints: the manifest's facts, counts per class and split."""
+    root = Path(path)
+    m = load_manifest(root)
+    out: dict[str, Any] = {
+        "path": str(root),
+        "format": m.format,
+        "kind": m.kind,
+        "layout_version": m.layout_version,
+        "samples": m.num_samples,
+        "classes": list(m.classes),
+        "created": m.created,
+        "packer_version": m.packer_version,
+        "source": m.source,
+        "options": m.options,
+        "shards": [{"name": s.name, "records": s.samples, "bytes": s.bytes} for s in m.shards],
+        "skipped": m.skipped,
+    }
+    if m.kind == "splits":
+        out["splits"] = {name: inspect_dict(root / name) for name in m.options.get("splits", {})}
+        return out
+    index = load_index(root, m)
+    out["per_class"] = np.bincount(index["label"], minlength=len(m.classes)).tolist()
+    if m.kind == "video":
+        out["frames"] = int(index["count"].sum())
+    return out

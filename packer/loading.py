@@ -90,8 +90,10 @@ def load_image(
     transcode: Callable[[bytes], bytes] | None = None,
     max_file_size: int = DEFAULT_MAX_FILE_SIZE,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    resize: Any = None,
 ) -> Loaded:
-    """Read, check and transcode one image file (``sample.path``) into one record."""
+    """Read, check, resize (a :class:`packer.resize.Resize`) and transcode one image file
+    (``sample.path``) into one record."""
     try:
         data = read_input(sample.path, max_file_size)
     except InputFileError as exc:
@@ -104,6 +106,8 @@ def load_image(
         )
     try:
         check_image(data, check, max_pixels)
+        if resize is not None:
+            data = resize.apply(data)
         if transcode is not None:
             data = transcode(data)
     except InputFileError as exc:

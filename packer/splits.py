@@ -86,7 +86,8 @@ def split_root(root: Path, split: str | None) -> Path:
 
 
 def _fingerprint(src: Path, splits: list[str], options: dict[str, Any]) -> dict[str, Any]:
-    kept = ("format", "shard_size", "check", "strict", "max_file_size", "max_pixels")
+    kept = ["format", "shard_size", "check", "strict", "max_file_size", "max_pixels"]
+    kept += ["quality", "max_side", "short_side", "reencode", "fps", "skip_bad_frames"]
     return {
         "root": str(src.resolve()),
         "splits": splits,

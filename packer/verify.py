@@ -10,6 +10,7 @@ import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -57,6 +58,17 @@ class VerifyReport:
     def ok(self) -> bool:
         """True when nothing is wrong."""
         return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        """The machine-readable result (``packer verify --json``)."""
+        return {
+            "path": str(self.root),
+            "ok": self.ok,
+            "files_checked": self.files_checked,
+            "samples_checked": self.samples_checked,
+            "decoded": self.decoded,
+            "problems": [{"where": p.where, "what": p.what} for p in self.problems],
+        }
 
     def summary(self) -> str:
         """Human-readable result, one line per problem."""

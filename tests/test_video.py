@@ -267,8 +267,14 @@ def test_mp4_resize_and_fps(files_tree: VideoTree, tmp_path: Path) -> None:
     assert dataset[0][0].shape == (2, 24, 32, 3)
     counts = {f"{p.parent.name}/{p.stem}": (n + 1) // 2 for p, n in files_tree.videos.items()}
     assert dict(zip(dataset.keys, dataset.frame_counts.tolist())) == counts  # every other frame
-    big = convert_video(files_tree.root, tmp_path / "b.lmdb", short_side=96, progress=False)
-    assert open_video_dataset(big.dst, output="numpy")[0][0].shape[1:] == (96, 128, 3)
+    small = convert_video(files_tree.root, tmp_path / "b.lmdb", short_side=24, progress=False)
+    assert open_video_dataset(small.dst, output="numpy")[0][0].shape[1:] == (24, 32, 3)
+    same = convert_video(files_tree.root, tmp_path / "c.lmdb", short_side=96, progress=False)
+    assert open_video_dataset(same.dst, output="numpy")[0][0].shape[1:] == (
+        48,
+        64,
+        3,
+    )  # never enlarged
 
 
 @pytest.mark.parametrize("suffix", [".mkv", ".webm", ".avi"])

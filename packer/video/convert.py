@@ -28,16 +28,9 @@ def _frame_options(options: dict[str, Any], transcode: Any) -> FrameOptions:
             f"unknown option(s) {', '.join(unknown)}; video takes {', '.join(VIDEO_OPTIONS)}"
         )
     frame = FrameOptions(**options, transcode=transcode)
-    if not 1 <= frame.quality <= 100:
-        raise PackerError(f"invalid quality {frame.quality}; expected 1..100 (JPEG quality)")
-    for name in ("max_side", "short_side", "fps"):
-        value = getattr(frame, name)
-        if value is not None and value <= 0:
-            raise PackerError(
-                f"invalid {name.replace('_', '-')} {value}; expected a positive number"
-            )
-    if frame.max_side is not None and frame.short_side is not None:
-        raise PackerError("--max-side and --short-side are exclusive; pass one of them")
+    frame.sizing  # noqa: B018  (validates quality, max_side, short_side)
+    if frame.fps is not None and frame.fps <= 0:
+        raise PackerError(f"invalid fps {frame.fps}; expected a positive number")
     return frame
 
 

@@ -1,7 +1,7 @@
 """Load one source video into its list of encoded frames (its records).
 
 Frame folders: every frame is read and checked (:func:`packer.check.check_image`); the bytes are
-kept unchanged unless a resize is asked (then re-encoded as JPEG at ``quality``). Video files:
+kept unchanged unless a resize shrinks the frame (:mod:`packer.resize`, the images' rules). Video files:
 decoded once with PyAV (optional dependency), subsampled to ``fps`` if asked, resized, and
 encoded as JPEG at ``quality``. A ``transcode`` (BMP) then applies to every frame. Problems are
 returned as reasons, never raised, so one bad video does not stop a conversion. The parallel,
@@ -10,19 +10,17 @@ ordered pool is :func:`packer.loading.load_in_order`, shared with images.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from PIL import Image
-
 from packer.check import check_image
 from packer.errors import InputFileError, PackerError
 from packer.loading import Loaded, read_input
+from packer.resize import Resize
 from packer.video.sources import VideoSample
 
-__all__ = ["FrameOptions", "import_av", "load_video", "resize_to"]
+__all__ = ["FrameOptions", "import_av", "load_video"]
 
 _PYAV_HINT = (
     'reading video files needs PyAV: pip install "packer-datasets[video]"  (or: pip install av)'
@@ -51,31 +49,13 @@ class FrameOptions:
 
     @property
     def resize(self) -> bool:
-        """Whether frames are resized (and so re-encoded)."""
+        """Whether frames may be resized (and so re-encoded)."""
         return self.max_side is not None or self.short_side is not None
 
-
-def resize_to(
-    width: int, height: int, max_side: int | None, short_side: int | None
-) -> tuple[int, int]:
-    """Target size: ``short_side`` sets the shorter side (as UCF/Kinetics preprocessing does);
-    ``max_side`` caps the longer side (never enlarges). Aspect ratio is kept."""
-    if short_side is not None:
-        scale = short_side / min(width, height)
-    elif max_side is not None and max(width, height) > max_side:
-        scale = max_side / max(width, height)
-    else:
-        return width, height
-    return max(1, round(width * scale)), max(1, round(height * scale))
-
-
-def _encode(image: Image.Image, options: FrameOptions) -> bytes:
-    size = resize_to(image.width, image.height, options.max_side, options.short_side)
-    if size != image.size:
-        image = image.resize(size, Image.Resampling.BILINEAR)
-    out = io.BytesIO()
-    image.convert("RGB").save(out, format="JPEG", quality=options.quality)
-    return out.getvalue()
+    @property
+    def sizing(self) -> Resize:
+        """The write-time resize rules (:mod:`packer.resize`) these options ask for."""
+        return Resize(self.quality, self.max_side, self.short_side)
 
 
 def _load_folder(sample: VideoSample, options: FrameOptions) -> Loaded:
@@ -86,8 +66,7 @@ def _load_folder(sample: VideoSample, options: FrameOptions) -> Loaded:
             data = read_input(path)
             check_image(data)
             if options.resize:
-                with Image.open(io.BytesIO(data)) as image:
-                    data = _encode(image, options)
+                data = options.sizing.apply(data)
         except (OSError, InputFileError, ValueError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             if not options.skip_bad_frames:
@@ -138,7 +117,7 @@ def decode_video_file(path: str, options: FrameOptions) -> list[bytes]:
             for number, frame in enumerate(container.decode(stream)):
                 t = frame.time if frame.time is not None else number / rate
                 if clock.keep(float(t)):
-                    frames.append(_encode(frame.to_image(), options))
+                    frames.append(options.sizing.encode(frame.to_image()))
     except (av.FFmpegError, OSError, ValueError) as exc:
         raise InputFileError(f"PyAV cannot decode it: {exc}") from exc
     if not frames:
