@@ -115,10 +115,10 @@ def _register_fast() -> None:
     """Register the fast JPEG decoders whose library loads (once per process)."""
     global _FAST_REGISTERED
     if not _FAST_REGISTERED:
-        _FAST_REGISTERED = True
-        for name, fn in fast_decoders.available().items():
+        for name, fn in fast_decoders.available().items():  # loads under a lock, once
             if name not in DECODERS:
                 register(name, {"jpeg"}, _limited(fn))
+        _FAST_REGISTERED = True
 
 
 def check_decoder(name: str) -> str:
@@ -161,10 +161,13 @@ def decode_pixels(data: Buffer, name: str = "auto") -> Pixels:
         OSError, ValueError, SyntaxError: the data is not a decodable image (from Pillow).
     """
     for decoder in decoders_for(sniff(data), name):
-        pixels = decoder.fn(data)
+        try:
+            pixels = decoder.fn(data)
+        except fast_decoders.DecodeFailed:
+            break  # a library rejected it: Pillow judges, no lenient decoder in between
         if pixels is not None:
             return pixels
-    raise ValueError("no decoder accepted the data")  # unreachable: Pillow raises or decodes
+    return pillow_rgb(data)  # after a rejection (a chain always ends with Pillow)
 
 
 def bmp_pixels(data: Buffer) -> np.ndarray | None:

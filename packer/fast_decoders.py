@@ -4,9 +4,12 @@ Each decoder is ``fn(data, denom=1) -> H×W×3 RGB uint8 array or None``. ``deno
 8) asks libjpeg for a DCT-scaled decode: ``ceil(W/denom) × ceil(H/denom)`` pixels, much cheaper
 than decoding in full and shrinking. A decoder answers None ("not mine": Pillow decodes it) for
 anything but an 8-bit baseline or progressive JPEG with 1 (grayscale) or 3 (YCbCr) components —
-so CMYK, 12-bit, lossless and arithmetic-coded JPEGs go to Pillow — and for data the library
-rejects: an odd but valid file that the fast library refuses is Pillow's to judge, and a
-broken one then fails in Pillow with Pillow's error.
+so CMYK, 12-bit, lossless and arithmetic-coded JPEGs go to Pillow. When the library itself
+rejects the data it raises :class:`DecodeFailed`: the registry then asks Pillow, skipping any
+other fast decoder, so an odd but valid file still decodes and a broken one fails with Pillow's
+error. (OpenCV reports no libjpeg warning: it would return a partly grey image for corrupt
+entropy-coded data, so it only refuses truncated files; packer's default ``scan`` check keeps
+corrupt scans out of a conversion.)
 
 Policies shared with Pillow (``packer.decoders.pillow_rgb``): grayscale comes out as 3-channel
 RGB; EXIF orientation is ignored (as torchvision's ``ImageFolder`` does; OpenCV is told
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -30,6 +34,7 @@ import numpy as np
 
 __all__ = [
     "DENOMS",
+    "DecodeFailed",
     "FAST_DECODERS",
     "MISSING",
     "SPEED_ORDER",
@@ -48,6 +53,10 @@ TURBOJPEG_LIB_ENV = "PACKER_TURBOJPEG_LIB"  # path of libturbojpeg.so (3.0+) for
 
 Buffer = bytes | memoryview
 FastDecoder = Callable[..., np.ndarray | None]
+
+
+class DecodeFailed(ValueError):
+    """A fast library rejected data it was given: Pillow is to judge it, no other decoder."""
 
 
 def check_pixels(width: int, height: int, limit: int) -> None:
@@ -132,8 +141,8 @@ def _load_simplejpeg() -> FastDecoder:
             wanted = {"min_width": -(-info.width // denom), "min_height": -(-info.height // denom)}
         try:
             pixels: np.ndarray = simplejpeg.decode_jpeg(data, "rgb", **wanted)
-        except ValueError:
-            return None
+        except ValueError as exc:  # simplejpeg is strict: a libjpeg warning is an error
+            raise DecodeFailed(f"simplejpeg: {exc}") from exc
         return pixels
 
     return simplejpeg_rgb
@@ -184,8 +193,8 @@ def _load_turbojpeg() -> FastDecoder:
             pixels: np.ndarray = codec.decode(
                 bytes(data), pixel_format=turbojpeg.TJPF_RGB, scaling_factor=scaling
             )
-        except (OSError, ValueError, RuntimeError):
-            return None
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise DecodeFailed(f"turbojpeg: {exc}") from exc
         return pixels if pixels.ndim == 3 and pixels.shape[2] == 3 else None
 
     return turbojpeg_rgb
@@ -199,13 +208,15 @@ _LOADERS: dict[str, tuple[Callable[[], FastDecoder], str]] = {
 MISSING: dict[str, str] = {}  # decoder name -> why it is not available in this process
 _LOADED: dict[str, FastDecoder] = {}
 _TRIED = False
+_LOCK = threading.Lock()
 
 
 def available() -> dict[str, FastDecoder]:
     """The fast decoders whose library loads in this process, fastest first (tried once)."""
     global _TRIED
-    if not _TRIED:
-        _TRIED = True
+    with _LOCK:  # decoding threads may ask at once: none sees a half-filled answer
+        if _TRIED:
+            return dict(_LOADED)
         for name in SPEED_ORDER:
             load, package = _LOADERS[name]
             try:
@@ -217,4 +228,5 @@ def available() -> dict[str, FastDecoder]:
                     if missing
                     else f"{package} is installed but does not load: {exc}"
                 )
-    return dict(_LOADED)
+        _TRIED = True
+        return dict(_LOADED)

@@ -111,14 +111,24 @@ def decode_scaled(
     fast = fast_decoders.available()
     chain = [] if decoder == "pillow" else [fast[decoder]] if decoder in fast else fast.values()
     for fn in chain:
-        pixels = fn(data, decoders.MAX_PIXELS, denom)
+        try:
+            pixels = fn(data, decoders.MAX_PIXELS, denom)
+        except fast_decoders.DecodeFailed:
+            break  # Pillow judges it (see packer.fast_decoders)
         if pixels is not None:
-            return Image.fromarray(pixels, "RGB"), denom
+            return _wrap(pixels), denom
     return _pillow_scaled(data, denom)
 
 
+def _wrap(pixels: np.ndarray) -> Image.Image:
+    """An RGB image over the array's memory (``fromarray`` would copy it)."""
+    pixels = np.ascontiguousarray(pixels)
+    height, width = pixels.shape[:2]
+    return Image.frombuffer("RGB", (width, height), pixels, "raw", "RGB", 0, 1)
+
+
 def _as_image(pixels: decoders.Pixels) -> Image.Image:
-    return pixels if isinstance(pixels, Image.Image) else Image.fromarray(pixels, "RGB")
+    return pixels if isinstance(pixels, Image.Image) else _wrap(pixels)
 
 
 def _size(size: int | tuple[int, int]) -> tuple[int, int]:

@@ -103,3 +103,13 @@ def test_video_clips(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     for row in rows:
         assert row["disk_per_clip"] >= 0 and row["clips"] == 4
         assert row["dataset"] == "mp4 seek-decode" or row["payload_per_clip"] > 0
+
+
+def test_bench_decoders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _script("bench_decoders")
+    args = ["--images", "4", "--sizes", "96x64,480x360", "--crop", "32", "--repeats", "1"]
+    assert script.main(script.parse_args([*args, "--json", str(tmp_path / "d.json")])) == 0
+    out = capsys.readouterr().out
+    for case in ("decode simplejpeg", "decode opencv", "fused RandomResizedCrop simplejpeg"):
+        assert f"| {case} |" in out
+    assert "decode pillow" in json.loads((tmp_path / "d.json").read_text())["images_per_s"]
