@@ -12,6 +12,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from packer.decode import check_output
+from packer.decoders import check_decoder
 from packer.errors import PackerError
 from packer.formats.base import ReaderBase
 from packer.manifest import Manifest
@@ -37,6 +38,9 @@ class SampleDataset(Dataset):
             decoded, or ``"skip"``: serve the next decodable sample in its place (the same one
             every time) and count it in ``replaced``, so one bad sample of a dataset packed
             elsewhere cannot kill an epoch.
+        decoder: ``"auto"`` (the fastest installed, Pillow last), ``"pillow"``,
+            ``"simplejpeg"``, ``"turbojpeg"`` or ``"opencv"`` (see :mod:`packer.decoders`);
+            checked here, so a missing library fails at construction, not in a worker.
     """
 
     UNIT = "samples"
@@ -50,6 +54,7 @@ class SampleDataset(Dataset):
         target_transform: Transform = None,
         output: str = "pil",
         on_error: str = "raise",
+        decoder: str = "auto",
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise PackerError(f"unknown on_error {on_error!r}; expected 'raise' or 'skip'")
@@ -62,6 +67,7 @@ class SampleDataset(Dataset):
         self.transform = transform
         self.target_transform = target_transform
         self.output = check_output(output)
+        self.decoder = check_decoder(decoder)
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -101,7 +107,8 @@ class SampleDataset(Dataset):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}({str(self.root)!r}, {self.UNIT}={len(self)}, "
-            f"{self._repr_fields()}, output={self.output!r})"
+            f"{self._repr_fields()}, output={self.output!r}"
+            + (f", decoder={self.decoder!r})" if self.decoder != "auto" else ")")
         )
 
 

@@ -49,7 +49,7 @@ class ImageDataset(SampleDataset):
 
     def _finish(self, data: bytes, i: int) -> tuple[Any, Any]:
         try:
-            image = decode(data, self.output)
+            image = decode(data, self.output, self.decoder)
         except (OSError, ValueError, SyntaxError) as exc:
             raise InputFileError(f"{self._describe(i)} cannot be decoded: {exc}") from exc
         if self.transform is not None:
@@ -96,7 +96,8 @@ class PackedDataset(PackedSamples, ImageDataset):
     sample; use it with ``collate_fn=packer.collate_bytes``, which hands the buffer on as
     ``(data, offsets, labels)`` tensors without a copy. (Any other collate would turn it back
     into ``bytes``: a second copy, so it is off by default.) Reader options (``readahead`` for
-    LMDB, ``max_open_files``) pass through.
+    LMDB, ``max_open_files``) pass through. ``decoder`` picks the JPEG decoder (see
+    :class:`~packer.dataset_base.SampleDataset`).
     """
 
     FORMAT = ""
@@ -109,6 +110,7 @@ class PackedDataset(PackedSamples, ImageDataset):
         output: str = "pil",
         batch_buffer: bool = False,
         on_error: str = "raise",
+        decoder: str = "auto",
         **reader_options: Any,
     ) -> None:
         packed = open_packed(root, "image", self.FORMAT or None, **reader_options)
@@ -121,6 +123,7 @@ class PackedDataset(PackedSamples, ImageDataset):
             target_transform,
             output,
             on_error,
+            decoder,
         )
         self._attach(packed)
 
@@ -179,6 +182,7 @@ class FolderDataset(ImageDataset):
         output: str = "pil",
         is_valid_file: Callable[[str], bool] | None = None,
         on_error: str = "raise",
+        decoder: str = "auto",
     ) -> None:
         result = scan(root)
         samples = [s for s in result.samples if is_valid_file is None or is_valid_file(s.path)]
@@ -186,7 +190,7 @@ class FolderDataset(ImageDataset):
             raise PackerError(f"no valid image in {str(root)!r}")
         labels = np.array([s.label for s in samples], dtype=np.int64)
         super().__init__(
-            root, result.classes, labels, transform, target_transform, output, on_error
+            root, result.classes, labels, transform, target_transform, output, on_error, decoder
         )
         self.paths = StringTable(s.path for s in samples)
         self.keys = StringTable(s.key for s in samples)

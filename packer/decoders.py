@@ -8,6 +8,13 @@ handles everything Pillow can open. A faster or GPU decoder is one :func:`regist
 Built in: ``"bmp"`` maps the pixel rows of an uncompressed 24-bit BMP (bottom-up or top-down)
 straight from the buffer, no Pillow; ``"pillow"`` decodes anything else to RGB (grayscale,
 palette, CMYK, RGBA and 16-bit sources converted as torchvision's ``ImageFolder`` loader does).
+The JPEG decoders of :mod:`packer.fast_decoders` (``"simplejpeg"``, ``"turbojpeg"``,
+``"opencv"``) register themselves, fastest first, the first time a chain is built in a process
+— those whose library loads; :func:`check_decoder` explains why one is missing.
+
+A decoder chosen by name serves the formats it handles; data of another format takes the
+``"auto"`` chain of its format (``decoder="simplejpeg"`` still maps BMPs with ``"bmp"``).
+Every decoder ignores EXIF orientation, as Pillow and torchvision's ``ImageFolder`` do.
 """
 
 from __future__ import annotations
@@ -21,10 +28,20 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from packer import fast_decoders
 from packer.check import ALLOWED_FORMATS, DEFAULT_MAX_PIXELS
 from packer.errors import PackerError
 
-__all__ = ["DECODERS", "Decoder", "Pixels", "decode_pixels", "decoders_for", "register", "sniff"]
+__all__ = [
+    "DECODERS",
+    "Decoder",
+    "Pixels",
+    "check_decoder",
+    "decode_pixels",
+    "decoders_for",
+    "register",
+    "sniff",
+]
 
 Pixels = np.ndarray | Image.Image
 Buffer = bytes | memoryview
@@ -32,11 +49,7 @@ MAX_PIXELS = DEFAULT_MAX_PIXELS  # images larger than this are refused, never de
 
 
 def _check_pixels(width: int, height: int) -> None:
-    if width * height > MAX_PIXELS:
-        raise ValueError(
-            f"{width}×{height} is over the {MAX_PIXELS / 1e6:.0f} Mpx limit "
-            "(packer.decoders.MAX_PIXELS); refusing to decompress it"
-        )
+    fast_decoders.check_pixels(width, height, MAX_PIXELS)
 
 
 _MAGIC = (
@@ -88,15 +101,54 @@ def register(
 _CHAINS: dict[tuple[str, str], list[Decoder]] = {}
 
 
+def _limited(fn: fast_decoders.FastDecoder) -> Callable[[Buffer], Pixels | None]:
+    def decode_full(data: Buffer) -> Pixels | None:
+        return fn(data, MAX_PIXELS)  # the limit as it is now, not as it was at registration
+
+    return decode_full
+
+
+_FAST_REGISTERED = False
+
+
+def _register_fast() -> None:
+    """Register the fast JPEG decoders whose library loads (once per process)."""
+    global _FAST_REGISTERED
+    if not _FAST_REGISTERED:
+        for name, fn in fast_decoders.available().items():  # loads under a lock, once
+            if name not in DECODERS:
+                register(name, {"jpeg"}, _limited(fn))
+        _FAST_REGISTERED = True
+
+
+def check_decoder(name: str) -> str:
+    """Validate a ``decoder=`` argument and return it.
+
+    Raises:
+        PackerError: the name is unknown (the message lists the valid names), or it names a
+            fast decoder whose library is missing in this process (the message says what to
+            install).
+    """
+    _register_fast()
+    if name == "auto" or name in DECODERS:
+        return name
+    if name in fast_decoders.MISSING:
+        raise PackerError(f"decoder {name!r} is not available: {fast_decoders.MISSING[name]}")
+    valid = sorted(set(DECODERS) | fast_decoders.FAST_DECODERS)
+    raise PackerError(f"unknown decoder {name!r}; expected auto or one of {', '.join(valid)}")
+
+
 def decoders_for(fmt: str, name: str = "auto") -> list[Decoder]:
-    """The decoders tried, in order, for data of format ``fmt`` (Pillow always last)."""
+    """The decoders tried, in order, for data of format ``fmt`` (Pillow always last).
+
+    Built once per process and (format, name), so ``"auto"`` is chosen once.
+    """
     key = (fmt, name)
     if key not in _CHAINS:
-        if name != "auto" and name not in DECODERS:
-            raise PackerError(
-                f"unknown decoder {name!r}; expected auto or one of {', '.join(sorted(DECODERS))}"
-            )
-        chosen = DECODERS.values() if name == "auto" else [DECODERS[name]]
+        check_decoder(name)
+        chosen: list[Decoder] = list(DECODERS.values())
+        if name != "auto" and DECODERS[name].handles(fmt):
+            chosen = [DECODERS[name]]
         chain = [d for d in chosen if d.name != "pillow" and d.handles(fmt)]
         _CHAINS[key] = [*chain, DECODERS["pillow"]]
     return _CHAINS[key]
@@ -109,10 +161,13 @@ def decode_pixels(data: Buffer, name: str = "auto") -> Pixels:
         OSError, ValueError, SyntaxError: the data is not a decodable image (from Pillow).
     """
     for decoder in decoders_for(sniff(data), name):
-        pixels = decoder.fn(data)
+        try:
+            pixels = decoder.fn(data)
+        except fast_decoders.DecodeFailed:
+            break  # a library rejected it: Pillow judges, no lenient decoder in between
         if pixels is not None:
             return pixels
-    raise ValueError("no decoder accepted the data")  # unreachable: Pillow raises or decodes
+    return pillow_rgb(data)  # after a rejection (a chain always ends with Pillow)
 
 
 def bmp_pixels(data: Buffer) -> np.ndarray | None:

@@ -114,3 +114,13 @@ def test_sampler_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "| sharded | cold |" in capsys.readouterr().out
     report = json.loads(out.read_text())
     assert report["shards"] > 1 and len(report["results"]) == 4
+
+
+def test_bench_decoders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _script("bench_decoders")
+    args = ["--images", "4", "--sizes", "96x64,480x360", "--crop", "32", "--repeats", "1"]
+    assert script.main(script.parse_args([*args, "--json", str(tmp_path / "d.json")])) == 0
+    out = capsys.readouterr().out
+    for case in ("decode simplejpeg", "decode opencv", "fused RandomResizedCrop simplejpeg"):
+        assert f"| {case} |" in out
+    assert "decode pillow" in json.loads((tmp_path / "d.json").read_text())["images_per_s"]

@@ -104,12 +104,12 @@ def test_registry_by_format_with_pillow_fallback() -> None:
     jpeg, png = encoded(RGB, "JPEG"), encoded(RGB, "PNG")
     try:
         register("refuses", {"jpeg"}, refuses)
-        assert decode(jpeg, "numpy").shape == (9, 7, 3)  # refused: Pillow decoded it
+        assert decode(jpeg, "numpy", "refuses").shape == (9, 7, 3)  # refused: Pillow decoded it
         assert calls == ["refused"]
         register("gray", {"png"}, gray)
         assert decode(png, "numpy").shape == (2, 3, 3)  # the png entry, chosen by format
-        assert decode(jpeg, "pil").size == (7, 9)  # not a png: gray never ran for it
-        assert calls == ["refused", "gray", "refused"]
+        assert decode(jpeg, "pil", "gray").size == (7, 9)  # not a png: jpeg's auto chain
+        assert calls == ["refused", "gray"]
         assert decode(png, "numpy", "pillow").shape == (9, 7, 3)  # a decoder by name
     finally:
         DECODERS.pop("refuses", None)

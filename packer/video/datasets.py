@@ -64,6 +64,7 @@ class VideoDataset(SampleDataset):
         output: ``"pil"``, ``"numpy"``, ``"tensor"`` or ``"bytes"``.
         transform: applied to the whole clip; ``target_transform`` to the label.
         seed: make ``random``/``segments`` clips reproducible per (epoch, index).
+        decoder: the frames' decoder, ``"auto"`` or a name (see :mod:`packer.decoders`).
     """
 
     def __init__(
@@ -79,6 +80,7 @@ class VideoDataset(SampleDataset):
         transform: Transform = None,
         target_transform: Transform = None,
         seed: int | None = None,
+        decoder: str = "auto",
     ) -> None:
         if sampling not in SAMPLINGS:
             raise PackerError(
@@ -86,7 +88,9 @@ class VideoDataset(SampleDataset):
             )
         if num_frames < 1 or stride < 1:
             raise PackerError(f"num_frames and stride must be >= 1, got {num_frames} and {stride}")
-        super().__init__(root, classes, labels, transform, target_transform, output)
+        super().__init__(
+            root, classes, labels, transform, target_transform, output, decoder=decoder
+        )
         self.frame_counts = np.ascontiguousarray(counts, dtype=np.int64)
         self.num_frames, self.sampling, self.stride = num_frames, sampling, stride
         self.seed = seed
@@ -127,7 +131,7 @@ class VideoDataset(SampleDataset):
         if self.output == "bytes" and self.transform is None:  # nothing to decode or copy
             return [f if type(f) is bytes else bytes(f) for f in encoded], self._label(position)
         try:
-            frames = [decode(f, self.output) for f in encoded]
+            frames = [decode(f, self.output, self.decoder) for f in encoded]
             clip = stack_clip(frames, self.output)
         except (OSError, ValueError, SyntaxError, RuntimeError) as exc:
             raise InputFileError(f"{self._describe(position)} cannot be decoded: {exc}") from exc
@@ -150,7 +154,7 @@ class PackedVideoDataset(PackedSamples, VideoDataset):
     FORMAT = ""
 
     def __init__(self, root: str | os.PathLike[str], num_frames: int = 8, **kwargs: Any) -> None:
-        names = ("sampling", "stride", "output", "transform", "target_transform", "seed")
+        names = ("sampling", "stride", "output", "transform", "target_transform", "seed", "decoder")
         common = {k: kwargs.pop(k) for k in names if k in kwargs}
         packed = open_packed(root, "video", self.FORMAT or None, **kwargs)
         super().__init__(
