@@ -170,7 +170,7 @@ def _prepare(
     if kind == "video":
         from packer.video.convert import prepare_video
 
-        return prepare_video(src, fmt, options)
+        return prepare_video(src, fmt, options, check)
     raise PackerError(f"unknown kind {kind!r}; expected image or video")
 
 

@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 
 from packer.decode import check_output
 from packer.decoders import check_decoder
-from packer.errors import PackerError
+from packer.errors import InputFileError, PackerError
 from packer.formats.base import ReaderBase
 from packer.manifest import Manifest
 from packer.store import Packed
@@ -71,6 +71,20 @@ class SampleDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.targets)
+
+    def _replacement(self, i: int, make: Callable[[int], Any]) -> Any:
+        """With ``on_error="skip"``: ``make(j)`` for the first decodable sample after ``i``."""
+        if self.on_error != "skip":
+            raise InputFileError(f"{self._describe(i)} cannot be decoded")  # pragma: no cover
+        for step in range(1, min(len(self), 17)):  # deterministic: the same one every time
+            j = (i + step) % len(self)
+            try:
+                item = make(j)
+            except InputFileError:
+                continue
+            self.replaced += 1
+            return item
+        raise InputFileError(f"{self._describe(i)} and the 16 samples after it cannot be decoded")
 
     def _position(self, i: Any) -> int:
         n = len(self.targets)

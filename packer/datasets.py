@@ -71,15 +71,7 @@ class ImageDataset(SampleDataset):
         except InputFileError:
             if self.on_error != "skip":
                 raise
-        for step in range(1, min(len(self), 17)):  # the next decodable sample, deterministically
-            j = (i + step) % len(self)
-            try:
-                item = self._finish(self._read(j), j)
-            except InputFileError:
-                continue
-            self.replaced += 1
-            return item
-        raise InputFileError(f"{self._describe(i)} and the 16 samples after it cannot be decoded")
+        return self._replacement(i, lambda j: self._finish(self._read(j), j))
 
     def __getitem__(self, i: int) -> tuple[Any, Any]:
         position = self._position(i)

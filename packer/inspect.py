@@ -24,7 +24,7 @@ def describe(path: str | os.PathLike[str], show_skipped: bool = False, num_keys:
     lines = [
         f"{root}: packer {m.format} dataset (layout v{m.layout_version}, {m.kind}s)",
         f"samples: {m.num_samples}    classes: {len(m.classes)}    "
-        f"stored: {format_size(int(storage.get('record_bytes', 0)))}    created: {m.created}",
+        f"stored bytes: {format_size(int(storage.get('record_bytes', 0)))}    created: {m.created}",
         f"source: {m.source.get('root')} ({m.source.get('files')} files, "
         f"{format_size(m.source.get('bytes', 0))})",
         "classes: "
@@ -33,8 +33,9 @@ def describe(path: str | os.PathLike[str], show_skipped: bool = False, num_keys:
     ]
     if m.shards:
         lines.append(f"shards: {len(m.shards)} ({format_size(m.data_bytes)})")
+        unit = "frames" if m.kind == "video" else "samples"  # a shard counts records
         for shard in m.shards[:5]:
-            lines.append(f"  {shard.name}: {shard.samples} samples, {format_size(shard.bytes)}")
+            lines.append(f"  {shard.name}: {shard.samples} {unit}, {format_size(shard.bytes)}")
         if len(m.shards) > 5:
             lines.append(f"  ... {len(m.shards) - 5} more")
     else:

@@ -111,9 +111,16 @@ def class_dirs(root: Path) -> list[str]:
         raise SourceError(f"source {str(root)!r} cannot be listed: {exc.strerror}") from exc
     classes = sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir())
     if not classes:
+        images = sum(1 for e in entries if is_image_name(e.name) and not e.name.startswith("."))
+        hint = (
+            f"; it holds {images} image(s) directly: for a flat folder pass --labels FILE "
+            "(e.g. ImageNet's LOC_val_solution.csv)"
+            if images
+            else ""
+        )
         raise SourceError(
             f"source {str(root)!r} has no class folders; expected <class>/<image> "
-            "(like torchvision's ImageFolder)"
+            f"(like torchvision's ImageFolder){hint}"
         )
     return classes
 

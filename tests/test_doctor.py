@@ -81,3 +81,39 @@ def test_doctor_reports_broken_files_instead_of_crashing(tmp_path: Path) -> None
     assert "broken_000.JPEG" in report.broken[0]
     assert any("cannot be decoded" in f for f in report.findings)
     assert "cannot be decoded" in str(report)
+
+
+def test_decode_advice_names_the_decoder_and_the_resize_command(tmp_path: Path) -> None:
+    import io
+
+    import numpy as np
+
+    from packer.tools.decode_advice import decode_advice
+    from packer.tools.image_demo import photo_like
+
+    rng = np.random.default_rng(0)
+    samples = []
+    for _ in range(6):
+        out = io.BytesIO()
+        photo_like(rng, 500, 375).save(out, format="JPEG", quality=90)
+        samples.append(out.getvalue())
+    samples.append(b"\xff\xd8\xff\xe0 truncated")  # a broken sample is left out, not a crash
+    advice = decode_advice(samples, "/data/imagenet/train", "train.lmdb")
+    assert set(advice.ms) >= {"pillow", "simplejpeg", "opencv"}
+    assert advice.short_side == 375
+    text = "\n".join(advice.findings + advice.recommendations)
+    assert "JPEG decode per sample: Pillow" in text and "decoder='auto' uses" in text
+    assert "packer convert /data/imagenet/train train-256.lmdb --short-side 256" in text
+    assert "~2.1× fewer pixels" in text  # (375 / 256) ** 2
+    small = decode_advice([_small_jpeg()], None, "x.lmdb")
+    assert not any("--short-side" in r for r in small.recommendations)
+
+
+def _small_jpeg() -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (200, 150), (10, 20, 30)).save(out, format="JPEG")
+    return out.getvalue()

@@ -350,3 +350,28 @@ def test_video_demo_runs(tmp_path: Path) -> None:
     assert [r.name for r in rows] == ["jpeg frames", "lmdb", "h5", "npy", "bmp"]
     assert all(r.bytes_per_s > 0 and r.decoded_per_s > 0 for r in rows)
     assert all(r.manifest.num_samples == len(tree.videos) for r in results)
+
+
+def test_a_corrupt_scan_frame_is_caught_and_on_error_skip_serves_another(
+    frames_tree: VideoTree, tmp_path: Path
+) -> None:
+    import shutil
+
+    from packer.errors import InputFileError
+    from packer.tools.image_demo import corrupt_scan
+
+    src = Path(shutil.copytree(frames_tree.root, tmp_path / "src"))
+    frame = sorted((src / "class_00" / "video_000").glob("*.jpg"))[2]
+    corrupt_scan(frame)
+    caught = convert_video(src, tmp_path / "scan.npy", progress=False)  # the default check
+    assert "class_00/video_000" not in list(open_video_dataset(caught.dst).keys)
+    assert any("video_000" in s["path"] for s in caught.manifest.skipped)
+    lenient = convert_video(src, tmp_path / "fast.npy", check="fast", progress=False)
+    strict = open_video_dataset(lenient.dst, num_frames=16, output="numpy")
+    bad = list(strict.keys).index("class_00/video_000")
+    with pytest.raises(InputFileError, match="cannot be decoded"):
+        strict[bad]
+    skip = open_video_dataset(lenient.dst, num_frames=16, output="numpy", on_error="skip")
+    clip, label = skip[bad]
+    assert np.array_equal(clip, strict[bad + 1][0]) and label == strict[bad + 1][1]
+    assert skip.replaced == 1

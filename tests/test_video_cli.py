@@ -31,6 +31,8 @@ def test_cli_convert_inspect_verify_video(frames: VideoTree, tmp_path: Path, suf
     code, out = run("inspect", dst)
     assert code == 0, out
     assert f"videos: {len(frames.videos)}" in out and "padding overhead" in out
+    assert "frames: stored as found in the frame folders (not re-encoded)" in out
+    assert "quality" not in out and " samples, " not in out  # shards count frames, not samples
     code, out = run("verify", dst, "--full", "-q")
     assert code == 0 and ": OK" in out, out
 

@@ -25,6 +25,7 @@ from packer.decode import decode
 from packer.errors import PackerError
 from packer.manifest import MANIFEST_NAME, load_manifest
 from packer.sizes import format_size
+from packer.tools.decode_advice import advise_dataset
 from packer.tools.diagnose import LoaderReport, diagnose
 from packer.tools.io_counters import resident_fraction
 from packer.tools.stalls import HEADROOM, recommend_workers
@@ -318,6 +319,10 @@ def doctor(
         report.workers_needed[step] = recommend_workers(batch_ms / 1e3, step / 1e3, HEADROOM)
     report.findings = _findings(report)
     report.recommendations, report.convert_command = _recommend(report, fits_ram)
+    if report.split_ms["decode"] > (report.cold_read_ms or report.split_ms["read"]):
+        advice = advise_dataset(probe, indices[: disk.samples], root, report.format)
+        report.findings += advice.findings
+        report.recommendations += advice.recommendations
     report.elapsed_s = time.perf_counter() - start
     return report
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from packer.check import CHECKS, DEFAULT_CHECK
 from packer.errors import PackerError
 from packer.video.load import FrameOptions, import_av, load_video
 from packer.video.sources import VideoScan, scan_videos
@@ -21,13 +22,13 @@ __all__ = ["VIDEO_OPTIONS", "prepare_video"]
 VIDEO_OPTIONS = ("quality", "max_side", "short_side", "fps", "skip_bad_frames")
 
 
-def _frame_options(options: dict[str, Any], transcode: Any) -> FrameOptions:
+def _frame_options(options: dict[str, Any], transcode: Any, check: str) -> FrameOptions:
     unknown = sorted(set(options) - set(VIDEO_OPTIONS))
     if unknown:
         raise PackerError(
             f"unknown option(s) {', '.join(unknown)}; video takes {', '.join(VIDEO_OPTIONS)}"
         )
-    frame = FrameOptions(**options, transcode=transcode)
+    frame = FrameOptions(**options, transcode=transcode, check=check)
     frame.sizing  # noqa: B018  (validates quality, max_side, short_side)
     if frame.fps is not None and frame.fps <= 0:
         raise PackerError(f"invalid fps {frame.fps}; expected a positive number")
@@ -46,7 +47,9 @@ def _check_source(source: VideoScan, fps: float | None) -> None:
         )
 
 
-def prepare_video(src: Path, fmt: ModuleType, options: dict[str, Any]) -> Prepared:
+def prepare_video(
+    src: Path, fmt: ModuleType, options: dict[str, Any], check: str = DEFAULT_CHECK
+) -> Prepared:
     """Validate the video options, scan ``src`` and return the pipeline's video part.
 
     Options: ``quality`` (JPEG quality of frames decoded from video files or resized, default
@@ -54,7 +57,9 @@ def prepare_video(src: Path, fmt: ModuleType, options: dict[str, Any]) -> Prepar
     this many frames per second of a video file), ``skip_bad_frames`` (drop a bad frame and
     record it instead of skipping its whole video).
     """
-    frame = _frame_options(options, fmt.TRANSCODE)
+    if check not in CHECKS:
+        raise PackerError(f"invalid check {check!r}; expected one of {', '.join(CHECKS)}")
+    frame = _frame_options(options, fmt.TRANSCODE, check)
     source = scan_videos(src)
     _check_source(source, frame.fps)
     cpu_bound = frame.transcode is not None or frame.resize or any(v.is_file for v in source.videos)
@@ -64,6 +69,7 @@ def prepare_video(src: Path, fmt: ModuleType, options: dict[str, Any]) -> Prepar
         "short_side": frame.short_side,
         "fps": frame.fps,
         "skip_bad_frames": frame.skip_bad_frames,
+        "check": check,
     }
     loader = functools.partial(load_video, options=frame)
     return Prepared(source, loader, cpu_bound, recorded, "video")

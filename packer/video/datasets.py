@@ -64,6 +64,8 @@ class VideoDataset(SampleDataset):
         output: ``"pil"``, ``"numpy"``, ``"tensor"`` or ``"bytes"``.
         transform: applied to the whole clip; ``target_transform`` to the label.
         seed: make ``random``/``segments`` clips reproducible per (epoch, index).
+        on_error: ``"raise"`` or ``"skip"`` (serve the next decodable video in place of one
+            whose frames do not decode, counted in ``replaced``).
         decoder: the frames' decoder, ``"auto"`` or a name (see :mod:`packer.decoders`).
     """
 
@@ -81,6 +83,7 @@ class VideoDataset(SampleDataset):
         target_transform: Transform = None,
         seed: int | None = None,
         decoder: str = "auto",
+        on_error: str = "raise",
     ) -> None:
         if sampling not in SAMPLINGS:
             raise PackerError(
@@ -89,7 +92,7 @@ class VideoDataset(SampleDataset):
         if num_frames < 1 or stride < 1:
             raise PackerError(f"num_frames and stride must be >= 1, got {num_frames} and {stride}")
         super().__init__(
-            root, classes, labels, transform, target_transform, output, decoder=decoder
+            root, classes, labels, transform, target_transform, output, on_error, decoder
         )
         self.frame_counts = np.ascontiguousarray(counts, dtype=np.int64)
         self.num_frames, self.sampling, self.stride = num_frames, sampling, stride
@@ -127,6 +130,14 @@ class VideoDataset(SampleDataset):
 
     def __getitem__(self, i: int) -> tuple[Any, Any]:
         position = self._position(i)
+        try:
+            return self._clip(position)
+        except InputFileError:
+            if self.on_error != "skip":
+                raise
+        return self._replacement(position, self._clip)
+
+    def _clip(self, position: int) -> tuple[Any, Any]:
         encoded = self.read_clip(position)
         if self.output == "bytes" and self.transform is None:  # nothing to decode or copy
             return [f if type(f) is bytes else bytes(f) for f in encoded], self._label(position)
@@ -154,7 +165,8 @@ class PackedVideoDataset(PackedSamples, VideoDataset):
     FORMAT = ""
 
     def __init__(self, root: str | os.PathLike[str], num_frames: int = 8, **kwargs: Any) -> None:
-        names = ("sampling", "stride", "output", "transform", "target_transform", "seed", "decoder")
+        names = ["sampling", "stride", "output", "transform", "target_transform", "seed"]
+        names += ["decoder", "on_error"]
         common = {k: kwargs.pop(k) for k in names if k in kwargs}
         packed = open_packed(root, "video", self.FORMAT or None, **kwargs)
         super().__init__(

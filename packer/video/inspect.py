@@ -29,11 +29,24 @@ def describe_video(path: str | os.PathLike[str]) -> str:
         f"{format_size(storage.get('data_bytes', 0))}    padding overhead: "
         f"{storage.get('padding_overhead', 1.0):.3f}× (bytes on disk / bytes of frames)",
     ]
+    options = manifest.options
+    encoded = bool(manifest.source.get("video_files")) or any(
+        options.get(name) for name in ("max_side", "short_side")
+    )
     frame_options = [
-        f"{name}={manifest.options[name]}"
-        for name in ("quality", "max_side", "short_side", "fps", "skip_bad_frames")
-        if manifest.options.get(name) not in (None, False)
+        f"{name}={options[name]}"
+        for name in ("max_side", "short_side", "fps", "skip_bad_frames")
+        if options.get(name) not in (None, False)
     ]
-    if frame_options:
-        lines.append("frame options: " + ", ".join(frame_options))
+    if encoded:  # quality only means something for frames packer encoded
+        frame_options.insert(0, f"quality={options.get('quality', 90)}")
+    if not manifest.source.get("video_files") and not frame_options:
+        lines.append("frames: stored as found in the frame folders (not re-encoded)")
+    elif encoded:
+        lines.append(
+            "frames: JPEG-encoded by packer where decoded from a video file or shrunk, others "
+            "stored as found (" + ", ".join(frame_options) + ")"
+        )
+    else:
+        lines.append("frames: stored as found (" + ", ".join(frame_options) + ")")
     return "\n".join(lines)

@@ -45,6 +45,7 @@ class FrameOptions:
     short_side: int | None = None
     fps: float | None = None
     skip_bad_frames: bool = False
+    check: str = "scan"  # packer.check's level for frames read from frame folders
     transcode: Callable[[bytes], bytes] | None = None
 
     @property
@@ -64,7 +65,7 @@ def _load_folder(sample: VideoSample, options: FrameOptions) -> Loaded:
     for path in sample.frames or ():
         try:
             data = read_input(path)
-            check_image(data)
+            check_image(data, options.check)
             if options.resize:
                 data = options.sizing.apply(data)
         except (OSError, InputFileError, ValueError) as exc:
