@@ -133,6 +133,18 @@ def main() -> None:
     is_flag=True,
     help="Video: drop an unreadable frame instead of skipping its video.",
 )
+@click.option(
+    "--dask",
+    metavar="ADDRESS",
+    help="One task per shard on a dask.distributed cluster sharing SRC and DST's folder: "
+    "tcp://scheduler:8786, or local:N for N worker processes here. Same output bytes.",
+)
+@click.option(
+    "--part",
+    metavar="I/N",
+    help="Convert only planned shards k with k % N == I, into DST.part-I/ (e.g. one SLURM "
+    "array task each); then join the parts with packer merge DST.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @friendly
 def convert(
@@ -158,6 +170,8 @@ def convert(
     short_side: int | None,
     fps: float | None,
     skip_bad_frames: bool,
+    dask: str | None,
+    part: str | None,
     quiet: bool,
 ) -> None:
     """Convert the image folder SRC (<class>/<image>) into the packed dataset DST.
@@ -178,6 +192,8 @@ def convert(
       packer convert imagenet/train train.lmdb --shard-size 1GB
       packer convert val_flat/ val.lmdb --labels LOC_val_solution.csv --classes-from train.lmdb
       packer convert ucf101/ ucf101.npy --short-side 256 --fps 10
+      packer convert imagenet/train train.lmdb --dask tcp://scheduler:8786
+      packer convert imagenet/train train.lmdb --part $SLURM_ARRAY_TASK_ID/16
     """
     from packer.convert import convert as run
     from packer.labels import classes_from as index_of
@@ -192,6 +208,11 @@ def convert(
     video: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
     if skip_bad_frames:
         video["skip_bad_frames"] = True
+    from packer.cluster import dask_client
+    from packer.distributed import parse_part
+
+    part_of = parse_part(part) if part else None
+    executor = click.get_current_context().with_resource(dask_client(dask)) if dask else None
     try:
         result = run(
             src,
@@ -211,6 +232,8 @@ def convert(
             labels=labels,
             classes=classes,
             allow_empty=allow_empty,
+            executor=executor,
+            part=part_of,
             **video,
         )
     except KeyboardInterrupt:
@@ -328,10 +351,12 @@ def verify(dst: Path, full: bool, workers: int | None, quiet: bool) -> None:
 
 
 def _register_measure_commands() -> None:
+    from packer.cli_merge import merge
     from packer.tools.commands import bench, doctor
 
     main.add_command(bench)
     main.add_command(doctor)
+    main.add_command(merge)
 
 
 _register_measure_commands()

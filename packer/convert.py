@@ -27,6 +27,7 @@ from packer.destination import (
     publish,
 )
 from packer.detect import detect
+from packer.distributed import check_part, part_path, run_distributed
 from packer.errors import DestinationError, InputFileError, PackerError
 from packer.formats import by_name, default_layout, format_for
 from packer.labels import read_labels, scan_flat
@@ -133,7 +134,15 @@ def _prepare(
     raise PackerError(f"unknown kind {kind!r}; expected image or video")
 
 
-def _run(job: Job, partial: Path, fp: dict, resume: bool, options: dict) -> Manifest:
+def _run(
+    job: Job,
+    partial: Path,
+    fp: dict,
+    resume: bool,
+    options: dict,
+    executor: Any = None,
+    part: tuple[int, int] | None = None,
+) -> Manifest:
     progress = Progress(partial)
     if resume and partial.is_dir():
         done = progress.resume(fp)
@@ -144,13 +153,17 @@ def _run(job: Job, partial: Path, fp: dict, resume: bool, options: dict) -> Mani
         progress.start(fp)
         done = []
     try:
-        done = write_shards(job, done, progress)
-        manifest, _ = finalize(job, done, options)
+        if executor is None and part is None:
+            done = write_shards(job, done, progress)
+            manifest, _ = finalize(job, done, options)
+        else:
+            manifest = run_distributed(job, done, progress, options, fp, executor, part)
     except OSError as exc:
         if exc.errno == errno.ENOSPC or shutil.disk_usage(partial.parent).free < (1 << 20):
             raise disk_full_error(partial, job.source.total_bytes) from exc
         raise DestinationError(f"writing {str(partial)!r} failed: {exc}") from exc
-    progress.remove()
+    if part is None:  # a part keeps its checkpoints for packer merge
+        progress.remove()
     return manifest
 
 
@@ -174,6 +187,8 @@ def convert(
     classes: list[str] | None = None,
     labels: str | os.PathLike[str] | None = None,
     allow_empty: bool = False,
+    executor: Any = None,
+    part: tuple[int, int] | None = None,
     **video_options: Any,
 ) -> ConvertResult:
     """Convert the folder ``src`` into a packed dataset at ``dst``.
@@ -205,6 +220,11 @@ def convert(
         classes: pin the class index (names in label order) instead of taking the folders'.
         labels: a labels file for a flat folder of images (see :mod:`packer.labels`).
         allow_empty: keep a class folder without images as a class with no samples.
+        executor: run one task per planned shard on it (anything with ``submit``: a
+            ``distributed.Client``, a process pool); the output is the same bytes. ``on_event``
+            then runs in the tasks (see :mod:`packer.distributed`).
+        part: ``(i, n)``: write only the planned shards ``k % n == i``, into ``DST.part-i``,
+            for :func:`packer.merge.merge` to join.
         video_options: for video, ``quality``, ``max_side``, ``short_side``, ``fps``,
             ``skip_bad_frames`` (see :func:`packer.video.convert.prepare_video`).
 
@@ -222,6 +242,8 @@ def convert(
                 f"{str(src_path)!r} has no split {unknown[0]!r}"
                 + (f"; it has {', '.join(found)}" if found else " (it is not a split root)")
             )
+        if wanted and part is not None:
+            raise PackerError("--part does not take a root of splits; convert each --split")
         if wanted:
             options = {
                 "format": fmt.NAME,  # a split's folder has no suffix of its own
@@ -236,11 +258,15 @@ def convert(
                 "max_file_size": max_file_size,
                 "max_pixels": max_pixels,
                 "allow_empty": allow_empty,
+                "executor": executor,
                 **video_options,
             }
             return _convert_splits(src_path, dst_path, wanted, options)
     if workers is not None and workers < 1:
         raise PackerError(f"invalid workers {workers}; expected 1 or more")
+    if part is not None:
+        check_part(part)
+        dst_path = part_path(dst_path, part[0])
     size = parse_size(shard_size)
     limits = {"max_file_size": parse_size(max_file_size), "max_pixels": int(max_pixels)}
     if limits["max_pixels"] < 1:
@@ -279,7 +305,8 @@ def convert(
     with DestinationLock(dst_path):
         check_destination(dst_path, overwrite, src_path, resume)  # again, now that we hold it
         resumed = resume and partial.is_dir()
-        manifest = _run(job, partial, fingerprint(source, fmt.NAME, options), resumed, options)
+        fp = fingerprint(source, fmt.NAME, options)
+        manifest = _run(job, partial, fp, resumed, options, executor, part)
         publish(partial, dst_path)
     skipped = [SkippedInput(s["path"], s["reason"]) for s in manifest.skipped]
     result = ConvertResult(
