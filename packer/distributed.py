@@ -9,9 +9,10 @@ and the client gathers the checkpoints and writes the tables and manifest with
 
 The executor is anything with ``submit(fn, *args)`` returning a future with
 ``add_done_callback`` and ``result()``: a ``concurrent.futures`` pool, ``distributed.Client``
-(given ``retries`` and ``pure=False``) or its ``get_executor()``, a Ray adapter. A task retried
-after a crash rewrites its shard from scratch; a checkpointed shard is never redone, so
-``--resume`` keeps every complete shard, in any order.
+(given ``retries`` and ``pure=False``) or its ``get_executor()``, a Ray adapter. Each attempt at a
+shard writes into its own folder (``_progress/attempts/``) and moves its files into place only
+once they are durable, so a retried, duplicated or orphaned attempt never mixes its bytes into
+another's; a checkpointed shard is never redone, so ``--resume`` keeps every complete shard.
 
 Without a client (SLURM arrays), ``part=(i, n)`` converts the planned shards ``k`` with
 ``k % n == i`` into ``DST.part-i/`` (shard files, their checkpoints and ``part.json``, written
@@ -22,8 +23,11 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import queue
+import shutil
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +39,8 @@ from tqdm.auto import tqdm
 from packer.errors import PackerError
 from packer.formats import by_name
 from packer.loading import Loaded, load_in_order
-from packer.manifest import Manifest, _write_atomic, fsync_dir, shard_name
-from packer.resume import Checkpoint, Progress, skipped_dicts
+from packer.manifest import Manifest, _write_atomic, fsync_dir
+from packer.resume import PROGRESS_DIR, Checkpoint, Progress, skipped_dicts
 from packer.write import Event, Job, LineProgress, _end_shard, _store, finalize, plan_shards
 
 __all__ = [
@@ -51,6 +55,7 @@ __all__ = [
 
 RETRIES = 2  # Dask re-runs a task that raised this many times (a lost worker is rescheduled anyway)
 PART_MANIFEST = "part.json"
+ATTEMPTS = "attempts"  # DST.partial/_progress/attempts/<shard>-<id>/: a task's files until done
 PART_VERSION = 1
 
 
@@ -78,10 +83,12 @@ def write_shard(task: ShardTask) -> Checkpoint:
     """Write planned shard ``task.shard`` from scratch into ``task.partial``, make it durable and
     checkpoint it; return the checkpoint. Runs on a worker (or in the converting process)."""
     fmt = by_name(task.fmt_name)
+    attempt = task.partial / PROGRESS_DIR / ATTEMPTS / f"{task.shard:05d}-{uuid.uuid4().hex}"
+    attempt.mkdir(parents=True)
     job = Job(
         fmt,
         task.layout,
-        task.partial,
+        attempt,
         None,
         task.loader,
         task.cpu_bound,
@@ -92,16 +99,38 @@ def write_shard(task: ShardTask) -> Checkpoint:
         task.unit,
         task.on_event,
     )
-    (task.partial / shard_name(task.shard, fmt.SHARD_SUFFIX)).unlink(missing_ok=True)
     done: list[Checkpoint] = []
     current = Checkpoint()
     loaded = load_in_order(task.loader, task.samples, task.workers, task.cpu_bound)
-    with fmt.Writer(task.partial, task.planned, task.layout, task.kind) as writer:
+    with fmt.Writer(attempt, task.planned, task.layout, task.kind) as writer:
         for i, (sample, result) in enumerate(zip(task.samples, loaded), start=task.first):
             _store(job, writer, current, sample, result, task.shard)
             job.emit("sample", i)
-        _end_shard(job, writer, Progress(task.partial), done, current, task.shard)
+        _end_shard(job, writer, _Publish(attempt, task.partial), done, current, task.shard)
     return done[0]
+
+
+class _Publish(Progress):
+    """The progress of one attempt at a shard: once the shard is durable, move its files into
+    the output, then checkpoint it there. An attempt writes only in its own folder, so a retried
+    or orphaned attempt of the same shard can never mix its bytes into another's."""
+
+    def __init__(self, attempt: Path, partial: Path) -> None:
+        super().__init__(partial)
+        self.attempt, self.partial = attempt, partial
+
+    def save(self, number: int, checkpoint: Checkpoint) -> None:
+        touched = set()
+        for root, _, files in os.walk(self.attempt):
+            target = self.partial / Path(root).relative_to(self.attempt)
+            target.mkdir(parents=True, exist_ok=True)
+            for name in files:
+                os.replace(Path(root) / name, target / name)
+                touched.add(target)
+        for folder in touched:
+            fsync_dir(folder)
+        shutil.rmtree(self.attempt, ignore_errors=True)
+        super().save(number, checkpoint)
 
 
 def parse_part(text: str) -> tuple[int, int]:
@@ -241,6 +270,7 @@ def run_distributed(
     """Write the shards (all, or a part's) with ``executor``; then the tables and manifest, or
     for a part its ``part.json``. Returns the manifest (for a part: what the part holds)."""
     have, planned = run_shards(job, done, progress, executor, part)
+    shutil.rmtree(progress.dir / ATTEMPTS, ignore_errors=True)  # left by lost workers
     if part is None:
         manifest, _ = finalize(job, [have[k] for k in range(planned)], options)
         return manifest

@@ -114,3 +114,15 @@ def test_sampler_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "| sharded | cold |" in capsys.readouterr().out
     report = json.loads(out.read_text())
     assert report["shards"] > 1 and len(report["results"]) == 4
+
+
+def test_scale_convert(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _script("scale_convert")
+    args = ["--data", str(tmp_path), "--images", "20", "--dask-workers", "0", "--profile"]
+    args += ["--top", "3", "--out", str(tmp_path)]
+    assert script.main(script.parse_args(args)) == 0
+    out = capsys.readouterr().out
+    assert "| tar cf |" in out and "| packer local, --check fast |" in out
+    assert "function calls" in out  # the profile
+    report = json.loads((tmp_path / "scale_convert.json").read_text())
+    assert [r["run"] for r in report["results"]][0] == "tar cf"
