@@ -207,6 +207,16 @@ def _bar(job: Job, total: int, initial: int, where: str) -> Any:
     return tqdm(total=total, initial=initial, unit=job.unit, desc=desc, disable=not job.progress)
 
 
+def _intact(partial: Path, checkpoint: Checkpoint) -> bool:
+    """Whether a checkpointed shard's file is still there with its recorded size."""
+    if checkpoint.shard is None:
+        return True
+    try:
+        return (partial / checkpoint.shard.name).stat().st_size == checkpoint.shard.bytes
+    except OSError:
+        return False
+
+
 def run_shards(
     job: Job,
     done: list[Checkpoint],
@@ -222,7 +232,8 @@ def run_shards(
     have = {k: c for k, c in enumerate(done) if part is None or k % part[1] == part[0]}
     for k in wanted:
         if k not in have and (checkpoint := progress.load(k)) is not None:
-            have[k] = checkpoint
+            if _intact(job.partial, checkpoint):  # a local run may have deleted it since
+                have[k] = checkpoint
     samples = job.source.samples
     tasks = [
         ShardTask(
