@@ -120,7 +120,13 @@ class Progress:
 
     def save(self, number: int, checkpoint: Checkpoint) -> None:
         """Durably record that planned shard ``number`` is complete."""
-        data = asdict(checkpoint)
+        data = {  # not asdict(): it deep-copies every row (measured: 5% of a --check fast run)
+            "shard": asdict(checkpoint.shard) if checkpoint.shard is not None else None,
+            "samples": checkpoint.samples,
+            "records": checkpoint.records,
+            "keys": checkpoint.keys,
+            "skipped": checkpoint.skipped,
+        }
         _write_json(self.dir / f"shard-{number:05d}.json", data)
 
     def remove(self) -> None:
