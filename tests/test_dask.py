@@ -200,3 +200,20 @@ def test_clear_errors(source: DemoTree, tmp_path: Path, monkeypatch: pytest.Monk
     result = cli("convert", str(source.root), str(tmp_path / "o.lmdb"), "--dask", "local:2")
     assert result.exit_code == 1 and "pip install 'packer-datasets[dask]'" in result.output
     assert "I/N" in cli("convert", str(source.root), str(tmp_path / "o.lmdb"), "--part", "x").output
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".h5", ".bmp", ".lmdb"])
+def test_video_with_a_process_pool(tmp_path: Path, tree_files: Files, suffix: str) -> None:
+    """The executor seam is any submit(): a process pool writes video in every layout (per-video
+    NPY/HDF5 files, BMP frame files, LMDB shards) with the same bytes as a local run."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from packer.tools.video_demo import make_video_tree
+
+    frames = make_video_tree(tmp_path / "frames", classes=2, per_class=3, frames=(4, 9)).root
+    one = packer.convert(frames, tmp_path / f"one{suffix}", shard_size="20kB", progress=False)
+    with ProcessPoolExecutor(2) as pool:
+        two = packer.convert(
+            frames, tmp_path / f"two{suffix}", shard_size="20kB", progress=False, executor=pool
+        )
+    assert tree_files(two.dst) == tree_files(one.dst)
