@@ -149,6 +149,18 @@ def main() -> None:
     "read with no decode; for small-image sets (e.g. 64-128 px ImageNet variants).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON summary instead of text.")
+@click.option(
+    "--dask",
+    metavar="ADDRESS",
+    help="One task per shard on a dask.distributed cluster sharing SRC and DST's folder: "
+    "tcp://scheduler:8786, or local:N for N worker processes here. Same output bytes.",
+)
+@click.option(
+    "--part",
+    metavar="I/N",
+    help="Convert only planned shards k with k % N == I, into DST.part-I/ (e.g. one SLURM "
+    "array task each); then join the parts with packer merge DST.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @friendly
 def convert(
@@ -177,6 +189,8 @@ def convert(
     reencode: bool,
     size: int | None,
     as_json: bool,
+    dask: str | None,
+    part: str | None,
     quiet: bool,
 ) -> None:
     """Convert the image folder SRC (<class>/<image>) into the packed dataset DST.
@@ -197,6 +211,8 @@ def convert(
       packer convert imagenet/train train.lmdb --shard-size 1GB
       packer convert val_flat/ val.lmdb --labels LOC_val_solution.csv --classes-from train.lmdb
       packer convert ucf101/ ucf101.npy --short-side 256 --fps 10
+      packer convert imagenet/train train.lmdb --dask tcp://scheduler:8786
+      packer convert imagenet/train train.lmdb --part $SLURM_ARRAY_TASK_ID/16
     """
     from packer.convert import convert as run
     from packer.labels import classes_from as index_of
@@ -215,6 +231,11 @@ def convert(
         video["reencode"] = True
     if size is not None:
         video["size"] = size
+    from packer.cluster import dask_client
+    from packer.distributed import parse_part, part_path
+
+    part_of = parse_part(part) if part else None
+    executor = click.get_current_context().with_resource(dask_client(dask)) if dask else None
     try:
         result = run(
             src,
@@ -234,12 +255,15 @@ def convert(
             labels=labels,
             classes=classes,
             allow_empty=allow_empty,
+            executor=executor,
+            part=part_of,
             **video,
         )
     except KeyboardInterrupt:
+        kept = str(part_path(dst, part_of[0]) if part_of else dst)
         again = " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "--resume")
         click.echo(
-            f"\ninterrupted: the finished shards are kept in {str(dst)}.partial/; continue with\n"
+            f"\ninterrupted: the finished shards are kept in {kept}.partial/; continue with\n"
             f"  packer {again} --resume",
             err=True,
         )
@@ -356,10 +380,12 @@ def verify(dst: Path, full: bool, workers: int | None, as_json: bool, quiet: boo
 
 
 def _register_measure_commands() -> None:
+    from packer.cli_merge import merge
     from packer.tools.commands import bench, doctor
 
     main.add_command(bench)
     main.add_command(doctor)
+    main.add_command(merge)
 
 
 _register_measure_commands()

@@ -9,16 +9,14 @@ how one sample is loaded (``packer.video.convert`` for video).
 from __future__ import annotations
 
 import errno
-import functools
 import os
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from packer.check import CHECKS, DEFAULT_CHECK, DEFAULT_MAX_PIXELS
+from packer.check import DEFAULT_CHECK, DEFAULT_MAX_PIXELS
 from packer.destination import (
     DestinationLock,
     check_destination,
@@ -27,18 +25,17 @@ from packer.destination import (
     publish,
 )
 from packer.detect import detect
+from packer.distributed import check_part, part_path, run_distributed
 from packer.errors import DestinationError, InputFileError, PackerError
 from packer.formats import by_name, default_layout, format_for
-from packer.labels import read_labels, scan_flat
-from packer.loading import DEFAULT_MAX_FILE_SIZE, default_workers, load_image
+from packer.loading import DEFAULT_MAX_FILE_SIZE, default_workers
 from packer.manifest import Manifest
-from packer.pixels import to_pixels
-from packer.resize import RESIZE_OPTIONS, Resize
+from packer.prepare import prepare
 from packer.resume import Progress, fingerprint
 from packer.sizes import format_size, parse_size
-from packer.sources import SkippedInput, class_dirs, scan
+from packer.sources import SkippedInput, class_dirs
 from packer.splits import convert_splits, find_splits
-from packer.write import Event, Job, Prepared, finalize, plan_shards, write_shards
+from packer.write import Event, Job, finalize, plan_shards, write_shards
 
 __all__ = ["DEFAULT_SHARD_SIZE", "ConvertResult", "convert", "convert_video", "plan_shards"]
 
@@ -108,73 +105,15 @@ class ConvertResult:
         return "\n".join(lines)
 
 
-def _prepare_images(
-    src: Path,
-    fmt: ModuleType,
-    check: str,
-    limits: dict[str, int],
-    options: dict[str, Any],
-    classes: list[str] | None = None,
-    labels: str | os.PathLike[str] | None = None,
-    allow_empty: bool = False,
-) -> Prepared:
-    options = dict(options)
-    size = options.pop("size", None)
-    video_only = sorted(k for k, v in options.items() if k not in RESIZE_OPTIONS and v is not None)
-    if video_only:
-        raise PackerError(f"{', '.join(video_only)} only apply to video sources")
-    if check not in CHECKS:
-        raise PackerError(f"invalid check {check!r}; expected one of {', '.join(CHECKS)}")
-    resize = Resize.from_options(options)
-    transcode = fmt.TRANSCODE
-    recorded: dict[str, Any] = {"check": check, **limits}
-    if resize.active:
-        recorded["resize"] = resize.recorded()
-    if size is not None:
-        if fmt.NAME != "npy" or resize.active:
-            raise PackerError(
-                "--size stores decoded size×size pixels: it needs a .npy destination and no "
-                "--short-side/--max-side/--quality/--reencode"
-            )
-        if not isinstance(size, int) or not 1 <= size <= 4096:
-            raise PackerError(f"invalid size {size!r}; expected 1..4096 pixels")
-        transcode = functools.partial(to_pixels, size=size)
-        recorded["pixels"] = [size, size, 3]
-    loader = functools.partial(
-        load_image, check=check, transcode=transcode, resize=resize, **limits
-    )
-    cpu_bound = transcode is not None or resize.active
-    if labels is not None:
-        tokens = read_labels(labels)
-        source = scan_flat(src, tokens, classes, labels_name=os.path.basename(labels))
-    else:
-        source = scan(src, classes=classes, allow_empty=allow_empty)
-    return Prepared(source, loader, cpu_bound, recorded, "img")
-
-
-def _prepare(
-    kind: str,
-    src: Path,
-    fmt: ModuleType,
-    check: str,
-    limits: dict[str, int],
+def _run(
+    job: Job,
+    partial: Path,
+    fp: dict,
+    resume: bool,
     options: dict,
-    classes: list[str] | None,
-    labels: str | os.PathLike[str] | None,
-    allow_empty: bool = False,
-) -> Prepared:
-    if kind == "image" or labels is not None:
-        return _prepare_images(src, fmt, check, limits, options, classes, labels, allow_empty)
-    if classes is not None:
-        raise PackerError("splits (a shared class index) are supported for images only so far")
-    if kind == "video":
-        from packer.video.convert import prepare_video
-
-        return prepare_video(src, fmt, options, check)
-    raise PackerError(f"unknown kind {kind!r}; expected image or video")
-
-
-def _run(job: Job, partial: Path, fp: dict, resume: bool, options: dict) -> Manifest:
+    executor: Any = None,
+    part: tuple[int, int] | None = None,
+) -> Manifest:
     progress = Progress(partial)
     if resume and partial.is_dir():
         done = progress.resume(fp)
@@ -185,13 +124,17 @@ def _run(job: Job, partial: Path, fp: dict, resume: bool, options: dict) -> Mani
         progress.start(fp)
         done = []
     try:
-        done = write_shards(job, done, progress)
-        manifest, _ = finalize(job, done, options)
+        if executor is None and part is None:
+            done = write_shards(job, done, progress)
+            manifest, _ = finalize(job, done, options)
+        else:
+            manifest = run_distributed(job, done, progress, options, fp, executor, part)
     except OSError as exc:
         if exc.errno == errno.ENOSPC or shutil.disk_usage(partial.parent).free < (1 << 20):
             raise disk_full_error(partial, job.source.total_bytes) from exc
         raise DestinationError(f"writing {str(partial)!r} failed: {exc}") from exc
-    progress.remove()
+    if part is None:  # a part keeps its checkpoints for packer merge
+        progress.remove()
     return manifest
 
 
@@ -215,6 +158,8 @@ def convert(
     classes: list[str] | None = None,
     labels: str | os.PathLike[str] | None = None,
     allow_empty: bool = False,
+    executor: Any = None,
+    part: tuple[int, int] | None = None,
     **video_options: Any,
 ) -> ConvertResult:
     """Convert the folder ``src`` into a packed dataset at ``dst``.
@@ -246,6 +191,11 @@ def convert(
         classes: pin the class index (names in label order) instead of taking the folders'.
         labels: a labels file for a flat folder of images (see :mod:`packer.labels`).
         allow_empty: keep a class folder without images as a class with no samples.
+        executor: run one task per planned shard on it (anything with ``submit``: a
+            ``distributed.Client``, a process pool); the output is the same bytes. ``on_event``
+            then runs in the tasks (see :mod:`packer.distributed`).
+        part: ``(i, n)``: write only the planned shards ``k % n == i``, into ``DST.part-i``,
+            for :func:`packer.merge.merge` to join.
         video_options: for images and video, ``quality``, ``max_side``, ``short_side`` and
             ``reencode`` (write-time resize, :mod:`packer.resize`); for images into ``.npy``,
             ``size`` (decoded size×size pixels, :mod:`packer.pixels`); for video, ``fps``,
@@ -265,6 +215,8 @@ def convert(
                 f"{str(src_path)!r} has no split {unknown[0]!r}"
                 + (f"; it has {', '.join(found)}" if found else " (it is not a split root)")
             )
+        if wanted and part is not None:
+            raise PackerError("--part does not take a root of splits; convert each --split")
         if wanted:
             options = {
                 "format": fmt.NAME,  # a split's folder has no suffix of its own
@@ -279,11 +231,15 @@ def convert(
                 "max_file_size": max_file_size,
                 "max_pixels": max_pixels,
                 "allow_empty": allow_empty,
+                "executor": executor,
                 **video_options,
             }
             return _convert_splits(src_path, dst_path, wanted, options)
     if workers is not None and workers < 1:
         raise PackerError(f"invalid workers {workers}; expected 1 or more")
+    if part is not None:
+        check_part(part)
+        dst_path = part_path(dst_path, part[0])
     size = parse_size(shard_size)
     limits = {"max_file_size": parse_size(max_file_size), "max_pixels": int(max_pixels)}
     if limits["max_pixels"] < 1:
@@ -294,7 +250,7 @@ def convert(
         detection = detect(src_path, class_dirs(src_path))
         kind, how = detection.kind, f"detected: {detection.reason}"
     kind = kind or "image"
-    prepared = _prepare(
+    prepared = prepare(
         kind, src_path, fmt, check, limits, video_options, classes, labels, allow_empty
     )
     source = prepared.source
@@ -322,7 +278,8 @@ def convert(
     with DestinationLock(dst_path):
         check_destination(dst_path, overwrite, src_path, resume)  # again, now that we hold it
         resumed = resume and partial.is_dir()
-        manifest = _run(job, partial, fingerprint(source, fmt.NAME, options), resumed, options)
+        fp = fingerprint(source, fmt.NAME, options)
+        manifest = _run(job, partial, fp, resumed, options, executor, part)
         publish(partial, dst_path)
     skipped = [SkippedInput(s["path"], s["reason"]) for s in manifest.skipped]
     result = ConvertResult(

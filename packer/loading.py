@@ -75,8 +75,10 @@ def read_input(path: str, max_bytes: int = DEFAULT_MAX_FILE_SIZE) -> bytes:
                 "(--max-file-size)"
             )
         os.set_blocking(fd, True)
-        try:
-            data = fh.read(max_bytes + 1)
+        try:  # the size stat'ed plus one byte: a file that grew since shows it without a
+            data = fh.read(st.st_size + 1)  # max_bytes buffer per read (64 MB each, measured)
+            if len(data) > st.st_size:
+                data += fh.read(max_bytes + 1 - len(data))
         except OSError as exc:
             raise InputFileError(f"cannot read: {exc.strerror or exc}") from exc
     if len(data) > max_bytes:

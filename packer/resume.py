@@ -105,17 +105,28 @@ class Progress:
                 "--resume (with --overwrite) to start over"
             )
         done: list[Checkpoint] = []
-        while (ckpt := self.dir / f"shard-{len(done):05d}.json").is_file():
-            data = json.loads(ckpt.read_text(encoding="utf-8", errors="surrogateescape"))
-            shard = ShardInfo(**data["shard"]) if data["shard"] else None
-            done.append(
-                Checkpoint(shard, data["samples"], data["records"], data["keys"], data["skipped"])
-            )
+        while (checkpoint := self.load(len(done))) is not None:
+            done.append(checkpoint)
         return done
+
+    def load(self, number: int) -> Checkpoint | None:
+        """The checkpoint of planned shard ``number``, or None if it is not complete."""
+        ckpt = self.dir / f"shard-{number:05d}.json"
+        if not ckpt.is_file():
+            return None
+        data = json.loads(ckpt.read_text(encoding="utf-8", errors="surrogateescape"))
+        shard = ShardInfo(**data["shard"]) if data["shard"] else None
+        return Checkpoint(shard, data["samples"], data["records"], data["keys"], data["skipped"])
 
     def save(self, number: int, checkpoint: Checkpoint) -> None:
         """Durably record that planned shard ``number`` is complete."""
-        data = asdict(checkpoint)
+        data = {  # not asdict(): it deep-copies every row (measured: 5% of a --check fast run)
+            "shard": asdict(checkpoint.shard) if checkpoint.shard is not None else None,
+            "samples": checkpoint.samples,
+            "records": checkpoint.records,
+            "keys": checkpoint.keys,
+            "skipped": checkpoint.skipped,
+        }
         _write_json(self.dir / f"shard-{number:05d}.json", data)
 
     def remove(self) -> None:

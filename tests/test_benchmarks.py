@@ -124,3 +124,15 @@ def test_bench_decoders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     for case in ("decode simplejpeg", "decode opencv", "fused RandomResizedCrop simplejpeg"):
         assert f"| {case} |" in out
     assert "decode pillow" in json.loads((tmp_path / "d.json").read_text())["images_per_s"]
+
+
+def test_scale_convert(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _script("scale_convert")
+    args = ["--data", str(tmp_path), "--images", "20", "--dask-workers", "0", "--profile"]
+    args += ["--top", "3", "--out", str(tmp_path)]
+    assert script.main(script.parse_args(args)) == 0
+    out = capsys.readouterr().out
+    assert "| tar cf |" in out and "| packer local, --check fast |" in out
+    assert "function calls" in out  # the profile
+    report = json.loads((tmp_path / "scale_convert.json").read_text())
+    assert [r["run"] for r in report["results"]][0] == "tar cf"
