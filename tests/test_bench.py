@@ -213,3 +213,18 @@ def test_cli_bench_on_video_shows_disk_bytes_next_to_payload(clips: dict[str, Pa
         cells = [c.strip() for c in row.strip("|").split("|")]
         disk, payload = float(cells[5]), float(cells[6])
         assert disk >= 0 and payload > 0
+
+
+def test_cli_bench_decoder_and_a_resized_copy_side_by_side(clean: dict[str, Path]) -> None:
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    args = ["bench", str(clean[".lmdb"]), "--mode", "decode", "--workers", "0", "--warmup", "0"]
+    args += ["--decoder", "opencv", "--short-side", "32", "--no-storage", "--limit", "6"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.output.splitlines() if line.startswith("| images")]
+    assert [r.split("|")[1].strip() for r in rows] == ["images.lmdb", "images@32.lmdb"]
+    bad = CliRunner().invoke(main, ["bench", str(clean[".lmdb"]), "--decoder", "nope"])
+    assert bad.exit_code != 0 and "unknown decoder 'nope'" in bad.output

@@ -49,6 +49,7 @@ class BenchSpec:
     shuffle: bool = False
     step_ms: float = 0.0
     multiprocessing_context: str | None = None
+    decoder: str = "auto"
 
     def validate(self) -> None:
         """Raise PackerError on a value out of range."""
@@ -135,7 +136,7 @@ def run_config(
     loader: DataLoader | None = None
     for epoch in range(spec.epochs):
         if cache == "cold" or loader is None:
-            dataset = open_for_mode(path, mode)
+            dataset = open_for_mode(path, mode, spec.decoder)
             indices = subset_indices(dataset, spec.limit)
             subset = Subset(dataset, indices) if len(indices) < len(dataset) else dataset  # type: ignore[arg-type]
             loader = _loader(subset, spec, workers, persistent=cache == "warm")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -71,11 +72,18 @@ def _report(runs: list[Any], costs: list[Any], options: dict[str, Any], complete
     "--step-ms", default=0.0, type=click.FloatRange(min=0), help="Simulated step (sleep)."
 )
 @click.option("--storage/--no-storage", default=True, help="Measure per-sample storage cost.")
+@click.option("--decoder", default="auto", show_default=True,
+              help="Decoder of the decode/transform modes: auto, pillow, simplejpeg, turbojpeg, "
+              "opencv.")  # fmt: skip
+@click.option("--short-side", type=click.IntRange(min=1),
+              help="Also bench a copy of each dataset's samples stored at this short side "
+              "(what packer convert --short-side N gives), side by side.")  # fmt: skip
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Save results here.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Save a PNG plot here.")
 @friendly
 def bench(paths: tuple[Path, ...], workers: str, modes: str, json_path: Path | None,
-          plot_path: Path | None, storage: bool, **kw: Any) -> None:  # fmt: skip
+          plot_path: Path | None, storage: bool, short_side: int | None,
+          **kw: Any) -> None:  # fmt: skip
     """Time reading packer outputs and image folders through a real DataLoader.
 
     The first PATH is the baseline of the ratios. Ctrl-C prints what was measured so far.
@@ -84,6 +92,7 @@ def bench(paths: tuple[Path, ...], workers: str, modes: str, json_path: Path | N
     Example:
       packer bench images/ images.lmdb images.npy --workers 0,2 --mode bytes,decode --plot b.png
     """
+    from packer.decoders import check_decoder
     from packer.tools.bench import BenchSpec, check_paths, plan, run_bench
     from packer.tools.io_counters import io_available
     from packer.tools.storage_cost import measure_storage
@@ -91,7 +100,10 @@ def bench(paths: tuple[Path, ...], workers: str, modes: str, json_path: Path | N
 
     spec = BenchSpec(workers=_int_list(workers, "--workers"), modes=modes.split(","), **kw)
     spec.validate()
+    check_decoder(spec.decoder)
     check_paths(paths)
+    if short_side is not None:
+        paths = _with_resized(paths, short_side, spec.limit)
     options = {**kw, "paths": [str(p) for p in paths], "workers": spec.workers,
                "modes": list(spec.modes), "json": json_path, "plot": plot_path}  # fmt: skip
     if spec.cold and not cold_supported():
@@ -114,6 +126,18 @@ def bench(paths: tuple[Path, ...], workers: str, modes: str, json_path: Path | N
         _report(runs, costs, options, complete=False)
         sys.exit(130)
     _report(runs, costs, options, complete=True)
+
+
+def _with_resized(paths: tuple[Path, ...], short_side: int, limit: int | None) -> tuple[Path, ...]:
+    """``paths`` plus, for each, a copy of its benched samples stored at ``short_side``."""
+    import tempfile
+
+    from packer.tools.resized_copy import resized_copy
+
+    workdir = Path(tempfile.mkdtemp(prefix="packer-bench-"))
+    click.get_current_context().call_on_close(lambda: shutil.rmtree(workdir, ignore_errors=True))
+    click.echo(f"writing copies at short side {short_side} in {workdir} ...", err=True)
+    return paths + tuple(resized_copy(p, short_side, limit, workdir) for p in paths)
 
 
 @click.command(context_settings=CONTEXT)

@@ -86,11 +86,12 @@ MODES = ("bytes", "decode", "transform")
 CACHES = ("warm", "cold")
 
 
-def open_for_mode(path: str | os.PathLike[str], mode: str) -> Dataset:
+def open_for_mode(path: str | os.PathLike[str], mode: str, decoder: str = "auto") -> Dataset:
     """Open a packer output or image folder for a bench mode.
 
     ``bytes``: stored bytes, no decode (IO + format cost); ``decode``: decoded H×W×3 arrays;
     ``transform``: decoded then :func:`packer.tools.train_transform.train_transform` (224×224 crops).
+    ``decoder`` names the decoder of the decoding modes (see :mod:`packer.decoders`).
 
     Raises:
         PackerError: unknown mode, or the path is neither a packer output nor an image folder.
@@ -108,8 +109,8 @@ def open_for_mode(path: str | os.PathLike[str], mode: str) -> Dataset:
             dataset.batch_buffer = True
         return dataset
     if mode == "decode":
-        return open_dataset(path, output="numpy")
-    return open_dataset(path, output="pil", transform=train_transform())
+        return open_dataset(path, output="numpy", decoder=decoder)
+    return open_dataset(path, output="pil", transform=train_transform(), decoder=decoder)
 
 
 def bench_collate(batch: Sequence[Any]) -> Any:
