@@ -9,6 +9,7 @@ import warnings
 from PIL import Image
 
 from packer.errors import InputFileError
+from packer.fast_decoders import jpeg_info
 
 __all__ = ["ALLOWED_FORMATS", "CHECKS", "DEFAULT_CHECK", "DEFAULT_MAX_PIXELS", "check_image"]
 
@@ -24,26 +25,29 @@ _JPEG_EOI = b"\xff\xd9"
 def check_image(data: bytes, check: str = "fast", max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
     """Raise :class:`InputFileError` with a reason if ``data`` is not a usable image.
 
-    ``"fast"``: Pillow identifies and verifies the header (of an allowed format, at most
-    ``max_pixels`` pixels), and a JPEG must end with its end-of-image marker (a truncated JPEG
-    does not). ``"scan"`` (the conversion default): also walk the whole compressed stream — a
+    ``"fast"``: the header is identified and verified (of an allowed format, at most
+    ``max_pixels`` pixels; a JPEG's markers are walked up to its frame header by packer, any other
+    format is opened by Pillow), and a JPEG must end with its end-of-image marker (a truncated
+    JPEG does not). ``"scan"`` (the conversion default): also walk the whole compressed stream — a
     JPEG decoded at 1/8 scale (the entropy-coded data is still read in full, at ~60 % of a full
     decode's cost), other formats decoded — so an image whose scan data is corrupt never
     reaches training. ``"decode"``: decode every pixel at full size.
     """
     if not data:
         raise InputFileError("empty file (0 bytes)")
+    jpeg = jpeg_info(data)
+    if jpeg is not None:  # the common case, without building a Pillow image for the header
+        _check_size(jpeg.width, jpeg.height, max_pixels)
+        if _JPEG_EOI not in data[-4096:]:
+            raise InputFileError("truncated JPEG (no end-of-image marker)")
+        if check == "fast":
+            return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
             with Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS) as image:
                 fmt = image.format
-                width, height = image.size
-                if width * height > max_pixels:
-                    raise InputFileError(
-                        f"{width}×{height} is {width * height / 1e6:.0f} Mpx, over the "
-                        f"{max_pixels / 1e6:.0f} Mpx limit (--max-pixels)"
-                    )
+                _check_size(*image.size, max_pixels)
                 image.verify()
             if fmt == "JPEG" and _JPEG_EOI not in data[-4096:]:
                 raise InputFileError("truncated JPEG (no end-of-image marker)")
@@ -60,3 +64,11 @@ def check_image(data: bytes, check: str = "fast", max_pixels: int = DEFAULT_MAX_
             ) from exc
         except (OSError, ValueError, SyntaxError, struct.error) as exc:
             raise InputFileError(f"broken image: {exc}") from exc
+
+
+def _check_size(width: int, height: int, max_pixels: int) -> None:
+    if width * height > max_pixels:
+        raise InputFileError(
+            f"{width}×{height} is {width * height / 1e6:.0f} Mpx, over the "
+            f"{max_pixels / 1e6:.0f} Mpx limit (--max-pixels)"
+        )

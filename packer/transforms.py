@@ -171,10 +171,10 @@ class _FusedCrop:
         result = image.resize((out_w, out_h), Image.Resampling.BILINEAR, box=scaled)
         if self.output == "pil":
             return result
-        array = np.array(result)  # writable, unlike np.asarray of a PIL image
+        array = np.asarray(result)
         if self.output == "numpy":
-            return array
-        return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+            return array.copy()  # writable, unlike np.asarray of a PIL image
+        return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))  # numpy copies
 
     def _fields(self) -> str:
         return f"size={self.size}, decoder={self.decoder!r}, output={self.output!r}"
