@@ -142,6 +142,12 @@ def main() -> None:
     is_flag=True,
     help="With --quality: re-encode every image, also those within --short-side/--max-side.",
 )
+@click.option(
+    "--size",
+    type=click.IntRange(1, 4096),
+    help="Into .npy: store decoded SIZE×SIZE RGB pixels (short side to SIZE, centre crop), "
+    "read with no decode; for small-image sets (e.g. 64-128 px ImageNet variants).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON summary instead of text.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @friendly
@@ -169,6 +175,7 @@ def convert(
     fps: float | None,
     skip_bad_frames: bool,
     reencode: bool,
+    size: int | None,
     as_json: bool,
     quiet: bool,
 ) -> None:
@@ -206,6 +213,8 @@ def convert(
         video["skip_bad_frames"] = True
     if reencode:
         video["reencode"] = True
+    if size is not None:
+        video["size"] = size
     try:
         result = run(
             src,

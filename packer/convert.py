@@ -32,6 +32,7 @@ from packer.formats import by_name, default_layout, format_for
 from packer.labels import read_labels, scan_flat
 from packer.loading import DEFAULT_MAX_FILE_SIZE, default_workers, load_image
 from packer.manifest import Manifest
+from packer.pixels import to_pixels
 from packer.resize import RESIZE_OPTIONS, Resize
 from packer.resume import Progress, fingerprint
 from packer.sizes import format_size, parse_size
@@ -117,26 +118,38 @@ def _prepare_images(
     labels: str | os.PathLike[str] | None = None,
     allow_empty: bool = False,
 ) -> Prepared:
+    options = dict(options)
+    size = options.pop("size", None)
     video_only = sorted(k for k, v in options.items() if k not in RESIZE_OPTIONS and v is not None)
     if video_only:
         raise PackerError(f"{', '.join(video_only)} only apply to video sources")
     if check not in CHECKS:
         raise PackerError(f"invalid check {check!r}; expected one of {', '.join(CHECKS)}")
     resize = Resize.from_options(options)
+    transcode = fmt.TRANSCODE
+    recorded: dict[str, Any] = {"check": check, **limits}
+    if resize.active:
+        recorded["resize"] = resize.recorded()
+    if size is not None:
+        if fmt.NAME != "npy" or resize.active:
+            raise PackerError(
+                "--size stores decoded size×size pixels: it needs a .npy destination and no "
+                "--short-side/--max-side/--quality/--reencode"
+            )
+        if not isinstance(size, int) or not 1 <= size <= 4096:
+            raise PackerError(f"invalid size {size!r}; expected 1..4096 pixels")
+        transcode = functools.partial(to_pixels, size=size)
+        recorded["pixels"] = [size, size, 3]
     loader = functools.partial(
-        load_image, check=check, transcode=fmt.TRANSCODE, resize=resize, **limits
+        load_image, check=check, transcode=transcode, resize=resize, **limits
     )
-    recorded = {
-        "check": check,
-        **limits,
-        **({"resize": resize.recorded()} if resize.active else {}),
-    }
+    cpu_bound = transcode is not None or resize.active
     if labels is not None:
         tokens = read_labels(labels)
         source = scan_flat(src, tokens, classes, labels_name=os.path.basename(labels))
     else:
         source = scan(src, classes=classes, allow_empty=allow_empty)
-    return Prepared(source, loader, fmt.TRANSCODE is not None or resize.active, recorded, "img")
+    return Prepared(source, loader, cpu_bound, recorded, "img")
 
 
 def _prepare(
@@ -233,7 +246,9 @@ def convert(
         classes: pin the class index (names in label order) instead of taking the folders'.
         labels: a labels file for a flat folder of images (see :mod:`packer.labels`).
         allow_empty: keep a class folder without images as a class with no samples.
-        video_options: for video, ``quality``, ``max_side``, ``short_side``, ``fps``,
+        video_options: for images and video, ``quality``, ``max_side``, ``short_side`` and
+            ``reencode`` (write-time resize, :mod:`packer.resize`); for images into ``.npy``,
+            ``size`` (decoded size×size pixels, :mod:`packer.pixels`); for video, ``fps``,
             ``skip_bad_frames`` (see :func:`packer.video.convert.prepare_video`).
 
     Raises:

@@ -22,6 +22,7 @@ from packer.decode import decode
 from packer.errors import FormatError, InputFileError, PackerError
 from packer.formats import FORMATS
 from packer.manifest import MANIFEST_NAME, load_manifest
+from packer.pixels import pixels_output
 from packer.sources import scan
 from packer.splits import find_splits, split_root
 from packer.store import open_packed
@@ -41,6 +42,8 @@ __all__ = [
 class ImageDataset(SampleDataset):
     """Common behaviour of every image dataset: decoding, transforms, whole batches."""
 
+    pixels: tuple[int, ...] | None = None  # records are raw arrays of this shape (packer.pixels)
+
     def _read(self, i: int) -> bytes:
         return self._read_many([i])[0]
 
@@ -49,7 +52,10 @@ class ImageDataset(SampleDataset):
 
     def _finish(self, data: bytes, i: int) -> tuple[Any, Any]:
         try:
-            image = decode(data, self.output, self.decoder)
+            if self.pixels is not None:
+                image = pixels_output(data, self.pixels, self.output)
+            else:
+                image = decode(data, self.output, self.decoder)
         except (OSError, ValueError, SyntaxError) as exc:
             raise InputFileError(f"{self._describe(i)} cannot be decoded: {exc}") from exc
         if self.transform is not None:
@@ -126,6 +132,8 @@ class PackedDataset(PackedSamples, ImageDataset):
             decoder,
         )
         self._attach(packed)
+        shape = packed.manifest.options.get("pixels")
+        self.pixels = tuple(int(n) for n in shape) if shape else None
 
     def _read_many(self, positions: Sequence[int]) -> list[bytes]:
         return self.reader.read_many(self.first[np.asarray(positions, dtype=np.int64)])

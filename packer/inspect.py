@@ -44,6 +44,9 @@ def describe(path: str | os.PathLike[str], show_skipped: bool = False, num_keys:
         lines.append(
             "keys: " + ", ".join(keys[:num_keys]) + (" ..." if len(keys) > num_keys else "")
         )
+    if m.options.get("pixels"):
+        shape = "×".join(str(n) for n in m.options["pixels"])
+        lines.append(f"pixels: {shape} uint8 per sample, decoded at conversion (no decode at read)")
     resize = m.options.get("resize")
     if resize:
         limit = (

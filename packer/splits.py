@@ -87,7 +87,7 @@ def split_root(root: Path, split: str | None) -> Path:
 
 def _fingerprint(src: Path, splits: list[str], options: dict[str, Any]) -> dict[str, Any]:
     kept = ["format", "shard_size", "check", "strict", "max_file_size", "max_pixels"]
-    kept += ["quality", "max_side", "short_side", "reencode", "fps", "skip_bad_frames"]
+    kept += ["quality", "max_side", "short_side", "reencode", "size", "fps", "skip_bad_frames"]
     return {
         "root": str(src.resolve()),
         "splits": splits,

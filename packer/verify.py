@@ -5,6 +5,7 @@ Returns a report; never prints. ``packer verify`` echoes it and exits non-zero o
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,7 @@ from packer.manifest import (
     file_checksum,
     load_manifest,
 )
+from packer.pixels import pixels_output
 from packer.store import Packed, open_packed
 from packer.strings import StringTable
 
@@ -141,9 +143,12 @@ def _check_sample(
     return sound
 
 
-def _decodes(item: tuple[str, bytes]) -> Problem | None:
+def _decodes(item: tuple[str, bytes], pixels: tuple[int, ...] | None = None) -> Problem | None:
     try:
-        decode(item[1], "numpy")
+        if pixels is not None:
+            pixels_output(item[1], pixels, "numpy")
+        else:
+            decode(item[1], "numpy")
     except Exception as exc:  # Pillow's DecompressionBombError is no OSError: catch them all
         return Problem(item[0], f"does not decode: {exc}")
     return None
@@ -214,13 +219,15 @@ def verify(
     skip = _skip_bad_shards(packed, bad_files, keys, report)
     unit = "video" if manifest.kind == "video" else "sample"
     pool = ThreadPoolExecutor(workers or default_workers()) if full else None
+    shape = manifest.options.get("pixels")
+    pixels = tuple(int(n) for n in shape) if shape else None
     try:
         for i in tqdm(range(manifest.num_samples), unit=unit, desc="verify", disable=not progress):
             if skip[i]:
                 continue
             sound = _check_sample(packed, i, keys, checksums, report)
             if pool is not None and sound:
-                found = list(pool.map(_decodes, sound))
+                found = list(pool.map(functools.partial(_decodes, pixels=pixels), sound))
                 report.problems += [p for p in found if p is not None]
                 report.decoded += sum(p is None for p in found)
     finally:
