@@ -46,12 +46,11 @@ from packer.fast_decoders import available
 from packer.tools.decode_bench import (
     CLASSES,
     make_rows,
-    markdown_table,
     prepare_variant,
     run_rounds,
-    summarise,
     warm_up,
 )
+from packer.tools.decode_report import markdown_table, summarise
 from packer.tools.host_load import QuietWaiter
 from packer.tools.targets import disk_bytes
 from packer.tools.throughput_report import machine_info
@@ -80,6 +79,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="decoder of the 'fast' rows (auto: the first "
         "installed of simplejpeg, opencv, turbojpeg)",
+    )
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads in each pass's main process (0: torch's default); "
+        "DataLoader workers always use 1",
     )
     parser.add_argument("--no-npy112", action="store_true", help="skip the decoded-NPY row")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="JSON folder")
@@ -136,6 +142,7 @@ def main(args: argparse.Namespace) -> int:
         waiter,
         log,
         args.in_process,
+        args.torch_threads,
     )
     load_after = os.getloadavg()
     log(f"load average after: {load_after}")

@@ -26,10 +26,9 @@ import gc
 import json
 import os
 import shutil
-import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,16 +54,15 @@ from packer.transforms import RandomResizedCrop, crop_params
 __all__ = [
     "BASELINE",
     "CLASSES",
+    "Key",
     "DecodeThenCrop",
     "RandomFlip",
     "Row",
     "Variant",
     "make_rows",
-    "markdown_table",
     "prepare_variant",
     "run_rounds",
     "stack_collate",
-    "summarise",
     "warm_up",
 ]
 
@@ -273,10 +271,32 @@ def make_dataset(row: Row, path: Path, crop: int) -> Dataset:
 
 
 def one_pass(
+    row: Row,
+    path: Path,
+    workers: int,
+    batch_size: int,
+    crop: int,
+    files: list[Path],
+    threads: int = 1,
+) -> dict[str, Any]:
+    """One timed pass of ``row`` on a fresh dataset in this process, page cache warm.
+
+    ``threads``: torch's intra-op threads in this process (0: leave torch's default). DataLoader
+    workers always run with 1; the default gives ``num_workers=0`` the same.
+    """
+    keep_freed_heap()  # packer's allocator setting, for the folder baseline too
+    previous = torch.get_num_threads()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        return _timed(row, path, workers, batch_size, crop, files)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _timed(
     row: Row, path: Path, workers: int, batch_size: int, crop: int, files: list[Path]
 ) -> dict[str, Any]:
-    """One timed pass of ``row`` on a fresh dataset in this process, page cache warm."""
-    keep_freed_heap()  # packer's allocator setting, for the folder baseline too
     dataset = make_dataset(row, path, crop)
     resident = resident_all(files)
     if resident is None or resident < 1.0:
@@ -318,6 +338,7 @@ def run_rounds(
     waiter: QuietWaiter | None,
     log: Callable[[str], None],
     in_process: bool = False,
+    threads: int = 1,
 ) -> dict[Key, list[dict[str, Any]]]:
     """Every (variant, row, workers) ``repeats`` times, interleaved; every other round backwards."""
     plan = [
@@ -335,7 +356,7 @@ def run_rounds(
             waited = waiter.wait() if waiter is not None else 0.0
             path = variant.paths[row.store]
             assert path is not None
-            args = (row, path, w, batch_size, crop, files[variant.name][row.store])
+            args = (row, path, w, batch_size, crop, files[variant.name][row.store], threads)
             if in_process or not hasattr(os, "fork"):
                 result = one_pass(*args)
             else:
@@ -351,79 +372,3 @@ def run_rounds(
             )
         log(f"round {number + 1} took {time.perf_counter() - start:.0f} s")
     return runs
-
-
-def summarise(
-    variants: Sequence[Variant],
-    rows: Sequence[Row],
-    runs: dict[Key, list[dict[str, Any]]],
-) -> list[dict[str, Any]]:
-    """One dict per (variant, row, workers): the median pass, ratios and the target check."""
-    medians: dict[Key, dict[str, Any]] = {}
-    for key, passes in runs.items():
-        rates = sorted(p["images_per_s"] for p in passes)
-        median = statistics.median(rates)
-        middle = min(passes, key=lambda p: abs(p["images_per_s"] - median))
-        medians[key] = {
-            "images_per_s": median,
-            "spread": (rates[-1] - rates[0]) / median if median else 0.0,
-            "cpu_us_per_image": 1e6 * statistics.median(p["cpu_s"] / p["images"] for p in passes),
-            "others_cpu_share": middle["others_cpu_share"],
-            "output_bytes_per_image": middle["output_bytes_per_image"],
-            "resident_before_min": min((p["resident_before"] or 0.0) for p in passes),
-        }
-    out = []
-    for variant in variants:
-        for (name, row_name, w), m in medians.items():
-            if name != variant.name:
-                continue
-            row = next(r for r in rows if r.name == row_name)
-            base = medians.get((name, BASELINE, w))
-            versus = medians.get((name, row.versus, w))
-            ratio = m["images_per_s"] / base["images_per_s"] if base else None
-            target_ratio = m["images_per_s"] / versus["images_per_s"] if versus else None
-            out.append(
-                {
-                    "variant": name,
-                    "source_size": list(variant.size),
-                    "images": variant.images,
-                    **asdict(row),
-                    "workers": w,
-                    **m,
-                    "x_baseline": ratio,
-                    "x_versus": target_ratio,
-                    "met": None
-                    if row.target is None or target_ratio is None
-                    else target_ratio >= row.target,
-                    "passes": runs[(name, row_name, w)],
-                }
-            )
-    return out
-
-
-def _x(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}×"
-
-
-def markdown_table(results: Sequence[dict[str, Any]]) -> str:
-    """The results as a markdown table (medians, ratios, targets)."""
-    lines = [
-        "| images | row | stored | decoder | method | workers | images/s | × baseline "
-        "| target | met | spread | CPU µs/img | others' CPU |",
-        "|---|---|---|---|---|--:|--:|--:|---|---|--:|--:|--:|",
-    ]
-    for r in results:
-        target = "-"
-        if r["target"] is not None:
-            versus = "baseline" if r["versus"] == BASELINE else r["versus"]
-            target = f"≥ {r['target']:g}× {versus} ({_x(r['x_versus'])})"
-        met = "-" if r["met"] is None else ("met" if r["met"] else "**missed**")
-        others = r["others_cpu_share"]
-        lines.append(
-            f"| {r['images']}×{r['source_size'][0]}x{r['source_size'][1]} | {r['name']} "
-            f"| {r['store']} | {r['decoder']} | {r['method']} | {r['workers']} "
-            f"| {r['images_per_s']:,.0f} | {_x(r['x_baseline'])} | {target} | {met} "
-            f"| {100 * r['spread']:.0f}% | {r['cpu_us_per_image']:,.0f} "
-            f"| {'-' if others is None else f'{100 * others:.0f}%'} |"
-        )
-    return "\n".join(lines)
