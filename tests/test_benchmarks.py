@@ -128,12 +128,12 @@ def test_bench_decoders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 
 def test_decode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = _script("decode")
-    args = ["--data", str(tmp_path), "--images", "20", "--large-images", "10"]
+    args = ["--data", str(tmp_path), "--images", "10", "--large-images", "10"]
     args += ["--large-size", "96x72", "--crop", "32", "--repeats", "1", "--workers", "0"]
     args += ["--wait-budget", "0", "--in-process", "--out", str(tmp_path)]
     assert script.main(script.parse_args(args)) == 0
     out = capsys.readouterr().out
-    assert "| 20×400x350 | baseline | folder | pillow | decode-then-crop | 0 |" in out
+    assert "| 10×400x350 | baseline | folder | pillow | decode-then-crop | 0 |" in out
     assert "| 10×96x72 | fused fast | lmdb |" in out and "≥ 1.2× lmdb fast" in out
     report = json.loads((tmp_path / "decode.json").read_text())
     rows = {(r["variant"], r["name"]) for r in report["results"]}
