@@ -136,3 +136,21 @@ def test_scale_convert(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "function calls" in out  # the profile
     report = json.loads((tmp_path / "scale_convert.json").read_text())
     assert [r["run"] for r in report["results"]][0] == "tar cf"
+
+
+def test_decode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _script("decode")
+    args = ["--data", str(tmp_path), "--images", "10", "--large-images", "10"]
+    args += ["--large-size", "96x72", "--crop", "32", "--repeats", "1", "--workers", "0"]
+    args += ["--wait-budget", "0", "--in-process", "--out", str(tmp_path)]
+    assert script.main(script.parse_args(args)) == 0
+    out = capsys.readouterr().out
+    assert "| 10×400x350 | baseline | folder | pillow | decode-then-crop | 0 |" in out
+    assert "| 10×96x72 | fused fast | lmdb |" in out and "≥ 1.2× lmdb fast" in out
+    report = json.loads((tmp_path / "decode.json").read_text())
+    rows = {(r["variant"], r["name"]) for r in report["results"]}
+    assert {("photos", "baseline"), ("large", "s256 fast"), ("large", "npy112")} <= rows
+    for row in report["results"]:
+        side = 112 if row["name"] == "npy112" else 32
+        assert row["output_bytes_per_image"] == 3 * side * side and row["images"] > 0
+    assert report["loadavg_before"] and report["machine"]["fast_decoders"]
