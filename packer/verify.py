@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,6 @@ from packer.manifest import (
     load_manifest,
 )
 from packer.store import Packed, open_packed
-from packer.strings import StringTable
 
 __all__ = ["Problem", "VerifyReport", "verify"]
 
@@ -99,7 +99,7 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport) -> tuple[
     return bad, corrupt
 
 
-def _where(packed: Packed, sample: int, record: int, keys: StringTable) -> str:
+def _where(packed: Packed, sample: int, record: int, keys: Sequence[str]) -> str:
     file = int(packed.reader.file[record])
     shard = packed.reader.shard_names[file] if packed.reader.layout == "shards" else "file"
     if packed.manifest.kind == "video":
@@ -108,7 +108,7 @@ def _where(packed: Packed, sample: int, record: int, keys: StringTable) -> str:
 
 
 def _check_sample(
-    packed: Packed, sample: int, keys: StringTable, checksums: np.ndarray, report: VerifyReport
+    packed: Packed, sample: int, keys: Sequence[str], checksums: np.ndarray, report: VerifyReport
 ) -> list[tuple[str, bytes]]:
     """Check one sample's records against their checksums; return the sound ones' bytes."""
     first, count = int(packed.first[sample]), int(packed.counts[sample])
@@ -138,7 +138,7 @@ def _decodes(item: tuple[str, bytes]) -> Problem | None:
 
 
 def _skip_bad_shards(
-    packed: Packed, bad: set[str], keys: StringTable, report: VerifyReport
+    packed: Packed, bad: set[str], keys: Sequence[str], report: VerifyReport
 ) -> np.ndarray:
     """One finding per broken shard naming the samples it holds; those samples are not read
     (a damaged LMDB page could crash the reading process)."""

@@ -114,3 +114,17 @@ def test_sampler_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "| sharded | cold |" in capsys.readouterr().out
     report = json.loads(out.read_text())
     assert report["shards"] > 1 and len(report["results"]) == 4
+
+
+def test_scale(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _script("scale")
+    out = tmp_path / "scale.json"
+    args = ["--data", str(tmp_path / "d"), "--classes", "3", "--per-class", "20"]
+    args += ["--workers", "2", "--batch-size", "8", "--convert-workers", "1"]
+    assert script.main(script.parse_args([*args, "--out", str(out)])) == 0
+    assert "| open_dataset |" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["samples"] == report["epoch"]["samples"] == 60
+    assert report["open"]["index_bytes_per_sample"] > 0 and report["convert"]["peak_rss_mb"] > 0
+    assert len(report["epoch"]["workers"]) == 2
+    assert not (tmp_path / "d" / "tree").exists()  # deleted without --keep
