@@ -91,8 +91,8 @@ class KeyTable(Sequence[str]):
         starts = _line_starts(blob)
         if self.expected is not None and len(starts) - 1 != self.expected:
             raise FormatError(
-                f"{str(self.path)!r} holds {len(starts) - 1} keys but the manifest says {self.expected} "
-                "samples: the dataset is corrupt, convert again"
+                f"{str(self.path)!r} holds {len(starts) - 1} keys but the manifest says "
+                f"{self.expected} samples: the dataset is corrupt, convert again"
             )
         if self.plain:
             self._check_plain(blob[: int(starts[-1])])

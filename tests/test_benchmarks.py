@@ -120,7 +120,7 @@ def test_scale(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = _script("scale")
     out = tmp_path / "scale.json"
     args = ["--data", str(tmp_path / "d"), "--classes", "3", "--per-class", "20"]
-    args += ["--workers", "2", "--batch-size", "8", "--convert-workers", "1"]
+    args += ["--workers", "2", "--batch-size", "8", "--convert-workers", "1", "--gc-freeze"]
     assert script.main(script.parse_args([*args, "--out", str(out)])) == 0
     assert "| open_dataset |" in capsys.readouterr().out
     report = json.loads(out.read_text())
