@@ -15,9 +15,9 @@ from packer.decode import check_output
 from packer.decoders import check_decoder
 from packer.errors import InputFileError, PackerError
 from packer.formats.base import ReaderBase
+from packer.keytable import KeyTable
 from packer.manifest import Manifest
 from packer.store import Packed
-from packer.strings import StringTable
 
 __all__ = ["PackedSamples", "SampleDataset", "Transform"]
 
@@ -162,8 +162,9 @@ class PackedSamples:
         return self.reader.file[self.first]
 
     @property
-    def keys(self) -> StringTable:
-        """Each sample's key: its source path relative to the root, without suffix."""
+    def keys(self) -> KeyTable:
+        """Each sample's key: its source path relative to the root, without suffix (read
+        lazily from ``keys.txt``: no ``str`` per sample until asked)."""
         return self.reader.keys
 
     def _describe(self, i: int) -> str:

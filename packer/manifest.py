@@ -39,6 +39,7 @@ import numpy as np
 import xxhash
 
 from packer.errors import FormatError
+from packer.keytable import escape_key, unescape_key
 
 __all__ = [
     "INDEX_NAME",
@@ -229,9 +230,14 @@ def _write_table(path: Path, table: np.ndarray, dtype: np.dtype) -> str:
     return file_checksum(path)
 
 
-def _load_table(path: Path, dtype: np.dtype, what: str) -> np.ndarray:
+def _load_table(path: Path, dtype: np.dtype, what: str, mmap: bool) -> np.ndarray:
+    """The table, read, or with ``mmap`` memory-mapped read-only: opening reads no row, and
+    processes opening the same output share its pages (an empty table is read: no map)."""
     try:
-        table = np.load(path, allow_pickle=False)
+        try:
+            table = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        except ValueError:  # an empty table cannot be mapped (or a malformed one: load says)
+            table = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise FormatError(f"cannot read {what} {str(path)!r}: {exc}") from exc
     if table.dtype != dtype or table.ndim != 1:
@@ -249,14 +255,15 @@ def write_records(root: str | os.PathLike[str], records: np.ndarray) -> str:
     return _write_table(Path(root) / RECORDS_NAME, records, RECORD_DTYPE)
 
 
-def load_index(root: str | os.PathLike[str], manifest: Manifest) -> np.ndarray:
-    """Load ``index.npy`` and check it agrees with the manifest.
+def load_index(root: str | os.PathLike[str], manifest: Manifest, mmap: bool = False) -> np.ndarray:
+    """Load ``index.npy`` (``mmap``: map it read-only, as datasets do) and check it agrees with
+    the manifest.
 
     Raises:
         FormatError: missing, unreadable, wrong dtype, or a length other than ``num_samples``.
     """
     path = Path(root) / INDEX_NAME
-    index = _load_table(path, SAMPLE_DTYPE, "index")
+    index = _load_table(path, SAMPLE_DTYPE, "index", mmap)
     if len(index) != manifest.num_samples:
         raise FormatError(
             f"index {str(path)!r} has {len(index)} rows but the manifest says "
@@ -265,21 +272,26 @@ def load_index(root: str | os.PathLike[str], manifest: Manifest) -> np.ndarray:
     return index
 
 
-def load_records(root: str | os.PathLike[str], index: np.ndarray) -> np.ndarray:
-    """Load ``records.npy`` and check that the samples' runs of records cover it exactly.
+def load_records(root: str | os.PathLike[str], index: np.ndarray, mmap: bool = False) -> np.ndarray:
+    """Load ``records.npy`` (``mmap``: map it read-only) and check that the samples' runs of
+    records cover it exactly.
 
     Raises:
         FormatError: missing, unreadable, wrong dtype, or runs that do not tile the table.
     """
     path = Path(root) / RECORDS_NAME
-    records = _load_table(path, RECORD_DTYPE, "record table")
-    counts = index["count"].astype(np.int64)
-    expected_first = np.concatenate(([0], np.cumsum(counts)[:-1])) if len(index) else counts
-    if (
-        (counts < 1).any()
-        or not np.array_equal(index["first"], expected_first)
-        or int(counts.sum()) != len(records)
-    ):
+    records = _load_table(path, RECORD_DTYPE, "record table", mmap)
+    total = 0
+    for a in range(0, len(index), 1 << 16):  # in blocks: a few MB of temporaries at any size
+        counts = index["count"][a : a + (1 << 16)].astype(np.int64)
+        ends = total + np.cumsum(counts)
+        if (counts < 1).any() or not np.array_equal(
+            index["first"][a : a + len(counts)], ends - counts
+        ):
+            total = -1
+            break
+        total = int(ends[-1])
+    if total != len(records):
         raise FormatError(
             f"record table {str(path)!r} ({len(records)} rows) does not match the samples of "
             "index.npy: the dataset is corrupt, convert again"
@@ -287,36 +299,18 @@ def load_records(root: str | os.PathLike[str], index: np.ndarray) -> np.ndarray:
     return records
 
 
-_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r"}
-_UNESCAPES = {"\\": "\\", "n": "\n", "r": "\r"}
-
-
-def _escape(key: str) -> str:
-    if "\\" not in key and "\n" not in key and "\r" not in key:
-        return key
-    return "".join(_ESCAPES.get(c, c) for c in key)
-
-
-def _unescape(line: str) -> str:
-    if "\\" not in line:
-        return line
-    out, chars = [], iter(line)
-    for c in chars:
-        out.append(_UNESCAPES.get(next(chars, ""), "\\") if c == "\\" else c)
-    return "".join(out)
-
-
 def write_keys(root: str | os.PathLike[str], keys: list[str]) -> str:
     """Write ``keys.txt`` (one key per line; backslash, line feed and carriage return escaped as
     ``\\\\``, ``\\n``, ``\\r``, so any name keeps its line); return its checksum."""
     path = Path(root) / KEYS_NAME
-    payload = "".join(_escape(k) + "\n" for k in keys).encode("utf-8", "surrogateescape")
+    payload = "".join(escape_key(k) + "\n" for k in keys).encode("utf-8", "surrogateescape")
     _write_atomic(path, payload)
     fsync_dir(Path(root))
     return file_checksum(path)
 
 
 def load_keys(root: str | os.PathLike[str]) -> list[str]:
-    """Read ``keys.txt`` back into a list of keys."""
+    """Read ``keys.txt`` back into a list of keys (datasets use a lazy
+    :class:`packer.keytable.KeyTable` instead: no ``str`` per key)."""
     data = (Path(root) / KEYS_NAME).read_bytes().decode("utf-8", "surrogateescape")
-    return [_unescape(line) for line in data.split("\n")[:-1]]
+    return [unescape_key(line) for line in data.split("\n")[:-1]]

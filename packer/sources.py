@@ -34,9 +34,13 @@ IMAGE_EXTENSIONS = frozenset(
 VIDEO_EXTENSIONS = frozenset({".mp4", ".avi", ".webm", ".mkv"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sample:
-    """One image of the source: its key (relative path, no suffix), label, path and size."""
+    """One image of the source: its key (relative path, no suffix), label, path and size.
+
+    Slotted: a million samples held through a conversion cost ~100 MB less than with a
+    ``__dict__`` each (what remains is the key and path strings, ~160 bytes at ImageNet's
+    name lengths)."""
 
     key: str
     label: int

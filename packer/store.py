@@ -25,7 +25,10 @@ __all__ = ["Packed", "open_packed", "validate_tables"]
 
 @dataclass
 class Packed:
-    """A packed output, ready to read: its manifest, sample table columns and reader."""
+    """A packed output, ready to read: its manifest, sample table columns and reader.
+
+    The columns are views of the memory-mapped tables (``manifest.load_index``): no copy, and
+    their pages are shared by every process that opens or inherits the dataset."""
 
     root: Path
     manifest: Manifest
@@ -36,11 +39,11 @@ class Packed:
     checksums: np.ndarray  # xxh3_64 of every record (verify compares against it)
 
 
-def _bad(path: Path, what: str, rows: np.ndarray) -> FormatError:
-    first = int(np.flatnonzero(rows)[0])
+def _bad(path: Path, what: str, start: int, rows: np.ndarray) -> FormatError:
+    first = start + int(np.flatnonzero(rows)[0])
     return FormatError(
-        f"{str(path)!r} is damaged or crafted: {what} (row {first}, {int(rows.sum())} in all); "
-        "refusing to read it. Convert the source again"
+        f"{str(path)!r} is damaged or crafted: {what} (row {first}); refusing to read it. "
+        "Convert the source again"
     )
 
 
@@ -62,40 +65,66 @@ def validate_tables(path: Path, manifest: Manifest, index: np.ndarray, records: 
                 f"{str(path)!r}: shard name {shard.name!r} is not a plain shard file name in the "
                 "dataset folder; refusing to read outside it"
             )
-    labels = index["label"]
-    if ((labels < 0) | (labels >= len(manifest.classes))).any():
-        raise _bad(
-            path,
-            f"a label outside the {len(manifest.classes)} classes",
-            (labels < 0) | (labels >= len(manifest.classes)),
+    held = np.zeros(len(manifest.shards), dtype=np.int64)
+    for rows in _blocks(len(index)):
+        _check_block(path, manifest, layout, module, index, records, rows, held)
+    if layout == "shards" and not np.array_equal(
+        held, np.array([s.samples for s in manifest.shards], dtype=np.int64)
+    ):
+        raise FormatError(
+            f"{str(path)!r} is damaged or crafted: the record table and the shards' record "
+            "counts disagree; refusing to read it. Convert the source again"
         )
-    file, offset = records["file"].astype(np.int64), records["offset"]
-    length = records["length"].astype(np.int64)
-    counts = index["count"].astype(np.int64)
+
+
+BLOCK = 1 << 16  # samples checked at once: a few MB of temporaries, whatever the dataset's size
+
+
+def _blocks(n: int) -> list[slice]:
+    return [slice(a, min(a + BLOCK, n)) for a in range(0, n, BLOCK)]
+
+
+def _check_block(
+    path: Path,
+    manifest: Manifest,
+    layout: str,
+    module: Any,
+    index: np.ndarray,
+    records: np.ndarray,
+    rows: slice,
+    held: np.ndarray,
+) -> None:
+    """Check samples ``rows`` and their records (the runs tile the table: ``load_records``);
+    add their records to ``held``, the records of each shard."""
+    labels = index["label"][rows]
+    outside_classes = (labels < 0) | (labels >= len(manifest.classes))
+    if outside_classes.any():
+        what = f"a label outside the {len(manifest.classes)} classes"
+        raise _bad(path, what, rows.start, outside_classes)
+    counts = index["count"][rows].astype(np.int64)
+    start = int(index["first"][rows.start])
+    span = slice(start, start + int(counts.sum()))
+    block = records[span]
+    file, offset = block["file"].astype(np.int64), block["offset"]
+    length = block["length"].astype(np.int64)
     if layout == "shards":
         bad_file = (file < 0) | (file >= len(manifest.shards))
     else:
-        bad_file = file != np.repeat(np.arange(len(index)), counts)
+        bad_file = file != np.repeat(np.arange(rows.start, rows.stop), counts)
     if bad_file.any():
-        raise _bad(path, "a record names a file that is not the dataset's", bad_file)
-    safe = np.where(bad_file, 0, file)
+        raise _bad(path, "a record names a file that is not the dataset's", start, bad_file)
     if layout == "shards":
-        held = np.array([s.samples for s in manifest.shards], dtype=np.int64)
-        if not np.array_equal(np.bincount(safe, minlength=len(held)), held):
-            raise FormatError(
-                f"{str(path)!r} is damaged or crafted: the record table and the shards' record "
-                "counts disagree; refusing to read it. Convert the source again"
-            )
+        held += np.bincount(file, minlength=len(held))[: len(held)]
     if module.OFFSETS == "bytes" and layout == "shards":
         sizes = np.array([s.bytes for s in manifest.shards], dtype=np.int64)
         unknown = (offset == -1) if module.NAME == "lmdb" else np.zeros(len(offset), bool)
-        outside = ((offset < 0) & ~unknown) | (offset + length > sizes[safe])
+        outside = ((offset < 0) & ~unknown) | (offset + length > sizes[file])
     elif module.OFFSETS == "numbers":
         outside = (offset < 0) | (offset >= np.repeat(counts, counts))
     else:
         outside = offset < 0
     if outside.any():
-        raise _bad(path, "a record lies outside its file", outside)
+        raise _bad(path, "a record lies outside its file", start, outside)
 
 
 def _folder_id(path: Path) -> tuple[int, int]:
@@ -137,8 +166,8 @@ def open_packed(
         )
     if kind and manifest.kind != kind:
         raise FormatError(f"{str(path)!r} holds {manifest.kind}s, not {kind}s")
-    index = load_index(path, manifest)
-    records = load_records(path, index)
+    index = load_index(path, manifest, mmap=True)
+    records = load_records(path, index, mmap=True)
     validate_tables(path, manifest, index, records)
     reader = by_name(manifest.format).Reader(path, manifest, records, **reader_options)
     if check_files:
@@ -149,9 +178,9 @@ def open_packed(
     return Packed(
         path,
         manifest,
-        np.ascontiguousarray(index["label"], dtype=np.int64),
-        np.ascontiguousarray(index["count"], dtype=np.int64),
-        np.ascontiguousarray(index["first"], dtype=np.int64),
+        index["label"],
+        index["count"],
+        index["first"],
         reader,
         records["checksum"],
     )

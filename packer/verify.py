@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import stat
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,6 @@ from packer.manifest import (
 )
 from packer.pixels import pixels_output
 from packer.store import Packed, open_packed
-from packer.strings import StringTable
 
 __all__ = ["Problem", "VerifyReport", "verify"]
 
@@ -113,7 +113,7 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport) -> tuple[
     return bad, corrupt
 
 
-def _where(packed: Packed, sample: int, record: int, keys: StringTable) -> str:
+def _where(packed: Packed, sample: int, record: int, keys: Sequence[str]) -> str:
     file = int(packed.reader.file[record])
     shard = packed.reader.shard_names[file] if packed.reader.layout == "shards" else "file"
     if packed.manifest.kind == "video":
@@ -122,7 +122,7 @@ def _where(packed: Packed, sample: int, record: int, keys: StringTable) -> str:
 
 
 def _check_sample(
-    packed: Packed, sample: int, keys: StringTable, checksums: np.ndarray, report: VerifyReport
+    packed: Packed, sample: int, keys: Sequence[str], checksums: np.ndarray, report: VerifyReport
 ) -> list[tuple[str, bytes]]:
     """Check one sample's records against their checksums; return the sound ones' bytes."""
     first, count = int(packed.first[sample]), int(packed.counts[sample])
@@ -155,7 +155,7 @@ def _decodes(item: tuple[str, bytes], pixels: tuple[int, ...] | None = None) -> 
 
 
 def _skip_bad_shards(
-    packed: Packed, bad: set[str], keys: StringTable, report: VerifyReport
+    packed: Packed, bad: set[str], keys: Sequence[str], report: VerifyReport
 ) -> np.ndarray:
     """One finding per broken shard naming the samples it holds; those samples are not read
     (a damaged LMDB page could crash the reading process)."""

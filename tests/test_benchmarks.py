@@ -154,3 +154,17 @@ def test_decode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         side = 112 if row["name"] == "npy112" else 32
         assert row["output_bytes_per_image"] == 3 * side * side and row["images"] > 0
     assert report["loadavg_before"] and report["machine"]["fast_decoders"]
+
+
+def test_scale(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _script("scale")
+    out = tmp_path / "scale.json"
+    args = ["--data", str(tmp_path / "d"), "--classes", "3", "--per-class", "20"]
+    args += ["--workers", "2", "--batch-size", "8", "--convert-workers", "1", "--gc-freeze"]
+    assert script.main(script.parse_args([*args, "--out", str(out)])) == 0
+    assert "| open_dataset |" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["samples"] == report["epoch"]["samples"] == 60
+    assert report["open"]["index_bytes_per_sample"] > 0 and report["convert"]["peak_rss_mb"] > 0
+    assert len(report["epoch"]["workers"]) == 2
+    assert not (tmp_path / "d" / "tree").exists()  # deleted without --keep

@@ -18,7 +18,7 @@ import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -33,8 +33,8 @@ from packer.formats.files import (
     read_ranges_into,
 )
 from packer.handles import HandleCache
-from packer.manifest import KEYS_NAME, Manifest, ShardInfo, load_keys
-from packer.strings import StringTable
+from packer.keytable import KeyTable
+from packer.manifest import KEYS_NAME, Manifest, ShardInfo
 
 __all__ = [
     "LAYOUTS",
@@ -43,7 +43,6 @@ __all__ = [
     "ReaderBase",
     "Writer",
     "WriterFactory",
-    "check_keys",
     "check_shard_files",
 ]
 
@@ -125,21 +124,6 @@ def check_shard_files(root: Path, manifest: Manifest) -> None:
     shard_identities(root, manifest)
 
 
-def check_keys(root: Path, keys: list[str]) -> None:
-    """Keys that name files must be plain relative paths inside the dataset folder.
-
-    Raises:
-        FormatError: an absolute key, an empty, ``.`` or ``..`` component, or a NUL byte.
-    """
-    for n, key in enumerate(keys):
-        parts = key.split("/")
-        if key.startswith("/") or "\0" in key or any(p in ("", ".", "..") for p in parts):
-            raise FormatError(
-                f"{str(root)!r}: key {n} ({key!r}) is not a plain relative name; refusing to read "
-                "outside the dataset folder"
-            )
-
-
 class ReaderBase:
     """Picklable state of every reader: the root, the record columns, a handle cache.
 
@@ -163,13 +147,17 @@ class ReaderBase:
         self.kind = manifest.kind
         self.layout = str(manifest.options.get("layout", "shards"))
         self.shard_names = [s.name for s in manifest.shards]
-        self.file = np.ascontiguousarray(records["file"], dtype=np.int64)
-        self.offset = np.ascontiguousarray(records["offset"], dtype=np.int64)
-        self.length = np.ascontiguousarray(records["length"], dtype=np.int64)
+        # Views of the (memory-mapped) record table: no copy per process.
+        self.file: np.ndarray = records["file"]
+        self.offset: np.ndarray = records["offset"]
+        self.length: np.ndarray = records["length"]
         default = self.PER_SAMPLE_CACHE if self.layout == "per-sample" else self.CACHE
         self.handles = HandleCache(max_open_files or default, self.CLOSE_BEFORE_FORK)
         self.pinned = HandleCache(1)  # the dataset folder's descriptor, outside the LRU
-        self._keys: StringTable | None = None
+        # Mapped on first use (only per-sample layouts need keys to read; they must name files).
+        self._keys = KeyTable(
+            self.root / KEYS_NAME, manifest.num_samples, self.layout == "per-sample"
+        )
         self.root_id: tuple[int, int] | None = None
         self.shard_ids: list[Identity] | None = None
 
@@ -190,16 +178,8 @@ class ReaderBase:
         return len(self.length)
 
     @property
-    def keys(self) -> StringTable:
-        """The sample keys (loaded on first use: only per-sample layouts name files by key)."""
-        if self._keys is None:
-            try:
-                keys = load_keys(self.root)
-            except OSError as exc:
-                raise FormatError(f"cannot read {str(self.root / KEYS_NAME)!r}: {exc}") from exc
-            if self.layout == "per-sample":
-                check_keys(self.root, keys)
-            self._keys = StringTable(keys)
+    def keys(self) -> KeyTable:
+        """The sample keys, read lazily from ``keys.txt`` (no ``str`` per key until asked)."""
         return self._keys
 
     def shard_path(self, file: int) -> Path:
@@ -285,11 +265,6 @@ class ReaderBase:
         """Close this process's handles (they reopen on the next read)."""
         self.handles.close_all()
         self.pinned.close_all()
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_keys"] = None  # reloaded where needed, never shipped to every worker
-        return state
 
 
 class FileReader(ReaderBase):

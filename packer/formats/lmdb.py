@@ -221,10 +221,10 @@ class Reader(ReaderBase):
     ) -> None:
         super().__init__(root, manifest, records, max_open_files)
         self.readahead = manifest.kind != "video" if readahead is None else bool(readahead)
-        # A record's LMDB key is its number within its shard; a shard's records are contiguous.
-        counts = np.bincount(self.file, minlength=len(self.shard_names))
-        first = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-        self.number = np.arange(len(self.file), dtype=np.int64) - first[self.file]
+        # A record's LMDB key is its number within its shard: the shards' records are contiguous
+        # runs in shard order, so it is the record's number less its shard's first record's.
+        counts = np.array([s.samples for s in manifest.shards], dtype=np.int64)
+        self.shard_first = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
 
     def _shard(self, shard: int) -> Handle:
         def opener() -> Handle:
@@ -237,7 +237,8 @@ class Reader(ReaderBase):
         handle = self._shard(file)
         if not self.readahead and len(records) > 1 and starts[0] >= 0:
             handle.prefetch(starts, lengths)
-        keys = [n.to_bytes(8, "big") for n in self.number[records].tolist()]
+        numbers = np.asarray(records, dtype=np.int64) - self.shard_first[file]
+        keys = [n.to_bytes(8, "big") for n in numbers.tolist()]
         try:
             pairs = handle.cursor.getmulti(keys)
         except lmdb.Error as exc:
