@@ -107,7 +107,8 @@ def main() -> None:
     "--kind",
     type=click.Choice(["image", "video"]),
     help="image: <class>/<image>; video: <class>/<video>/<frame> or <class>/<video>.mp4 "
-    "(default: detected from the tree).",
+    "(default: detected from the tree and stated in the summary; a tree that could be "
+    "either is refused and asks for --kind).",
 )
 @click.option(
     "--quality",
@@ -124,7 +125,8 @@ def main() -> None:
 @click.option(
     "--short-side",
     type=click.IntRange(min=1),
-    help="Shrink images (and frames) to this shorter side, e.g. 256 (decode ~2.5× faster); "
+    help="Shrink images (and frames) to this shorter side, e.g. 256 (decode cost falls with "
+    "the pixels removed: 2.1× fewer for a 500×375 photo); "
     "aspect kept, never enlarged; images within it keep their bytes.",
 )
 @click.option(
@@ -202,7 +204,7 @@ def convert(
     are) or <class>/<video>.mp4|.avi|.webm|.mkv files (decoded once with PyAV, stored as JPEG).
 
     The format follows DST's suffix: .lmdb, .h5/.hdf5, .npy, .bmp. Encoded bytes are copied
-    unchanged (except .bmp, which stores decoded pixels). Unusable files are skipped and listed.
+    unchanged (except .bmp, which stores decoded pixels, and --short-side/--max-side/--size). Unusable files are skipped and listed.
     An interrupted run leaves DST.partial/; run the same command with --resume to finish it.
 
     \b
@@ -210,6 +212,8 @@ def convert(
       packer convert imagenet/ imagenet.lmdb
       packer convert imagenet/train train.lmdb --shard-size 1GB
       packer convert val_flat/ val.lmdb --labels LOC_val_solution.csv --classes-from train.lmdb
+      packer convert imagenet/ imagenet-256.lmdb --short-side 256
+      packer convert tiny-imagenet/train tiny.npy --size 64
       packer convert ucf101/ ucf101.npy --short-side 256 --fps 10
       packer convert imagenet/train train.lmdb --dask tcp://scheduler:8786
       packer convert imagenet/train train.lmdb --part $SLURM_ARRAY_TASK_ID/16
