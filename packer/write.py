@@ -194,7 +194,7 @@ def _end_shard(
             raise PackerError(
                 f"shard {shard}: {len(final)} offsets for {len(current.records)} records"
             )
-        for row, offset in zip(current.records, final):
+        for row, offset in zip(current.records, np.asarray(final).tolist()):
             row[2] = offset
     progress.save(shard, current)
     done.append(current)
