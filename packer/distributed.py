@@ -40,7 +40,7 @@ from packer.errors import PackerError
 from packer.formats import by_name
 from packer.loading import Loaded, load_in_order
 from packer.manifest import Manifest, _write_atomic, fsync_dir
-from packer.resume import PROGRESS_DIR, Checkpoint, Progress, skipped_dicts
+from packer.resume import PROGRESS_DIR, Checkpoint, Progress, Rows, skipped_dicts
 from packer.write import Event, Job, LineProgress, _end_shard, _store, finalize, plan_shards
 
 __all__ = [
@@ -100,7 +100,7 @@ def write_shard(task: ShardTask) -> Checkpoint:
         task.on_event,
     )
     done: list[Checkpoint] = []
-    current = Checkpoint()
+    current = Rows()
     loaded = load_in_order(task.loader, task.samples, task.workers, task.cpu_bound)
     with fmt.Writer(attempt, task.planned, task.layout, task.kind) as writer:
         for i, (sample, result) in enumerate(zip(task.samples, loaded), start=task.first):

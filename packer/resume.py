@@ -1,10 +1,16 @@
 """Durable progress of a conversion, so ``--resume`` continues from the last complete shard.
 
 Inside ``DST.partial/_progress/``: ``fingerprint.json`` (what the output depends on: format,
-options, the source's keys and sizes) and one ``shard-NNNNN.json`` checkpoint per finished
-shard (its manifest entry, index rows, keys and skipped inputs), each written to a temp name,
-fsync'd and renamed. The folder is removed before the output is published. Images and video
-share it: a checkpoint holds sample rows and record rows alike.
+options, the source's keys and sizes) and a checkpoint per finished shard: its sample rows
+(``shard-NNNNN.samples.npy``), record rows (``shard-NNNNN.records.npy``) and keys
+(``shard-NNNNN.keys.txt``, escaped as in ``keys.txt``), then — last, the mark that the shard is
+complete — ``shard-NNNNN.json``: its manifest entry, skipped inputs and the checksums of the
+three. Each file is written to a temp name, fsync'd and renamed. The folder is removed before
+the output is published. Images and video share it: a checkpoint holds sample rows and record
+rows alike.
+
+A shard's rows are held compactly from its first sample on (:class:`Rows`: machine integers,
+not a Python list per row).
 """
 
 from __future__ import annotations
@@ -12,19 +18,32 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from array import array
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+import numpy as np
 import xxhash
 
 from packer.errors import PackerError
-from packer.manifest import ShardInfo, fsync_dir
+from packer.manifest import (
+    RECORD_DTYPE,
+    ShardInfo,
+    decode_keys,
+    encode_keys,
+    file_checksum,
+    fsync_dir,
+)
 from packer.sources import SkippedInput
 
-__all__ = ["Checkpoint", "Progress", "fingerprint", "skipped_dicts"]
+__all__ = ["ROW_DTYPE", "Checkpoint", "Progress", "Rows", "fingerprint", "skipped_dicts"]
 
 PROGRESS_DIR = "_progress"
+CHECKPOINT_VERSION = 2  # version 1: the rows as JSON lists in shard-NNNNN.json (still read)
+ROW_DTYPE = np.dtype([("label", "<i4"), ("count", "<i4")])  # a checkpoint's sample row
+_TABLES = ("samples.npy", "records.npy", "keys.txt")  # a checkpoint's files besides its JSON
 
 
 def fingerprint(source: Any, fmt_name: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -58,26 +77,99 @@ def describe_change(old: dict[str, Any], new: dict[str, Any]) -> str | None:
     return "; ".join(changes) or None
 
 
+def _no_samples() -> np.ndarray:
+    return np.zeros(0, dtype=ROW_DTYPE)
+
+
+def _no_records() -> np.ndarray:
+    return np.zeros(0, dtype=RECORD_DTYPE)
+
+
 @dataclass
 class Checkpoint:
     """One finished planned shard: its entry (None if it has no shard file) and its samples:
-    ``samples`` rows ``[label, count]``, ``records`` rows ``[file, length, offset, checksum]``."""
+    ``samples`` (``ROW_DTYPE``: label, count), ``records`` (``RECORD_DTYPE``: file, length,
+    offset, checksum), ``keys`` and the inputs it skipped."""
 
     shard: ShardInfo | None = None
-    samples: list[list[int]] = field(default_factory=list)
-    records: list[list[int]] = field(default_factory=list)
+    samples: np.ndarray = field(default_factory=_no_samples)
+    records: np.ndarray = field(default_factory=_no_records)
     keys: list[str] = field(default_factory=list)
     skipped: list[dict[str, str]] = field(default_factory=list)
 
 
-def _write_json(path: Path, data: Any) -> None:
+class Rows:
+    """The rows of the planned shard being written, as columns of machine integers (8 bytes a
+    value; a list per row cost ~250 bytes a sample); :meth:`checkpoint` once it is done."""
+
+    def __init__(self) -> None:
+        self.labels, self.counts = array("q"), array("q")
+        self.lengths, self.offsets, self.checksums = array("q"), array("q"), array("Q")
+        self.keys: list[str] = []
+        self.skipped: list[dict[str, str]] = []
+
+    def add(
+        self,
+        label: int,
+        key: str,
+        lengths: Sequence[int],
+        offsets: Sequence[int],
+        checksums: Sequence[int],
+    ) -> None:
+        """One written sample: its label, key, and its records' lengths, offsets, checksums."""
+        self.labels.append(label)
+        self.counts.append(len(lengths))
+        self.lengths.extend(lengths)
+        self.offsets.extend(offsets)
+        self.checksums.extend(checksums)
+        self.keys.append(key)
+
+    def checkpoint(
+        self, shard: ShardInfo | None, file: int, offsets: np.ndarray | None = None
+    ) -> Checkpoint:
+        """The finished shard's checkpoint: every record in ``file``, at ``offsets`` when given
+        (offsets known only once the shard is done) instead of those :meth:`add` had."""
+        if offsets is not None and len(offsets) != len(self.offsets):
+            raise PackerError(f"{len(offsets)} offsets for {len(self.offsets)} records")
+        samples = np.zeros(len(self.labels), dtype=ROW_DTYPE)
+        samples["label"], samples["count"] = self.labels, self.counts
+        records = np.zeros(len(self.lengths), dtype=RECORD_DTYPE)
+        records["file"], records["length"] = file, self.lengths
+        records["offset"] = self.offsets if offsets is None else offsets
+        records["checksum"] = np.frombuffer(self.checksums, dtype=np.uint64)
+        return Checkpoint(shard, samples, records, self.keys, self.skipped)
+
+
+def _write_file(path: Path, write: Callable[[IO[bytes]], Any]) -> str:
+    """Write ``path`` through a temp name, fsync'd and renamed; return its checksum."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as fh:
-        json.dump(data, fh)
+    with open(tmp, "wb") as fh:
+        write(fh)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+    return file_checksum(path)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    payload = json.dumps(data).encode("utf-8", "surrogateescape")
+    _write_file(path, lambda fh: fh.write(payload))
     fsync_dir(path.parent)
+
+
+def _table(path: Path, dtype: np.dtype, rows: int) -> np.ndarray | None:
+    try:
+        table = np.load(path, allow_pickle=False)
+    except (OSError, ValueError):
+        return None
+    return table if table.dtype == dtype and table.shape == (rows,) else None
+
+
+def _from_lists(data: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """The rows of a version-1 checkpoint (JSON lists) as arrays."""
+    samples = np.array([tuple(r) for r in data["samples"]], dtype=ROW_DTYPE)
+    records = np.array([tuple(r) for r in data["records"]], dtype=RECORD_DTYPE)
+    return samples.reshape(-1), records.reshape(-1), list(data["keys"])
 
 
 class Progress:
@@ -109,25 +201,60 @@ class Progress:
             done.append(checkpoint)
         return done
 
+    def _path(self, number: int, suffix: str) -> Path:
+        return self.dir / f"shard-{number:05d}.{suffix}"
+
     def load(self, number: int) -> Checkpoint | None:
-        """The checkpoint of planned shard ``number``, or None if it is not complete."""
-        ckpt = self.dir / f"shard-{number:05d}.json"
+        """The checkpoint of planned shard ``number``, or None if it is not complete (or one
+        of its files does not match what its JSON recorded: the shard is then written again)."""
+        ckpt = self._path(number, "json")
         if not ckpt.is_file():
             return None
-        data = json.loads(ckpt.read_text(encoding="utf-8", errors="surrogateescape"))
+        data = json.loads(ckpt.read_bytes().decode("utf-8", "surrogateescape"))
         shard = ShardInfo(**data["shard"]) if data["shard"] else None
-        return Checkpoint(shard, data["samples"], data["records"], data["keys"], data["skipped"])
+        version = data.get("checkpoint_version", 1)
+        if version == 1:
+            return Checkpoint(shard, *_from_lists(data), data["skipped"])
+        if version != CHECKPOINT_VERSION:
+            raise PackerError(
+                f"{str(ckpt)!r} is a checkpoint of version {version!r}, which this packer does "
+                "not read; convert again without --resume (with --overwrite)"
+            )
+        paths = [self._path(number, name) for name in _TABLES]
+        try:
+            if [file_checksum(p) for p in paths] != data["xxh3_64"]:
+                return None
+            keys = decode_keys(paths[2].read_bytes())
+        except OSError:
+            return None
+        samples = _table(paths[0], ROW_DTYPE, len(keys))
+        records = _table(paths[1], RECORD_DTYPE, data["records"])
+        if samples is None or records is None or int(samples["count"].sum()) != len(records):
+            return None
+        return Checkpoint(shard, samples, records, keys, data["skipped"])
 
     def save(self, number: int, checkpoint: Checkpoint) -> None:
-        """Durably record that planned shard ``number`` is complete."""
-        data = {  # not asdict(): it deep-copies every row (measured: 5% of a --check fast run)
+        """Durably record that planned shard ``number`` is complete: its tables, then (once
+        they are durable) its JSON."""
+        self._path(number, "json").unlink(missing_ok=True)  # a stale one must not vouch for them
+        tables = (checkpoint.samples, checkpoint.records)
+        sums = [
+            _write_file(self._path(number, _TABLES[0]), lambda fh: np.save(fh, tables[0])),
+            _write_file(self._path(number, _TABLES[1]), lambda fh: np.save(fh, tables[1])),
+            _write_file(
+                self._path(number, _TABLES[2]),
+                lambda fh: fh.writelines(encode_keys(checkpoint.keys)),
+            ),
+        ]
+        fsync_dir(self.dir)
+        data = {  # not asdict(checkpoint): it would deep-copy the rows
+            "checkpoint_version": CHECKPOINT_VERSION,
             "shard": asdict(checkpoint.shard) if checkpoint.shard is not None else None,
-            "samples": checkpoint.samples,
-            "records": checkpoint.records,
-            "keys": checkpoint.keys,
+            "records": len(checkpoint.records),
+            "xxh3_64": sums,
             "skipped": checkpoint.skipped,
         }
-        _write_json(self.dir / f"shard-{number:05d}.json", data)
+        _write_json(self._path(number, "json"), data)
 
     def remove(self) -> None:
         """Delete the progress folder (before publishing the output)."""

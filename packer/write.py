@@ -29,7 +29,6 @@ from packer.manifest import (
     KEYS_NAME,
     LAYOUT_VERSION,
     MANIFEST_NAME,
-    RECORD_DTYPE,
     RECORDS_NAME,
     SAMPLE_DTYPE,
     Manifest,
@@ -39,7 +38,7 @@ from packer.manifest import (
     write_manifest,
     write_records,
 )
-from packer.resume import PROGRESS_DIR, Checkpoint, Progress, skipped_dicts
+from packer.resume import PROGRESS_DIR, Checkpoint, Progress, Rows, skipped_dicts
 from packer.sources import SkippedInput
 
 __all__ = ["Job", "Prepared", "finalize", "plan_shards", "write_shards"]
@@ -110,7 +109,7 @@ class Job:
             self.on_event(name, number)
 
 
-def _skip(job: Job, current: Checkpoint, path: str, reason: str) -> None:
+def _skip(job: Job, current: Rows, path: str, reason: str) -> None:
     if job.strict:
         raise InputFileError(f"{path}: {reason} (--strict)")
     current.skipped.append({"path": path, "reason": reason})
@@ -153,9 +152,7 @@ def _loaded(job: Job, todo: list[Any]) -> Iterator[Loaded]:
     return load_in_order(job.loader, todo, job.workers, job.cpu_bound)
 
 
-def _store(
-    job: Job, writer: Any, current: Checkpoint, sample: Any, loaded: Loaded, shard: int
-) -> None:
+def _store(job: Job, writer: Any, current: Rows, sample: Any, loaded: Loaded, shard: int) -> None:
     """Write one loaded sample into the open shard and note its rows, or note why it is not."""
     for path, reason in loaded.dropped:
         _skip(job, current, path, f"frame dropped: {reason}")
@@ -170,12 +167,8 @@ def _store(
     except InputFileError as exc:  # the writer refused this input (it grew since the scan)
         _skip(job, current, sample.path, str(exc))
         return
-    file = -1 if per_sample else shard
-    current.samples.append([sample.label, len(loaded.records)])
-    current.records += [
-        [file, len(r), off, ck] for r, off, ck in zip(loaded.records, offsets, loaded.checksums)
-    ]
-    current.keys.append(sample.key)
+    lengths = [len(r) for r in loaded.records]
+    current.add(sample.label, sample.key, lengths, offsets, loaded.checksums)
 
 
 def _end_shard(
@@ -183,23 +176,21 @@ def _end_shard(
     writer: Any,
     progress: Progress,
     done: list[Checkpoint],
-    current: Checkpoint,
+    current: Rows,
     shard: int,
-) -> Checkpoint:
+) -> Rows:
     """Make planned shard ``shard`` durable, checkpoint it, and start the next one."""
-    current.shard = writer.finish_shard()
+    info = writer.finish_shard()
     final = getattr(writer, "final_offsets", None)  # offsets known only once the shard is done
-    if final is not None and current.shard is not None:
-        if len(final) != len(current.records):
-            raise PackerError(
-                f"shard {shard}: {len(final)} offsets for {len(current.records)} records"
-            )
-        for row, offset in zip(current.records, final):
-            row[2] = offset
-    progress.save(shard, current)
-    done.append(current)
+    file = -1 if job.layout == "per-sample" else shard
+    try:
+        checkpoint = current.checkpoint(info, file, final if info is not None else None)
+    except PackerError as exc:
+        raise PackerError(f"shard {shard}: {exc}") from None
+    progress.save(shard, checkpoint)
+    done.append(checkpoint)
     job.emit("shard", shard)
-    return Checkpoint()
+    return Rows()
 
 
 def _name_fits(key: str, limit: int) -> bool:
@@ -220,7 +211,7 @@ def write_shards(job: Job, done: list[Checkpoint], progress: Progress) -> list[C
         (job.partial / shard_name(k, job.fmt.SHARD_SUFFIX)).unlink(missing_ok=True)
     todo = samples[first:]
     bar = _bar(job, len(samples), first)
-    current = Checkpoint()
+    current = Rows()
     begun, done_bytes, last = time.perf_counter(), 0, 0.0
     with job.fmt.Writer(job.partial, planned, job.layout, job.source.kind) as writer:
         for i, (sample, loaded) in enumerate(zip(todo, _loaded(job, todo)), start=first):
@@ -240,13 +231,11 @@ def write_shards(job: Job, done: list[Checkpoint], progress: Progress) -> list[C
 
 def _tables(job: Job, done: list[Checkpoint]) -> tuple[np.ndarray, np.ndarray]:
     """The sample and record tables from all checkpoints, with files numbered as listed."""
-    samples = [tuple(r) for c in done for r in c.samples]
+    samples = np.concatenate([Checkpoint().samples, *(c.samples for c in done)])
     index = np.zeros(len(samples), dtype=SAMPLE_DTYPE)
-    if samples:
-        rows = np.array(samples, dtype=np.int64)
-        index["label"], index["count"] = rows[:, 0], rows[:, 1]
-        index["first"][1:] = np.cumsum(rows[:, 1])[:-1]
-    records = np.array([tuple(r) for c in done for r in c.records], dtype=RECORD_DTYPE)
+    index["label"], index["count"] = samples["label"], samples["count"]
+    index["first"][1:] = np.cumsum(samples["count"], dtype=np.int64)[:-1]
+    records = np.concatenate([Checkpoint().records, *(c.records for c in done)])
     if job.layout == "per-sample":
         records["file"] = np.repeat(np.arange(len(index)), index["count"])
     elif len(records):
@@ -296,11 +285,10 @@ def finalize(
             "skipped (see the reasons with --strict)"
         )
     skipped = skipped_dicts(source.skipped) + [s for c in done for s in c.skipped]
-    keys = [k for c in done for k in c.keys]
     files = {
         INDEX_NAME: write_index(job.partial, index),
         RECORDS_NAME: write_records(job.partial, records),
-        KEYS_NAME: write_keys(job.partial, keys),
+        KEYS_NAME: write_keys(job.partial, (k for c in done for k in c.keys)),
     }
     shards = [c.shard for c in done if c.shard is not None]
     options = dict(options, storage=_storage(job, index, records, sum(s.bytes for s in shards)))
