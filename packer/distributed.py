@@ -41,7 +41,7 @@ from packer.formats import by_name
 from packer.loading import Loaded, load_in_order
 from packer.manifest import Manifest, _write_atomic, fsync_dir
 from packer.resume import PROGRESS_DIR, Checkpoint, Progress, Rows, skipped_dicts
-from packer.write import Event, Job, LineProgress, _end_shard, _store, finalize, plan_shards
+from packer.write import Event, Job, LineProgress, end_shard, finalize, plan_shards, store_sample
 
 __all__ = [
     "PART_MANIFEST",
@@ -104,9 +104,9 @@ def write_shard(task: ShardTask) -> Checkpoint:
     loaded = load_in_order(task.loader, task.samples, task.workers, task.cpu_bound)
     with fmt.Writer(attempt, task.planned, task.layout, task.kind) as writer:
         for i, (sample, result) in enumerate(zip(task.samples, loaded), start=task.first):
-            _store(job, writer, current, sample, result, task.shard)
+            store_sample(job, writer, current, sample, result, task.shard)
             job.emit("sample", i)
-        _end_shard(job, writer, _Publish(attempt, task.partial), done, current, task.shard)
+        end_shard(job, writer, _Publish(attempt, task.partial), done, current, task.shard)
     return done[0]
 
 

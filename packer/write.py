@@ -41,7 +41,15 @@ from packer.manifest import (
 from packer.resume import PROGRESS_DIR, Checkpoint, Progress, Rows, skipped_dicts
 from packer.sources import SkippedInput
 
-__all__ = ["Job", "Prepared", "finalize", "plan_shards", "write_shards"]
+__all__ = [
+    "Job",
+    "Prepared",
+    "end_shard",
+    "finalize",
+    "plan_shards",
+    "store_sample",
+    "write_shards",
+]
 
 Event = Callable[[str, int], None]
 
@@ -152,7 +160,9 @@ def _loaded(job: Job, todo: list[Any]) -> Iterator[Loaded]:
     return load_in_order(job.loader, todo, job.workers, job.cpu_bound)
 
 
-def _store(job: Job, writer: Any, current: Rows, sample: Any, loaded: Loaded, shard: int) -> None:
+def store_sample(
+    job: Job, writer: Any, current: Rows, sample: Any, loaded: Loaded, shard: int
+) -> None:
     """Write one loaded sample into the open shard and note its rows, or note why it is not."""
     for path, reason in loaded.dropped:
         _skip(job, current, path, f"frame dropped: {reason}")
@@ -171,7 +181,7 @@ def _store(job: Job, writer: Any, current: Rows, sample: Any, loaded: Loaded, sh
     current.add(sample.label, sample.key, lengths, offsets, loaded.checksums)
 
 
-def _end_shard(
+def end_shard(
     job: Job,
     writer: Any,
     progress: Progress,
@@ -216,10 +226,10 @@ def write_shards(job: Job, done: list[Checkpoint], progress: Progress) -> list[C
     with job.fmt.Writer(job.partial, planned, job.layout, job.source.kind) as writer:
         for i, (sample, loaded) in enumerate(zip(todo, _loaded(job, todo)), start=first):
             shard = int(shard_of[i])
-            _store(job, writer, current, sample, loaded, shard)
+            store_sample(job, writer, current, sample, loaded, shard)
             job.emit("sample", i)
             if i + 1 == len(samples) or shard_of[i + 1] != shard:
-                current = _end_shard(job, writer, progress, done, current, shard)
+                current = end_shard(job, writer, progress, done, current, shard)
             done_bytes += sample.size
             bar.update(1)
             if job.progress and (now := time.perf_counter()) - last > 0.5:

@@ -33,11 +33,11 @@ def test_progress_in_a_log_has_no_carriage_returns(tree: DemoTree, tmp_path: Pat
 SLOW_CLI = """
 import sys, time
 import packer.write
-real = packer.write._end_shard
+real = packer.write.end_shard
 def slow(*args, **kwargs):
     time.sleep(0.4)
     return real(*args, **kwargs)
-packer.write._end_shard = slow
+packer.write.end_shard = slow
 from packer.cli import main
 sys.argv = ["packer", *sys.argv[1:]]
 main()
