@@ -59,7 +59,13 @@ class ImageDataset(SampleDataset):
         except (OSError, ValueError, SyntaxError) as exc:
             raise InputFileError(f"{self._describe(i)} cannot be decoded: {exc}") from exc
         if self.transform is not None:
-            image = self.transform(image)
+            if self.output != "bytes":
+                image = self.transform(image)
+            else:  # the transform decodes (packer.transforms): its decode errors are the sample's
+                try:
+                    image = self.transform(image)
+                except (OSError, ValueError, SyntaxError) as exc:
+                    raise InputFileError(f"{self._describe(i)} cannot be decoded: {exc}") from exc
         return image, self._label(i)
 
     def _raw(self) -> bool:

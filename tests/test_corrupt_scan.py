@@ -48,3 +48,19 @@ def test_on_error_skip_replaces_a_bad_sample_deterministically(src: Path, tmp_pa
     assert sum(len(batch) for batch in loader) == len(lenient)  # the epoch completes
     with pytest.raises(packer.PackerError, match="unknown on_error"):
         packer.open_dataset(dst, on_error="ignore")
+
+
+def test_on_error_skip_covers_a_transform_that_decodes(src: Path, tmp_path: Path) -> None:
+    from packer.transforms import RandomResizedCrop
+
+    dst = tmp_path / "fast.lmdb"
+    packer.convert(src, dst, check="fast", progress=False)  # the corrupt JPEG gets in
+    crop = RandomResizedCrop(32, decoder="pillow")
+    strict = packer.open_dataset(dst, output="bytes", transform=crop)
+    bad = list(strict.keys).index("class_01/img_00002")
+    with pytest.raises(InputFileError, match="class_01/img_00002.*cannot be decoded"):
+        strict[bad]
+    lenient = packer.open_dataset(dst, output="bytes", transform=crop, on_error="skip")
+    image, label = lenient[bad]
+    assert tuple(image.shape) == (3, 32, 32) and lenient.replaced == 1
+    assert label == lenient.targets[bad + 1]  # the next sample stands in
