@@ -72,11 +72,18 @@ class SampleDataset(Dataset):
     def __len__(self) -> int:
         return len(self.targets)
 
-    def _replacement(self, i: int, make: Callable[[int], Any]) -> Any:
-        """With ``on_error="skip"``: ``make(j)`` for the first decodable sample after ``i``."""
-        if self.on_error != "skip":
-            raise InputFileError(f"{self._describe(i)} cannot be decoded")  # pragma: no cover
-        for step in range(1, min(len(self), 17)):  # deterministic: the same one every time
+    def _or_replacement(
+        self, i: int, make: Callable[[int], Any], first: Callable[[], Any] | None = None
+    ) -> Any:
+        """``make(i)`` (or ``first()``, the same from data already read); when it raises
+        :class:`InputFileError` and ``on_error="skip"``, ``make(j)`` for the first decodable
+        sample after ``i`` (the same one every time), counted in ``replaced``."""
+        try:
+            return first() if first is not None else make(i)
+        except InputFileError:
+            if self.on_error != "skip":
+                raise
+        for step in range(1, min(len(self), 17)):
             j = (i + step) % len(self)
             try:
                 item = make(j)

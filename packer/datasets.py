@@ -72,12 +72,9 @@ class ImageDataset(SampleDataset):
         return self.output == "bytes" and self.transform is None and self.target_transform is None
 
     def _item(self, data: bytes, i: int) -> tuple[Any, Any]:
-        try:
-            return self._finish(data, i)
-        except InputFileError:
-            if self.on_error != "skip":
-                raise
-        return self._replacement(i, lambda j: self._finish(self._read(j), j))
+        return self._or_replacement(
+            i, lambda j: self._finish(self._read(j), j), lambda: self._finish(data, i)
+        )
 
     def __getitem__(self, i: int) -> tuple[Any, Any]:
         position = self._position(i)

@@ -129,13 +129,7 @@ class VideoDataset(SampleDataset):
         return [data[j] for j in where.reshape(-1)]
 
     def __getitem__(self, i: int) -> tuple[Any, Any]:
-        position = self._position(i)
-        try:
-            return self._clip(position)
-        except InputFileError:
-            if self.on_error != "skip":
-                raise
-        return self._replacement(position, self._clip)
+        return self._or_replacement(self._position(i), self._clip)
 
     def _clip(self, position: int) -> tuple[Any, Any]:
         encoded = self.read_clip(position)
