@@ -35,20 +35,18 @@ def check_image(data: bytes, check: str = "fast", max_pixels: int = DEFAULT_MAX_
     """
     if not data:
         raise InputFileError("empty file (0 bytes)")
-    jpeg = jpeg_info(data)
-    if jpeg is not None:  # the common case, without building a Pillow image for the header
-        _check_size(jpeg.width, jpeg.height, max_pixels)
-        if _JPEG_EOI not in data[-4096:]:
-            raise InputFileError("truncated JPEG (no end-of-image marker)")
-        if check == "fast":
-            return
+    jpeg = jpeg_info(data)  # a JPEG's header is read from its markers, no Pillow image
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
-            with Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS) as image:
-                fmt = image.format
-                _check_size(*image.size, max_pixels)
-                image.verify()
+            fmt: str | None = "JPEG"
+            if jpeg is not None:
+                _check_size(jpeg.width, jpeg.height, max_pixels)
+            else:
+                with Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS) as image:
+                    fmt = image.format
+                    _check_size(*image.size, max_pixels)
+                    image.verify()
             if fmt == "JPEG" and _JPEG_EOI not in data[-4096:]:
                 raise InputFileError("truncated JPEG (no end-of-image marker)")
             if check in ("scan", "decode"):

@@ -39,8 +39,6 @@ def prepare_images(
     video_only = sorted(k for k, v in options.items() if k not in RESIZE_OPTIONS and v is not None)
     if video_only:
         raise PackerError(f"{', '.join(video_only)} only apply to video sources")
-    if check not in CHECKS:
-        raise PackerError(f"invalid check {check!r}; expected one of {', '.join(CHECKS)}")
     resize = Resize.from_options(options)
     transcode = fmt.TRANSCODE
     recorded: dict[str, Any] = {"check": check, **limits}
@@ -79,6 +77,8 @@ def prepare(
     labels: str | os.PathLike[str] | None,
     allow_empty: bool = False,
 ) -> Prepared:
+    if check not in CHECKS:
+        raise PackerError(f"invalid check {check!r}; expected one of {', '.join(CHECKS)}")
     if kind == "image" or labels is not None:
         return prepare_images(src, fmt, check, limits, options, classes, labels, allow_empty)
     if classes is not None:

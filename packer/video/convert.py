@@ -11,7 +11,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from packer.check import CHECKS, DEFAULT_CHECK
+from packer.check import DEFAULT_CHECK
 from packer.errors import PackerError
 from packer.video.load import FrameOptions, import_av, load_video
 from packer.video.sources import VideoScan, scan_videos
@@ -57,8 +57,6 @@ def prepare_video(
     this many frames per second of a video file), ``skip_bad_frames`` (drop a bad frame and
     record it instead of skipping its whole video).
     """
-    if check not in CHECKS:
-        raise PackerError(f"invalid check {check!r}; expected one of {', '.join(CHECKS)}")
     frame = _frame_options(options, fmt.TRANSCODE, check)
     source = scan_videos(src)
     _check_source(source, frame.fps)
