@@ -215,7 +215,9 @@ def test_cli_bench_on_video_shows_disk_bytes_next_to_payload(clips: dict[str, Pa
         assert disk >= 0 and payload > 0
 
 
-def test_cli_bench_decoder_and_a_resized_copy_side_by_side(clean: dict[str, Path]) -> None:
+def test_cli_bench_decoder_and_a_resized_copy_side_by_side(
+    clean: dict[str, Path], tmp_path: Path
+) -> None:
     from click.testing import CliRunner
 
     from packer.cli import main
@@ -226,5 +228,10 @@ def test_cli_bench_decoder_and_a_resized_copy_side_by_side(clean: dict[str, Path
     assert result.exit_code == 0, result.output
     rows = [line for line in result.output.splitlines() if line.startswith("| images")]
     assert [r.split("|")[1].strip() for r in rows] == ["images.lmdb", "images@32.lmdb"]
+    from packer.tools.resized_copy import resized_copy
+
+    copy = resized_copy(clean[".lmdb"], 32, 6, tmp_path)  # what the second row read
+    small = open_for_mode(copy, "decode")
+    assert len(small) == 6 and {small[i][0].shape for i in range(6)} == {(32, 43, 3)}
     bad = CliRunner().invoke(main, ["bench", str(clean[".lmdb"]), "--decoder", "nope"])
     assert bad.exit_code != 0 and "unknown decoder 'nope'" in bad.output
