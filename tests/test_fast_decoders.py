@@ -22,7 +22,7 @@ from packer.datasets import FolderDataset, open_dataset
 from packer.decode import decode
 from packer.decoders import DECODERS, check_decoder, decoders_for
 from packer.errors import PackerError
-from packer.tools.image_demo import DemoTree, photo_like
+from packer.tools.image_demo import DemoTree, corrupted_scan, photo_like
 
 AVAILABLE = fast_decoders.available()
 # simplejpeg and OpenCV are in the `fast` extra CI installs: they are tested, never skipped.
@@ -110,9 +110,7 @@ def test_a_refusing_library_leaves_the_verdict_to_pillow(name: str) -> None:
 
 
 def test_a_corrupt_scan_rejected_by_simplejpeg_is_not_handed_to_opencv() -> None:
-    good = ACCEPTED["baseline 4:2:0"]
-    half = len(good) // 2
-    corrupt = good[:half] + b"\xff\xd0\xff\xda" + good[half + 4 :]  # markers amid the scan
+    corrupt = corrupted_scan(ACCEPTED["baseline 4:2:0"])  # markers amid the scan
     with pytest.raises(fast_decoders.DecodeFailed):
         AVAILABLE["simplejpeg"](corrupt, decoders.MAX_PIXELS)
     for name in ("auto", "simplejpeg", "pillow"):

@@ -165,10 +165,14 @@ def time_targets(
     ]
 
 
-def corrupt_scan(path: str | os.PathLike[str]) -> None:
-    """Damage a JPEG's entropy-coded data in place, as a bad disk or download does: a marker is
-    written mid-scan, so the header, the end-of-image marker and Pillow's ``verify()`` still
-    pass while a full decode fails (the case ``--check scan`` exists for)."""
-    data = Path(path).read_bytes()
+def corrupted_scan(data: bytes) -> bytes:
+    """JPEG ``data`` with its entropy-coded data damaged, as a bad disk or download does: a
+    marker is written mid-scan, so the header, the end-of-image marker and Pillow's ``verify()``
+    still pass while a full decode fails (the case ``--check scan`` exists for)."""
     half = len(data) // 2
-    Path(path).write_bytes(data[:half] + b"\xff\xd0\xff\xda" + data[half + 4 :])
+    return data[:half] + b"\xff\xd0\xff\xda" + data[half + 4 :]
+
+
+def corrupt_scan(path: str | os.PathLike[str]) -> None:
+    """Damage the JPEG file at ``path`` in place with :func:`corrupted_scan`."""
+    Path(path).write_bytes(corrupted_scan(Path(path).read_bytes()))
