@@ -17,11 +17,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness.throughput import prepare_images
+
 from packer.tools.bench import BenchSpec, run_bench
 from packer.tools.bench_report import runs_table, stalls_text, storage_table, write_json
 from packer.tools.storage_cost import measure_storage
 from packer.tools.targets import path_labels
-from packer.tools.throughput import prepare_images
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

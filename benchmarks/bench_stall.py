@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The every-num_workers-batches stall, reproduced and explained by :func:`packer.diagnose`.
 
-A :class:`packer.tools.sleepy.SleepyDataset` whose items take ``--item-ms`` (storage latency, no CPU) is read through
+A :class:`harness.sleepy.SleepyDataset` whose items take ``--item-ms`` (storage latency, no CPU) is read through
 DataLoaders with each ``--workers`` value while the loop simulates a ``--step-ms`` training
 step. For each worker count the table shows the waits, the detected period and the worker
 count the formula ``ceil(1.25 × W / t)`` recommends; with enough workers the stall disappears.
@@ -19,10 +19,10 @@ import sys
 import time
 from pathlib import Path
 
+from harness.sleepy import SleepyDataset
 from torch.utils.data import DataLoader
 
 from packer.tools.diagnose import diagnose
-from packer.tools.sleepy import SleepyDataset
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

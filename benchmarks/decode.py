@@ -12,7 +12,7 @@ B×3×H×W uint8 tensor) at each of ``--workers``, page cache warm (every file r
 each pass), each pass in a freshly forked child:
 
 - ``baseline``: the JPEG folder (``packer.FolderDataset``), Pillow decode, then torchvision's
-  RandomResizedCrop(224) on the decoded image (``packer.tools.decode_bench.DecodeThenCrop``);
+  RandomResizedCrop(224) on the decoded image (``harness.decode_bench.DecodeThenCrop``);
 - ``lmdb pillow`` / ``lmdb fast``: the packed LMDB, Pillow / the fast decoder, decode-then-crop;
 - ``s256 pillow`` / ``s256 fast``: the ``short_side=256`` LMDB, decode-then-crop;
 - ``fused pillow`` / ``fused fast``: the packed LMDB with ``output="bytes"`` and
@@ -42,18 +42,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from packer.fast_decoders import available
-from packer.tools.decode_bench import (
+from harness.decode_bench import (
     CLASSES,
     make_rows,
     prepare_variant,
     run_rounds,
     warm_up,
 )
-from packer.tools.decode_report import markdown_table, summarise
-from packer.tools.host_load import QuietWaiter
+from harness.decode_report import markdown_table, summarise
+from harness.host_load import QuietWaiter
+from harness.throughput_report import machine_info
+
+from packer.fast_decoders import available
 from packer.tools.targets import disk_bytes
-from packer.tools.throughput_report import machine_info
 
 
 def _size(text: str) -> tuple[int, int]:

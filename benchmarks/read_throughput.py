@@ -8,7 +8,7 @@ every dataset with ``packer.tools.timing.measure_throughput``:
 - datasets: the JPEG folder (``packer.FolderDataset``, the baseline), an in-memory list of the
   same JPEG bytes (the ceiling: no I/O at all), each packed output (``packer.open_dataset``) and,
   in bytes mode, a plain py-lmdb reader of the LMDB output
-  (``packer.tools.plain_lmdb.PlainLMDBDataset``, the baseline of packer's LMDB reader);
+  (``harness.plain_lmdb.PlainLMDBDataset``, the baseline of packer's LMDB reader);
 - modes: ``bytes`` (``output="bytes"``) and ``decoded`` (``output="numpy"``);
 - ``num_workers`` 0 and 2, batch 64, page cache ``warm`` (files read once just before the pass)
   and ``cold`` (``packer.tools.targets.evict_page_cache`` just before the pass; residency is checked
@@ -48,9 +48,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from packer.tools.host_load import QuietWaiter
-from packer.tools.targets import disk_bytes
-from packer.tools.throughput import (
+from harness.host_load import QuietWaiter
+from harness.throughput import (
     CLASSES,
     FOLDER,
     FORMATS,
@@ -62,13 +61,15 @@ from packer.tools.throughput import (
     prepare_images,
     run_rounds,
 )
-from packer.tools.throughput_report import (
+from harness.throughput_report import (
     evaluate_targets,
     machine_info,
     markdown_table,
     summarise,
     targets_table,
 )
+
+from packer.tools.targets import disk_bytes
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.throughput_report import machine_info
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 import packer
@@ -30,7 +31,6 @@ from packer.manifest import MANIFEST_NAME, load_manifest
 from packer.sizes import parse_size
 from packer.tools.image_demo import make_image_tree
 from packer.tools.targets import cold_supported, data_files, evict_page_cache
-from packer.tools.throughput_report import machine_info
 from packer.tools.timing import time_batches
 
 SAMPLERS = ("random", "sharded", "sharded-256", "sharded-mix8", "sequential")

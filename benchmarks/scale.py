@@ -41,12 +41,12 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+from harness.scale import MemoryProbe, index_bytes, make_linked_tree, private_bytes
+from harness.throughput_report import machine_info
 from torch.utils.data import DataLoader
 
 import packer
 from packer.sources import scan
-from packer.tools.scale import MemoryProbe, index_bytes, make_linked_tree, private_bytes
-from packer.tools.throughput_report import machine_info
 
 MB = 1e6
 

@@ -28,10 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.throughput_report import machine_info
+
 import packer
 from packer.cluster import dask_client
 from packer.tools.image_demo import make_image_tree
-from packer.tools.throughput_report import machine_info
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

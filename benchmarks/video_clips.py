@@ -11,7 +11,7 @@ DONTNEED) and warm (every data file read just before): one epoch (each video onc
 dataset, with fork workers started inside the timed epoch. Reports the median clips/s of
 ``--repeats`` interleaved rounds, the ratio to the frame folders, the disk bytes per clip
 (``read_bytes`` of ``/proc/self/io``, summed over every reading process: see
-:class:`packer.tools.clip_bench.CountedClips`) and the payload per clip.
+:class:`harness.clip_bench.CountedClips`) and the payload per clip.
 
 Usage::
 
@@ -33,9 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from packer.tools.clip_bench import CORE, EXTRAS, prepare, run
-from packer.tools.clip_report import markdown, open_text, targets_text
+from harness.clip_bench import CORE, EXTRAS, prepare, run
+from harness.clip_report import markdown, open_text, targets_text
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

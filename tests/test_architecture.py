@@ -80,3 +80,24 @@ def test_every_format_meets_the_contracts(name: str) -> None:
     assert params == ["root", "planned_shard_bytes", "layout", "kind"]
     protocol = {n for n in vars(Writer) if not n.startswith("_") or n in ("__enter__", "__exit__")}
     assert protocol <= set(dir(module.Writer))
+
+
+def test_the_package_ships_no_benchmark_harness() -> None:
+    """``benchmarks/harness`` serves the scripts and the tests only: no packer module imports it,
+    and every module of ``packer/tools`` is reached from the CLI or the public API."""
+    harness = Path(__file__).resolve().parents[1] / "benchmarks" / "harness"
+    moved = {f"harness.{p.stem}" for p in harness.glob("*.py")} | {"harness"}
+    for path in PACKAGE.rglob("*.py"):
+        assert imports(path, moved) == set(), f"{path} imports the benchmarks' harness"
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    known = set(paths)
+    reached: set[str] = set()
+    todo = ["packer", "packer.cli", "packer.__main__", "packer.video"]
+    while todo:
+        m = todo.pop()
+        if m in reached or m not in paths:
+            continue
+        reached.add(m)
+        todo.extend(imports(paths[m], known))
+    tools = {m for m in known if m.startswith("packer.tools.")}
+    assert sorted(tools - reached) == []

@@ -9,11 +9,11 @@ from types import ModuleType
 
 import numpy as np
 import pytest
+from harness.plain_lmdb import PlainLMDBDataset
 from torch.utils.data import DataLoader
 
 import packer
 from packer.errors import FormatError
-from packer.tools.plain_lmdb import PlainLMDBDataset
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 

@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from harness.scale import make_linked_tree
 
 import packer
 from packer.errors import PackerError
 from packer.manifest import ShardInfo
 from packer.resume import PROGRESS_DIR, Progress, Rows
 from packer.tools.image_demo import DemoTree
-from packer.tools.scale import make_linked_tree
 
 SHARD = "15kB"
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from harness.sleepy import SleepyDataset
 from torch.utils.data import DataLoader
 
 from packer.errors import PackerError
 from packer.tools.commands import doctor
 from packer.tools.diagnose import diagnose, load_loader
-from packer.tools.sleepy import SleepyDataset
 from packer.tools.stalls import batch_build_seconds, detect_stall, recommend_workers, wait_stats
 from packer.tools.worker_threads import make_worker_init_fn, worker_init_fn, worker_thread_report
 

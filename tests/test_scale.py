@@ -12,13 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from harness.scale import index_bytes, make_linked_tree, make_packed, uss_bytes
 
 import packer
 from packer.errors import FormatError
 from packer.keytable import KeyTable
 from packer.manifest import KEYS_NAME, write_keys
 from packer.sources import scan
-from packer.tools.scale import index_bytes, make_linked_tree, make_packed, uss_bytes
 
 SAMPLES = 200_000
 ODD_KEYS = {5: "c0000/two\nlines", 7: "c0000/caf\udce9", 9: "c0000/back\\slash\r"}

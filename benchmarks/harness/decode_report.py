@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from packer.tools.decode_bench import BASELINE, Key, Row, Variant
+from harness.decode_bench import BASELINE, Key, Row, Variant
 
 __all__ = ["markdown_table", "summarise"]
 

@@ -7,7 +7,7 @@ by default, with CPU time, page faults and the other processes' CPU share record
 
 Baselines measured in the same run: the JPEG folder (``packer.FolderDataset``), the JPEG bytes in
 memory, and, next to packer's LMDB reader, a plain py-lmdb reader of the same files
-(:class:`packer.tools.plain_lmdb.PlainLMDBDataset`, bytes mode only). With ``same_allocator``
+(:class:`harness.plain_lmdb.PlainLMDBDataset`, bytes mode only). With ``same_allocator``
 (the default) every pass first applies packer's allocator setting
 (:func:`packer.handles.keep_freed_heap`), so the baselines run under the glibc trim threshold
 packer's readers set for themselves.
@@ -29,16 +29,16 @@ from typing import Any
 from torch.utils.data import Dataset
 
 import packer
+from harness.forked import in_child
+from harness.host_load import QuietWaiter, host_busy_seconds, others_during, own_usage
+from harness.plain_lmdb import PlainLMDBDataset
 from packer.decode import decode
 from packer.errors import PackerError
 from packer.handles import keep_freed_heap
 from packer.manifest import MANIFEST_NAME, load_manifest
 from packer.sources import scan
-from packer.tools.forked import in_child
-from packer.tools.host_load import QuietWaiter, host_busy_seconds, others_during, own_usage
 from packer.tools.image_demo import make_image_tree
 from packer.tools.io_counters import resident_fraction
-from packer.tools.plain_lmdb import PlainLMDBDataset
 from packer.tools.targets import close_dataset, data_files, evict_page_cache
 from packer.tools.timing import measure_throughput
 

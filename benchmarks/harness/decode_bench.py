@@ -38,16 +38,16 @@ from PIL import Image
 from torch.utils.data import Dataset, default_collate
 
 import packer
+from harness.forked import in_child
+from harness.host_load import QuietWaiter, host_busy_seconds, others_during, own_usage
+from harness.throughput import prepare_images, prewarm, resident_all
 from packer.decode import decode
 from packer.errors import PackerError
 from packer.handles import keep_freed_heap
 from packer.manifest import MANIFEST_NAME, load_manifest
 from packer.sources import scan
-from packer.tools.forked import in_child
-from packer.tools.host_load import QuietWaiter, host_busy_seconds, others_during, own_usage
 from packer.tools.image_demo import make_image_tree
 from packer.tools.targets import close_dataset, data_files
-from packer.tools.throughput import prepare_images, prewarm, resident_all
 from packer.tools.timing import measure_throughput
 from packer.transforms import RandomResizedCrop, crop_params
 
@@ -200,7 +200,7 @@ def prepare_variant(
 ) -> Variant:
     """Make or reuse the JPEG tree and its LMDB, ``short_side=256`` LMDB and 112-px NPY.
 
-    400×350 trees are ``packer.tools.throughput.prepare_images``' (``root/n<images>``, shared
+    400×350 trees are ``harness.throughput.prepare_images``' (``root/n<images>``, shared
     with ``read_throughput.py``). The NPY needs ``packer.convert(..., size=112)``; when packer
     refuses it, the variant has no ``npy112`` path and a note says why.
     """

@@ -1,6 +1,6 @@
 """Results of ``benchmarks/read_throughput.py``: median rows, the README's targets, tables, machine.
 
-Pure functions over the passes :func:`packer.tools.throughput.run_rounds` returns; no timing here.
+Pure functions over the passes :func:`harness.throughput.run_rounds` returns; no timing here.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 import packer
-from packer.tools.throughput import (
+from harness.throughput import (
     COLLATE_BYTES,
     DEFAULT_COLLATE,
     FOLDER,

@@ -1,4 +1,4 @@
-"""The tables of the clip benchmark (``packer.tools.clip_bench``): markdown per mode, the
+"""The tables of the clip benchmark (``harness.clip_bench``): markdown per mode, the
 dataset-opening costs and the issue's targets, from the rows ``clip_bench.run`` returns."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from packer.tools.clip_bench import FOLDER
+from harness.clip_bench import FOLDER
 
 __all__ = ["markdown", "open_text", "targets_text"]
 
