@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"
+from packer._version import __version__
 
 # Eager (and torch-free): these functions share their module's name, so they must be bound here.
 from packer.convert import ConvertResult, convert  # noqa: E402

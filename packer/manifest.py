@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from packer._version import __version__
 from packer.errors import FormatError
 from packer.keytable import escape_key, unescape_key
 
@@ -180,8 +181,6 @@ def _write_atomic(path: Path, payload: bytes | Iterable[bytes]) -> None:
 
 def write_manifest(root: str | os.PathLike[str], manifest: Manifest) -> None:
     """Write ``packer.json`` atomically (temp file, fsync, rename, fsync of the folder)."""
-    from packer import __version__
-
     manifest.packer_version = __version__
     manifest.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     # ASCII JSON: a name that is not UTF-8 (a surrogate-escaped str) round-trips as \\udcXX.
