@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import inspect
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,3 +104,35 @@ def test_the_package_ships_no_benchmark_harness() -> None:
         todo.extend(imports(paths[m], known))
     tools = {m for m in known if m.startswith("packer.tools.")}
     assert sorted(tools - reached) == []
+
+
+def _floors() -> list[list[str]]:
+    import tomllib
+
+    config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    (contract,) = [c for c in config["tool"]["importlinter"]["contracts"] if c["id"] == "floors"]
+    return [[f"packer.{m.strip()}" for m in floor.split(":")] for floor in contract["layers"]]
+
+
+def test_imports_follow_the_floors() -> None:
+    """import-linter's layers contract in pyproject.toml is ARCHITECTURE.md's floors; it holds."""
+    lint = Path(sys.executable).parent / "lint-imports"
+    run = subprocess.run(
+        [str(lint), "--no-cache", "--contract", "floors"],
+        cwd=PACKAGE.parent,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_every_module_has_a_floor() -> None:
+    """A new module must be placed on a floor (import-linter ignores modules no layer names)."""
+    placed = [m for floor in _floors() for m in floor]
+    unplaced = [
+        m
+        for p in PACKAGE.rglob("*.py")
+        if (m := module_name(p)) not in ("packer", "packer.video")
+        and not any(m == f or m.startswith(f + ".") for f in placed)
+    ]
+    assert unplaced == []
