@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.check import DEFAULT_CHECK, DEFAULT_MAX_PIXELS
+from packer.cpus import available_cpus
 from packer.destination import (
     DestinationLock,
     check_destination,
@@ -28,7 +29,7 @@ from packer.detect import detect
 from packer.distributed import check_part, part_path, run_distributed
 from packer.errors import DestinationError, InputFileError, PackerError
 from packer.formats import by_name, default_layout, format_for
-from packer.loading import DEFAULT_MAX_FILE_SIZE, default_workers
+from packer.loading import DEFAULT_MAX_FILE_SIZE
 from packer.manifest import Manifest
 from packer.prepare import prepare
 from packer.resume import Progress, fingerprint
@@ -267,7 +268,7 @@ def convert(
         prepared.loader,
         prepared.cpu_bound,
         size,
-        workers or default_workers(),
+        workers or available_cpus(),
         strict,
         progress,
         prepared.unit,

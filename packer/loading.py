@@ -28,7 +28,6 @@ from packer.manifest import bytes_checksum
 __all__ = [
     "DEFAULT_MAX_FILE_SIZE",
     "Loaded",
-    "default_workers",
     "load_image",
     "load_in_order",
     "read_input",
@@ -170,11 +169,3 @@ def load_in_order(
             yield pending.popleft().result()
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
-
-
-def default_workers() -> int:
-    """One worker per CPU this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1

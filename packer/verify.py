@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from packer.cpus import available_cpus
 from packer.decode import decode
 from packer.errors import PackerError
-from packer.loading import default_workers
 from packer.manifest import (
     INDEX_NAME,
     KEYS_NAME,
@@ -218,7 +218,7 @@ def verify(
         return report
     skip = _skip_bad_shards(packed, bad_files, keys, report)
     unit = "video" if manifest.kind == "video" else "sample"
-    pool = ThreadPoolExecutor(workers or default_workers()) if full else None
+    pool = ThreadPoolExecutor(workers or available_cpus()) if full else None
     shape = manifest.options.get("pixels")
     pixels = tuple(int(n) for n in shape) if shape else None
     try:

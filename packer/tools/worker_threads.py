@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from packer.cpus import available_cpus
 from packer.errors import PackerError
 from packer.tools.io_counters import process_threads
 
@@ -42,13 +43,6 @@ THREAD_ENV = (
     "NUMEXPR_NUM_THREADS",
     "VECLIB_MAXIMUM_THREADS",
 )
-
-
-def available_cpus() -> int:
-    """CPUs this process may run on (its affinity mask), else ``os.cpu_count()``."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def limit_threads(threads: int = 1) -> dict[str, Any]:
