@@ -233,8 +233,8 @@ class ShardedSampler(Sampler[int]):
         """Where the epoch is: ``{"epoch", "consumed", ...}``, the same on every rank.
 
         Args:
-            consumed: samples this rank's loop has taken since the current iteration began (e.g.
-                ``(step + 1) * batch_size``). ``None``: the indices the sampler has handed out,
+            consumed: samples this rank's loop has taken since the current iteration began (the
+                sum of the batch sizes received: the last batch may be short). ``None``: the indices the sampler has handed out,
                 which is ahead of the loop when DataLoader workers prefetch.
 
         Raises:
