@@ -12,8 +12,15 @@ from packer._version import __version__
 
 # Eager (and torch-free): these functions share their module's name, so they must be bound here.
 from packer.convert import ConvertResult, convert  # noqa: E402
-from packer.errors import DestinationError, FormatError, PackerError, SourceError  # noqa: E402
-from packer.verify import verify  # noqa: E402
+from packer.errors import (  # noqa: E402
+    DestinationError,
+    FormatError,
+    InputFileError,
+    PackerError,
+    SourceError,
+)
+from packer.merge import merge  # noqa: E402
+from packer.verify import Problem, VerifyReport, verify  # noqa: E402
 
 _EXPORTS = {
     "BMPDataset": "packer.datasets",
@@ -45,19 +52,23 @@ __all__ = [
     "FormatError",
     "HDF5Dataset",
     "HDF5VideoDataset",
+    "InputFileError",
     "LMDBDataset",
     "LMDBVideoDataset",
     "LoaderReport",
     "NpyDataset",
     "NpyVideoDataset",
     "PackerError",
+    "Problem",
     "ShardedSampler",
     "SourceError",
+    "VerifyReport",
     "VideoFolderDataset",
     "__version__",
     "collate_bytes",
     "convert",
     "diagnose",
+    "merge",
     "open_dataset",
     "open_video_dataset",
     "unpack_bytes",
