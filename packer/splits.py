@@ -336,4 +336,7 @@ def describe_splits(root: Path) -> str:
         f"{len(manifest.classes)} classes (index from {manifest.options.get('class_index_from')!r})",
     ]
     lines += [f"  {name}: {n} samples ({root / name})" for name, n in counts.items()]
+    index_of = manifest.options.get("class_index") or {}
+    if index_of:
+        lines.append("  class index: " + "; ".join(f"{s}: {w}" for s, w in index_of.items()))
     return "\n".join(lines)

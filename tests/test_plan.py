@@ -79,6 +79,8 @@ def test_imagenet_converts_in_one_command(
     assert {k: val.classes[t] for k, t in zip(val.keys, val.targets.tolist())} == truth
     assert set(val.targets.tolist()) == {1, 2}  # n00000002 keeps train's index 1
     assert all(train.classes[t] == k.split("/")[0] for k, t in zip(train.keys, train.targets))
+    shown = CliRunner().invoke(main, ["inspect", str(dst)]).output
+    assert "class index: train: 3 class folders; val: labels file LOC_val_solution.csv" in shown
 
 
 def test_labels_named_by_split_and_json_class_index(
@@ -233,3 +235,19 @@ def test_json_failures_print_one_object(tmp_path: Path, tree: DemoTree) -> None:
     assert code == 1 and "unknown destination suffix" in json.loads(out)["error"]
     code, out, err = invoke(tree.root, tmp_path / "o.zip")  # without --json: text only
     assert code == 1 and out == "" and "Error:" in err
+
+
+def test_every_split_problem_is_reported_at_once(
+    imagenet: tuple[Path, Path, dict[str, str]], tmp_path: Path
+) -> None:
+    root = imagenet[0]
+    (root / "test").mkdir()
+    (root / "val" / "n99999999").mkdir()  # val: now class folders, one unknown to train
+    first = sorted((root / "val").glob("*.JPEG"))[0]
+    shutil.copy(first, root / "val" / "n99999999" / "a.JPEG")
+    dst = tmp_path / "out.lmdb"
+    code, _, err = invoke(root, dst, "-q")
+    assert code == 1
+    assert "split 'val': " in err and "the class index does not know: 'n99999999'" in err
+    assert "split 'test': " in err and "is empty" in err
+    assert nothing_written(dst)
