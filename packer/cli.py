@@ -64,9 +64,12 @@ def main() -> None:
 )
 @click.option(
     "--labels",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    "labels_given",
+    multiple=True,
+    metavar="[SPLIT=]FILE",
     help="Labels of a flat folder of images: a CSV with a header (name, label) or 'name label' "
-    "lines; ImageNet's LOC_val_solution.csv reads as it ships.",
+    "lines; ImageNet's LOC_val_solution.csv reads as it ships. On a root of splits, FILE labels "
+    "the one flat split (imagenet/val/); SPLIT=FILE names the split (repeatable).",
 )
 @click.option(
     "--classes",
@@ -175,7 +178,7 @@ def convert(
     resume: bool,
     strict: bool,
     check: str,
-    labels: Path | None,
+    labels_given: tuple[str, ...],
     classes_file: Path | None,
     classes_from: Path | None,
     allow_empty: bool,
@@ -198,7 +201,9 @@ def convert(
     """Convert the image folder SRC (<class>/<image>) into the packed dataset DST.
 
     A root of split folders (imagenet/ with train/ and val/) becomes one output holding every
-    split, with one class index taken from train/ (--split NAME converts one).
+    split, with one class index taken from train/ (--split NAME converts one); a flat split
+    (ImageNet's val/) takes its labels file with --labels. Every split is checked before any
+    is converted.
 
     Video sources work the same way: <class>/<video>/<frame>.jpg frame folders (kept as they
     are) or <class>/<video>.mp4|.avi|.webm|.mkv files (decoded once with PyAV, stored as JPEG).
@@ -210,6 +215,7 @@ def convert(
     \b
     Example:
       packer convert imagenet/ imagenet.lmdb
+      packer convert imagenet/ imagenet.lmdb --labels LOC_val_solution.csv
       packer convert imagenet/train train.lmdb --shard-size 1GB
       packer convert val_flat/ val.lmdb --labels LOC_val_solution.csv --classes-from train.lmdb
       packer convert imagenet/ imagenet-256.lmdb --short-side 256
@@ -219,13 +225,9 @@ def convert(
       packer convert imagenet/train train.lmdb --part $SLURM_ARRAY_TASK_ID/16
     """
     from packer.convert import convert as run
-    from packer.labels import classes_from as index_of
-    from packer.labels import read_classes
+    from packer.labels import labels_option, pinned_classes
 
-    if classes_file and classes_from:
-        raise click.UsageError("--classes and --classes-from are exclusive; pass one")
-    classes = read_classes(classes_file) if classes_file else None
-    classes = index_of(classes_from) if classes_from else classes
+    classes = pinned_classes(classes_file, classes_from)
 
     given = {"quality": quality, "max_side": max_side, "short_side": short_side, "fps": fps}
     video: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
@@ -256,7 +258,7 @@ def convert(
             max_file_size=max_file_size,
             max_pixels=max_pixels,
             split=list(splits) or None,
-            labels=labels,
+            labels=labels_option(labels_given),
             classes=classes,
             allow_empty=allow_empty,
             executor=executor,

@@ -9,9 +9,11 @@ how one sample is loaded (``packer.video.convert`` for video).
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,14 +31,15 @@ from packer.detect import detect
 from packer.distributed import check_part, part_path, run_distributed
 from packer.errors import DestinationError, InputFileError, PackerError
 from packer.formats import by_name, default_layout, format_for
+from packer.labels import Labels, class_index_of, one_labels_file
 from packer.loading import DEFAULT_MAX_FILE_SIZE
 from packer.manifest import Manifest
-from packer.prepare import prepare
+from packer.prepare import prepare, prepare_split
 from packer.resume import Progress, fingerprint
 from packer.sizes import format_size, parse_size
 from packer.sources import SkippedInput, class_dirs
-from packer.splits import convert_splits, find_splits
-from packer.write import Event, Job, finalize, plan_shards, write_shards
+from packer.splits import SplitPlan, convert_splits, find_splits, plan_splits
+from packer.write import Event, Job, Prepared, finalize, plan_shards, write_shards
 
 __all__ = ["DEFAULT_SHARD_SIZE", "ConvertResult", "convert", "convert_video", "plan_shards"]
 
@@ -54,11 +57,14 @@ class ConvertResult:
     bytes_out: int
     skipped: list[SkippedInput] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    class_index: dict[str, Any] = field(default_factory=dict)  # where the index came from
+    warnings: list[dict[str, str]] = field(default_factory=list)  # {"code", "message"}
 
     def to_dict(self) -> dict[str, Any]:
         """The machine-readable summary (``packer convert --json``): what :meth:`summary` says."""
         m = self.manifest
         return {
+            "ok": True,
             "dst": str(self.dst),
             "format": m.format,
             "kind": m.kind,
@@ -71,6 +77,8 @@ class ConvertResult:
             "seconds": round(self.seconds, 3),
             "storage": m.options.get("storage", {}),
             "notes": self.notes,
+            "class_index": self.class_index,
+            "warnings": self.warnings,
             "skipped": [{"path": s.path, "reason": s.reason} for s in self.skipped],
         }
 
@@ -98,6 +106,9 @@ class ConvertResult:
                 f"{storage.get('padding_overhead', 1.0):.3f}× (bytes on disk / bytes of frames)"
             )
         lines += self.notes
+        if self.class_index.get("source") in ("splits", "given", "labels-file"):
+            lines.append(f"class index: {self.class_index['detail']}")
+        lines += [w["message"] for w in self.warnings]
         if self.skipped:
             lines.append(f"skipped {len(self.skipped)} input(s) (listed in the manifest):")
             lines += [f"  {s.path}: {s.reason}" for s in self.skipped[:10]]
@@ -157,10 +168,11 @@ def convert(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     split: str | list[str] | None = None,
     classes: list[str] | None = None,
-    labels: str | os.PathLike[str] | None = None,
+    labels: Labels | None = None,
     allow_empty: bool = False,
     executor: Any = None,
     part: tuple[int, int] | None = None,
+    prepared: Prepared | None = None,
     **video_options: Any,
 ) -> ConvertResult:
     """Convert the folder ``src`` into a packed dataset at ``dst``.
@@ -190,13 +202,17 @@ def convert(
         split: for a source whose top-level folders are splits (``train``, ``val``, ...), the
             split(s) to convert (default: all, into one output; see :mod:`packer.splits`).
         classes: pin the class index (names in label order) instead of taking the folders'.
-        labels: a labels file for a flat folder of images (see :mod:`packer.labels`).
+        labels: a labels file for a flat folder of images (see :mod:`packer.labels`); on a
+            root of splits, the labels file of its one flat split (ImageNet's ``val/``), or
+            ``{split: file}``.
         allow_empty: keep a class folder without images as a class with no samples.
         executor: run one task per planned shard on it (anything with ``submit``: a
             ``distributed.Client``, a process pool); the output is the same bytes. ``on_event``
             then runs in the tasks (see :mod:`packer.distributed`).
         part: ``(i, n)``: write only the planned shards ``k % n == i``, into ``DST.part-i``,
             for :func:`packer.merge.merge` to join.
+        prepared: the source already scanned and checked (a split planned by
+            :func:`packer.splits.plan_splits`); ``src``'s kind and labels are then not looked at.
         video_options: for images and video, ``quality``, ``max_side``, ``short_side`` and
             ``reencode`` (write-time resize, :mod:`packer.resize`); for images into ``.npy``,
             ``size`` (decoded size×size pixels, :mod:`packer.pixels`); for video, ``fps``,
@@ -207,52 +223,61 @@ def convert(
     """
     src_path, dst_path = Path(src), Path(os.fspath(dst).rstrip("/") or "/")
     fmt = by_name(format) if format else format_for(dst_path)
-    if classes is None and labels is None and kind != "video":
-        found = find_splits(src_path)
-        wanted = [split] if isinstance(split, str) else list(split or found)
-        unknown = [w for w in wanted if w not in found]
-        if unknown:
-            raise PackerError(
-                f"{str(src_path)!r} has no split {unknown[0]!r}"
-                + (f"; it has {', '.join(found)}" if found else " (it is not a split root)")
-            )
-        if wanted and part is not None:
-            raise PackerError("--part does not take a root of splits; convert each --split")
-        if wanted:
-            options = {
-                "format": fmt.NAME,  # a split's folder has no suffix of its own
-                "shard_size": shard_size,
-                "workers": workers,
-                "overwrite": overwrite,
-                "strict": strict,
-                "check": check,
-                "resume": resume,
-                "progress": progress,
-                "on_event": on_event,
-                "max_file_size": max_file_size,
-                "max_pixels": max_pixels,
-                "allow_empty": allow_empty,
-                "executor": executor,
-                **video_options,
-            }
-            return _convert_splits(src_path, dst_path, wanted, options)
     if workers is not None and workers < 1:
         raise PackerError(f"invalid workers {workers}; expected 1 or more")
-    if part is not None:
-        check_part(part)
-        dst_path = part_path(dst_path, part[0])
     size = parse_size(shard_size)
     limits = {"max_file_size": parse_size(max_file_size), "max_pixels": int(max_pixels)}
     if limits["max_pixels"] < 1:
         raise PackerError(f"invalid max_pixels {max_pixels}; expected 1 or more")
+    found = find_splits(src_path) if kind != "video" and prepared is None else []
+    wanted = [split] if isinstance(split, str) else list(split or found)
+    unknown = [w for w in wanted if w not in found]
+    if unknown:
+        raise PackerError(
+            f"{str(src_path)!r} has no split {unknown[0]!r}"
+            + (f"; it has {', '.join(found)}" if found else " (it is not a split root)")
+        )
+    if wanted:
+        if part is not None:
+            raise PackerError("--part does not take a root of splits; convert each --split")
+        check_destination(dst_path, overwrite, src_path, resume)
+        plan = plan_splits(
+            src_path,
+            wanted,
+            functools.partial(prepare_split, fmt, check, limits, video_options, allow_empty),
+            labels,
+            classes,
+            strict,
+        )
+        options = {
+            "format": fmt.NAME,  # a split's folder has no suffix of its own
+            "shard_size": shard_size,
+            "workers": workers,
+            "overwrite": overwrite,
+            "strict": strict,
+            "check": check,
+            "resume": resume,
+            "progress": progress,
+            "on_event": on_event,
+            "max_file_size": max_file_size,
+            "max_pixels": max_pixels,
+            "allow_empty": allow_empty,
+            "executor": executor,
+            **video_options,
+        }
+        return _convert_splits(src_path, dst_path, plan, options)
+    file = one_labels_file(labels, src_path) if isinstance(labels, Mapping) else labels
+    if part is not None:
+        check_part(part)
+        dst_path = part_path(dst_path, part[0])
     check_destination(dst_path, overwrite, src_path, resume)
-    how = "given" if kind else ("a labels file" if labels is not None else "detected")
-    if kind is None and labels is None:
+    how = "given" if kind else ("a labels file" if file is not None else "detected")
+    if kind is None and file is None and prepared is None:
         detection = detect(src_path, class_dirs(src_path))
         kind, how = detection.kind, f"detected: {detection.reason}"
     kind = kind or "image"
-    prepared = prepare(
-        kind, src_path, fmt, check, limits, video_options, classes, labels, allow_empty
+    prepared = prepared or prepare(
+        kind, src_path, fmt, check, limits, video_options, classes, file, allow_empty
     )
     source = prepared.source
     if strict and source.skipped:
@@ -292,6 +317,10 @@ def convert(
         skipped=skipped,
     )
     result.notes.insert(0, _what_was_found(kind, how, source))
+    given = classes is not None
+    result.class_index, result.warnings = class_index_of(
+        len(source.classes), file, given, kind == "image"
+    )
     if resume and not resumed:
         result.notes.append(f"nothing to resume in {str(partial)!r}: converted from the start")
     return result
@@ -309,10 +338,10 @@ def _what_was_found(kind: str, how: str, source: Any) -> str:
 
 
 def _convert_splits(
-    src: Path, dst: Path, splits: list[str], options: dict[str, Any]
+    src: Path, dst: Path, plan: SplitPlan, options: dict[str, Any]
 ) -> ConvertResult:
     start = time.perf_counter()
-    manifest, results = convert_splits(src, dst, splits, convert, kind="image", **options)
+    manifest, results = convert_splits(src, dst, plan, convert, **options)
     counts = ", ".join(f"{s} {m.num_samples}" for s, m in results.items())
     result = ConvertResult(
         dst=dst,
@@ -323,9 +352,11 @@ def _convert_splits(
         skipped=[SkippedInput(x["path"], x["reason"]) for m in results.values() for x in m.skipped],
     )
     result.notes.append(
-        f"image classes: {len(manifest.classes)} in splits {', '.join(splits)} ({counts}); "
+        f"image classes: {len(manifest.classes)} in splits {', '.join(plan.splits)} ({counts}); "
         f"one class index, from {manifest.options['class_index_from']!r}"
     )
+    detail = plan.describe()
+    result.class_index = {"source": "splits", "detail": detail, "splits": plan.index_of}
     return result
 
 

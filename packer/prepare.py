@@ -21,7 +21,7 @@ from packer.resize import RESIZE_OPTIONS, Resize
 from packer.sources import scan
 from packer.write import Prepared
 
-__all__ = ["prepare", "prepare_images"]
+__all__ = ["prepare", "prepare_images", "prepare_split"]
 
 
 def prepare_images(
@@ -33,6 +33,7 @@ def prepare_images(
     classes: list[str] | None = None,
     labels: str | os.PathLike[str] | None = None,
     allow_empty: bool = False,
+    index_from: str = "the given index",
 ) -> Prepared:
     options = dict(options)
     size = options.pop("size", None)
@@ -60,7 +61,8 @@ def prepare_images(
     cpu_bound = transcode is not None or resize.active
     if labels is not None:
         tokens = read_labels(labels)
-        source = scan_flat(src, tokens, classes, labels_name=os.path.basename(labels))
+        name = os.path.basename(labels)
+        source = scan_flat(src, tokens, classes, labels_name=name, index_from=index_from)
     else:
         source = scan(src, classes=classes, allow_empty=allow_empty)
     return Prepared(source, loader, cpu_bound, recorded, "img")
@@ -76,11 +78,16 @@ def prepare(
     classes: list[str] | None,
     labels: str | os.PathLike[str] | None,
     allow_empty: bool = False,
+    index_from: str = "the given index",
 ) -> Prepared:
+    """The kind's part of a conversion (``index_from``: where ``classes`` came from, for the
+    error naming a label the index does not know)."""
     if check not in CHECKS:
         raise PackerError(f"invalid check {check!r}; expected one of {', '.join(CHECKS)}")
     if kind == "image" or labels is not None:
-        return prepare_images(src, fmt, check, limits, options, classes, labels, allow_empty)
+        return prepare_images(
+            src, fmt, check, limits, options, classes, labels, allow_empty, index_from
+        )
     if classes is not None:
         raise PackerError("splits (a shared class index) are supported for images only so far")
     if kind == "video":
@@ -88,3 +95,20 @@ def prepare(
 
         return prepare_video(src, fmt, options, check)
     raise PackerError(f"unknown kind {kind!r}; expected image or video")
+
+
+def prepare_split(
+    fmt: ModuleType,
+    check: str,
+    limits: dict[str, int],
+    options: dict[str, Any],
+    allow_empty: bool,
+    folder: Path,
+    classes: list[str],
+    labels: str | None,
+    index_from: str,
+) -> Prepared:
+    """One split's image part, for :func:`packer.splits.plan_splits`."""
+    return prepare(
+        "image", folder, fmt, check, limits, options, classes, labels, allow_empty, index_from
+    )

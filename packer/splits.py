@@ -10,24 +10,42 @@ training split's)::
       val/           the same; its labels index the training split's classes
 
 ``packer.open_dataset("out.lmdb", split="val")`` (or ``LMDBDataset(..., split="val")``) opens one;
-``out.lmdb/val`` is also readable on its own. Conversion converts the splits one after another
-into ``DST.partial/<split>`` with the ordinary pipeline, so ``--resume`` continues inside the split
-it stopped in.
+``out.lmdb/val`` is also readable on its own.
+
+A conversion first plans every split (:func:`plan_splits`: each split's shape, labels file and
+class index checked and its source scanned, no byte of data read), so a problem in ``val/`` is
+reported before ``train/`` is converted; then it converts the splits one after another into
+``DST.partial/<split>`` with the ordinary pipeline, so ``--resume`` continues inside the split it
+stopped in. A split is either class folders or a flat folder of images with a labels file
+(ImageNet's ``val/`` + ``LOC_val_solution.csv``); every split's labels index the classes of the
+training split's folders (or the index given with ``--classes``/``--classes-from``).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from packer.destination import DestinationLock, check_destination, partial_path, publish
+from packer.detect import detect
 from packer.errors import FormatError, SourceError
 from packer.manifest import MANIFEST_NAME, Manifest, load_manifest, write_manifest
 from packer.resume import Progress
+from packer.sources import is_image_name
 
-__all__ = ["SPLIT_NAMES", "convert_splits", "describe_splits", "find_splits", "split_root"]
+__all__ = [
+    "SPLIT_NAMES",
+    "SplitPlan",
+    "convert_splits",
+    "describe_splits",
+    "find_splits",
+    "plan_splits",
+    "split_root",
+]
 
 SPLIT_NAMES = ("train", "val", "validation", "test")
 
@@ -85,6 +103,164 @@ def split_root(root: Path, split: str | None) -> Path:
     return root / split
 
 
+@dataclass
+class SplitPlan:
+    """A checked root of splits: the shared class index, where it came from, and each split's
+    scanned source (a :class:`packer.write.Prepared`) with the summary line of its index."""
+
+    splits: list[str]
+    classes: list[str]
+    index_split: str
+    prepared: dict[str, Any]
+    index_of: dict[str, str]
+
+    def describe(self) -> str:
+        """``train: 1000 class folders; val: labels file LOC_val_solution.csv, classes from
+        train``."""
+        return "; ".join(f"{s}: {self.index_of[s]}" for s in self.splits)
+
+
+def _shape(folder: Path) -> tuple[list[str], int]:
+    """The class folders of a split and the number of images directly inside it."""
+    try:
+        with os.scandir(folder) as it:
+            entries = [e for e in it if not e.name.startswith(".")]
+    except OSError as exc:
+        raise SourceError(f"split {str(folder)!r} cannot be listed: {exc.strerror}") from exc
+    folders = sorted(e.name for e in entries if e.is_dir())
+    return folders, sum(1 for e in entries if is_image_name(e.name) and e.is_file())
+
+
+def _assign_labels(
+    labels: Any, src: Path, found: list[str], wanted: list[str], flat: list[str]
+) -> dict[str, str]:
+    """``{split: labels file}`` from ``--labels FILE`` (the one flat split) or ``SPLIT=FILE``."""
+    if labels is None:
+        return {}
+    given = dict(labels) if isinstance(labels, Mapping) else {"": labels}
+    out: dict[str, str] = {}
+    for split, file in given.items():
+        if split == "":
+            if len(flat) != 1:
+                raise SourceError(
+                    f"--labels {os.fspath(file)!r}: "
+                    + (
+                        f"splits {', '.join(flat)} of {str(src)!r} are all flat; name the split "
+                        f"of each file: --labels {flat[0]}=FILE --labels {flat[1]}=FILE"
+                        if flat
+                        else f"no split of {str(src)!r} is flat (images directly, no class "
+                        f"folders): {', '.join(wanted)} hold class folders, which label their "
+                        "images; drop --labels"
+                    )
+                )
+            split = flat[0]
+        elif split not in found:
+            raise SourceError(
+                f"--labels {split}={os.fspath(file)}: {str(src)!r} has no split {split!r}; it "
+                f"has {', '.join(found)}"
+            )
+        elif split not in wanted:
+            raise SourceError(
+                f"--labels {split}={os.fspath(file)}: split {split!r} is not converted (--split "
+                f"{' --split '.join(wanted)}); add --split {split} or drop its labels"
+            )
+        elif split not in flat:
+            raise SourceError(
+                f"--labels {split}={os.fspath(file)}: split {split!r} holds class folders, which "
+                "label its images; --labels applies to a flat split only"
+            )
+        out[split] = os.fspath(file)
+    return out
+
+
+def _check_shape(src: Path, split: str, folders: list[str], images: int, labelled: bool) -> None:
+    """Refuse a split that is empty, flat without labels, or a tree of videos."""
+    where = str(src / split)
+    if labelled:  # a flat split: _assign_labels gives labels to no other
+        return
+    if not folders and images:
+        raise SourceError(
+            f"{where!r} holds {images} image(s) directly and no class "
+            f"folders: pass its labels file with --labels FILE (ImageNet: LOC_val_solution.csv) "
+            f"or --labels {split}=FILE"
+        )
+    if not folders:
+        raise SourceError(
+            f"{where!r} is empty: no class folders and no images; remove it, "
+            f"or convert the other splits with --split NAME"
+        )
+    try:
+        kind = detect(src / split, folders).kind
+    except SourceError:  # could be either: a split is converted as images, as it always was
+        return
+    if kind == "video":
+        raise SourceError(
+            f"{where!r} looks like a tree of videos; a root of splits is "
+            f"converted as images only so far: convert each split folder on its own, e.g. "
+            f"packer convert {where} {split}.npy --kind video"
+        )
+
+
+def plan_splits(
+    src: Path,
+    wanted: list[str],
+    prepare_split: Callable[[Path, list[str], str | None, str], Any],
+    labels: Any = None,
+    classes: list[str] | None = None,
+    strict: bool = False,
+) -> SplitPlan:
+    """Check every split of ``src`` to convert and scan it, before anything is written.
+
+    ``prepare_split(folder, classes, labels_file, index_from)`` scans one split (it is
+    :func:`packer.prepare.prepare` with the conversion's options). The class index is
+    ``classes`` if given, else the class folders of the training split (``train``, or the first
+    split), converted or not.
+
+    Raises:
+        SourceError: every problem found, one per split: an empty split, a flat split without
+            labels, labels for no flat split, labels or class folders unknown to the index.
+    """
+    found = find_splits(src)
+    index_split = "train" if "train" in found else found[0]
+    shapes = {s: _shape(src / s) for s in dict.fromkeys([*wanted, index_split])}
+    flat = [s for s in wanted if not shapes[s][0] and shapes[s][1]]
+    assigned = _assign_labels(labels, src, found, wanted, flat)
+    if classes is None:
+        classes = shapes[index_split][0]
+        if not classes:
+            raise SourceError(
+                f"the training split {str(src / index_split)!r} has no class folders to take "
+                "the class index from: pin it with --classes FILE or --classes-from OUTPUT"
+            )
+        index_from, own = f"classes from {index_split}", f"{len(classes)} class folders"
+    else:
+        index_from = own = f"the given class index ({len(classes)} classes)"
+    plan = SplitPlan(wanted, list(classes), index_split, {}, {})
+    problems = []
+    for split in wanted:
+        folders, images = shapes[split]
+        file = assigned.get(split)
+        try:
+            _check_shape(src, split, folders, images, file is not None)
+            prepared = prepare_split(src / split, plan.classes, file, index_from)
+        except SourceError as exc:
+            problems.append(f"split {split!r}: {exc}")
+            continue
+        if strict and prepared.source.skipped:
+            first = prepared.source.skipped[0]
+            problems.append(f"split {split!r}: {first.path}: {first.reason} (--strict)")
+        plan.prepared[split] = prepared
+        if file is not None:
+            plan.index_of[split] = f"labels file {os.path.basename(file)}, {index_from}"
+        elif split == index_split:
+            plan.index_of[split] = own
+        else:
+            plan.index_of[split] = f"{len(folders)} class folders, {index_from}"
+    if problems:
+        raise SourceError("\n".join(problems))
+    return plan
+
+
 def _fingerprint(src: Path, splits: list[str], options: dict[str, Any]) -> dict[str, Any]:
     kept = ["format", "shard_size", "check", "strict", "max_file_size", "max_pixels"]
     kept += ["quality", "max_side", "short_side", "reencode", "size", "fps", "skip_bad_frames"]
@@ -96,43 +272,39 @@ def _fingerprint(src: Path, splits: list[str], options: dict[str, Any]) -> dict[
 
 
 def convert_splits(
-    src: Path, dst: Path, splits: list[str], convert: Any, **options: Any
+    src: Path, dst: Path, plan: SplitPlan, convert: Any, **options: Any
 ) -> tuple[Manifest, dict[str, Any]]:
-    """Convert each split of ``src`` into ``dst/<split>`` with one class index; return the
-    top-level manifest and each split's result. ``convert`` is :func:`packer.convert.convert`."""
+    """Convert each split of ``plan`` (checked by :func:`plan_splits`) into ``dst/<split>``
+    with one class index; return the top-level manifest and each split's result. ``convert``
+    is :func:`packer.convert.convert`."""
     overwrite, resume = options.pop("overwrite", False), options.pop("resume", False)
-    check_destination(dst, overwrite, src, resume)
-    train = "train" if "train" in splits else splits[0]
-    classes = _folders(src / train)
-    if not classes:
-        raise SourceError(f"the training split {str(src / train)!r} has no class folders")
+    splits, classes = plan.splits, plan.classes
     partial = partial_path(dst)
     fp = _fingerprint(src, splits, options)
     results: dict[str, Any] = {}
     with DestinationLock(dst):
         check_destination(dst, overwrite, src, resume)
-        fresh = not (resume and partial.is_dir())
-        if not fresh:
+        if resume and partial.is_dir():
             Progress(partial).resume(fp)
         else:
             if partial.exists():
                 shutil.rmtree(partial)
             partial.mkdir()
             Progress(partial).start(fp)
-        try:
-            for split in splits:
-                part = partial / split
-                if (part / MANIFEST_NAME).is_file():
-                    results[split] = load_manifest(part)
-                    continue
-                again = resume and partial_path(part).is_dir()
-                results[split] = convert(
-                    src / split, part, classes=classes, resume=again, **options
-                ).manifest
-        except SourceError:
-            if fresh and not results:  # refused before any work: leave nothing to --resume
-                shutil.rmtree(partial, ignore_errors=True)
-            raise
+        for split in splits:
+            part = partial / split
+            if (part / MANIFEST_NAME).is_file():
+                results[split] = load_manifest(part)
+                continue
+            again = resume and partial_path(part).is_dir()
+            results[split] = convert(
+                src / split,
+                part,
+                classes=classes,
+                resume=again,
+                prepared=plan.prepared[split],
+                **options,
+            ).manifest
         counts = {s: m.num_samples for s, m in results.items()}
         first = results[splits[0]]
         manifest = Manifest(
@@ -142,7 +314,12 @@ def convert_splits(
             classes=classes,
             shards=[],
             source={"root": str(src.resolve()), "splits": splits},
-            options={"splits": counts, "class_index_from": train, "kind": first.kind},
+            options={
+                "splits": counts,
+                "class_index_from": plan.index_split,
+                "class_index": plan.index_of,
+                "kind": first.kind,
+            },
         )
         Progress(partial).remove()
         write_manifest(partial, manifest)
@@ -159,4 +336,7 @@ def describe_splits(root: Path) -> str:
         f"{len(manifest.classes)} classes (index from {manifest.options.get('class_index_from')!r})",
     ]
     lines += [f"  {name}: {n} samples ({root / name})" for name, n in counts.items()]
+    index_of = manifest.options.get("class_index") or {}
+    if index_of:
+        lines.append("  class index: " + "; ".join(f"{s}: {w}" for s, w in index_of.items()))
     return "\n".join(lines)

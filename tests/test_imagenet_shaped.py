@@ -88,3 +88,20 @@ def test_imagenet_as_it_ships(imagenet: Path, tmp_path: Path, suffix: str) -> No
     flat_val = packer.open_dataset(flat_dst, output="bytes")
     assert flat_val.class_to_idx == train.class_to_idx
     assert sorted(flat_val.targets.tolist()) == sorted(val.targets.tolist())
+    # ImageNet as it ships, in one command: train/ class folders and the flat val/ + its CSV
+    shutil.rmtree(imagenet / "val")
+    shutil.copytree(tmp_path / "flat_val", imagenet / "val")
+    csv = tmp_path / "LOC_val_solution.csv"
+    one_dst = tmp_path / f"one{suffix}"
+    one = run(
+        main, ["convert", str(imagenet), str(one_dst), "-q", "--allow-empty", "--labels", str(csv)]
+    )
+    assert one.exit_code == 0, one.output
+    assert "val: labels file LOC_val_solution.csv, classes from train" in one.output
+    truth = dict(row.split(",")[0:2] for row in csv.read_text().splitlines()[1:])
+    one_val = packer.open_dataset(one_dst, split="val", output="bytes")
+    assert one_val.classes == train.classes
+    assert {k: one_val.classes[t] for k, t in zip(one_val.keys, one_val.targets)} == {
+        stem: label.split()[0] for stem, label in truth.items()
+    }
+    assert len(packer.open_dataset(one_dst, split="train")) == len(train)

@@ -79,5 +79,7 @@ def test_name_label_lines_with_indices_and_unknown_classes(tmp_path: Path, tree:
     ds = packer.open_dataset(tmp_path / "a.npy")
     assert dict(zip(ds.keys, ds.targets.tolist())) == {"img0": 0, "img1": 2, "img2": 1, "img3": 1}
     labels.write_text("img0 zebra\n")
-    with pytest.raises(SourceError, match="label 'zebra' is neither a class"):
+    with pytest.raises(
+        SourceError, match="1 image.s. have a label that is not a class of the index .*'zebra'"
+    ):
         packer.convert(folder, tmp_path / "b.npy", labels=labels, classes=["cat"], progress=False)
