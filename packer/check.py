@@ -10,7 +10,7 @@ from types import TracebackType
 from PIL import Image
 
 from packer.errors import InputFileError, PackerError
-from packer.fast_decoders import jpeg_info
+from packer.fast_decoders import JpegInfo, jpeg_info
 
 __all__ = [
     "ALLOWED_FORMATS",
@@ -105,6 +105,7 @@ def check_image(data: bytes, check: str = "fast", max_pixels: int = DEFAULT_MAX_
         fmt: str | None = "JPEG"
         if jpeg is not None:
             _check_size(jpeg.width, jpeg.height, max_pixels)
+            _check_jpeg(jpeg, len(data))
         else:
             with Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS) as image:
                 fmt = image.format
@@ -124,4 +125,29 @@ def _check_size(width: int, height: int, max_pixels: int) -> None:
         raise InputFileError(
             f"{width}×{height} is {width * height / 1e6:.0f} Mpx, over the "
             f"{max_pixels / 1e6:.0f} Mpx limit (--max-pixels)"
+        )
+
+
+# Fewest bits a Huffman-coded JPEG spends per 8×8 block of its full-resolution component: a
+# sequential scan codes each block's DC and its end-of-block (1 bit each at the very least), a
+# progressive first DC scan at least the DC. (Arithmetic coding has no such floor.)
+_MIN_BITS_PER_BLOCK = {0xC0: 2, 0xC1: 2, 0xC2: 1}
+
+
+def _check_jpeg(jpeg: JpegInfo, size: int) -> None:
+    """Refuse what libjpeg would decode without an error into mostly invented pixels: a JPEG
+    of another precision than 8 bits (Pillow reads only 8-bit ones), or one whose header
+    declares far more blocks than its bytes can hold (a forged or patched header: libjpeg
+    fills the missing blocks with grey and reports nothing)."""
+    if jpeg.precision != 8:
+        raise InputFileError(
+            f"{jpeg.precision}-bit JPEG: Pillow, packer's reference decoder, reads only 8-bit "
+            "JPEGs; convert it to 8 bits first"
+        )
+    bits = _MIN_BITS_PER_BLOCK.get(jpeg.sof, 0)
+    blocks = -(-jpeg.width // 8) * -(-jpeg.height // 8)
+    if size * 8 < blocks * bits:
+        raise InputFileError(
+            f"its header declares {jpeg.width}×{jpeg.height} but it holds {size} bytes, fewer "
+            f"than the {blocks * bits // 8} so many pixels need: truncated, or a forged header"
         )
