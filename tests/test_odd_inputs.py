@@ -18,7 +18,7 @@ from packer.errors import InputFileError, PackerError
 from packer.loading import Loaded, load_in_order
 from packer.pixels import to_pixels
 from packer.resize import resize_to
-from packer.tools.image_demo import OddImage, odd_images
+from packer.tools.image_demo import OddImage, odd_images, png_bomb
 
 CORPUS = odd_images()
 BY_NAME = {c.name: c for c in CORPUS}
@@ -160,7 +160,7 @@ class _Unpicklable(Exception):
 
 
 def _loader(sample: str) -> Loaded:
-    """A real loader for the pool: decodes ``sample`` (a tag naming its bytes) with Pillow."""
+    """A loader for the pool: ``sample`` names what happens to it (most load as their name)."""
     if sample == "zero":
         return Loaded([bytes(1 // len(""))])  # a library's ZeroDivisionError, say
     if sample == "unpicklable":
@@ -179,7 +179,9 @@ def test_the_pool_skips_an_input_whose_loader_raises_anything(
     samples = ["a", "zero", "b", "unpicklable", "c"]
     out = list(load_in_order(_loader, samples, workers, cpu_bound))
     assert [o.records for o in out] == [[b"a"], None, [b"b"], None, [b"c"]]
-    assert out[1].reason == "unexpected error: ZeroDivisionError: integer division or modulo by zero"
+    assert (
+        out[1].reason == "unexpected error: ZeroDivisionError: integer division or modulo by zero"
+    )
     assert out[3].reason == "unexpected error: _Unpicklable: odd"
     for fatal, kind in (("packer", PackerError), ("memory", MemoryError)):
         with pytest.raises(kind):
@@ -236,3 +238,24 @@ def test_a_bomb_through_a_decoding_transform_is_the_samples_error(
         strict[big]
     lenient = packer.open_dataset(small_and_large, output="bytes", transform=crop, on_error="skip")
     assert tuple(lenient[big][0].shape) == (3, 4, 4) and lenient.replaced >= 1
+
+
+def test_a_stored_png_bomb_is_the_samples_error_when_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Converted where Pillow's limit was lifted and --max-pixels generous, read with the
+    defaults: the stored bytes are a real bomb (200 Mpx in a few kB)."""
+    root = tmp_path / "src"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "bomb.png").write_bytes(png_bomb())
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(root / "a" / "small.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)
+    dst = tmp_path / "out.lmdb"
+    packer.convert(root, dst, check="fast", max_pixels=300_000_000, workers=1, progress=False)
+    monkeypatch.undo()  # Pillow's default limit again
+    strict = packer.open_dataset(dst, output="numpy")
+    assert list(strict.keys) == ["a/bomb", "a/small"]
+    with pytest.raises(InputFileError, match="a/bomb.*decompression bomb"):
+        strict[0]
+    lenient = packer.open_dataset(dst, output="numpy", on_error="skip")
+    assert lenient[0][0].shape == (8, 8, 3) and lenient.replaced == 1

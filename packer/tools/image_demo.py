@@ -22,6 +22,7 @@ __all__ = [
     "OddImage",
     "make_image_tree",
     "odd_images",
+    "png_bomb",
     "photo_like",
     "run_demo",
     "time_targets",
@@ -263,3 +264,22 @@ def odd_images(seed: int = 0) -> list[OddImage]:
             # a PNG cut inside its end chunk still holds every pixel: Pillow decodes it, kept
             cases.append(OddImage(f"cut_{length:04d}_of_{stem}", data[:length], length >= whole))
     return cases
+
+
+def png_bomb(width: int = 20_000, height: int = 10_000) -> bytes:
+    """A black 1-bit PNG of ``width × height`` pixels in a few kB: a decompression bomb (the
+    default 200 Mpx is over twice Pillow's ``MAX_IMAGE_PIXELS``: refused when opened)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = zlib.crc32(kind + body)
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+
+    deflate = zlib.compressobj(9)
+    row = bytes(1 + -(-width // 8))  # filter byte 0, then the row's bits: all zero
+    idat = b"".join(deflate.compress(row) for _ in range(height)) + deflate.flush()
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)  # 1-bit grayscale
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+    )
