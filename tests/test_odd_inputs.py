@@ -151,6 +151,47 @@ def test_every_odd_frame_keeps_or_skips_its_video(
                 assert bytes(frame) == case.data, case.name
 
 
+@pytest.fixture(scope="module")
+def video_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]]:
+    """``odd/<name>.mp4`` (PyAV): tiny frames, and a clip cut at four lengths; with the
+    number of frames each kept video holds."""
+    from packer.tools.video_demo import pan_frames, write_video
+
+    root = tmp_path_factory.mktemp("odd") / "files"
+    (root / "odd").mkdir(parents=True)
+    kept = {}
+    for w, h in ((2, 2), (8, 6), (2, 40)):  # yuv420p: even sides
+        write_video(root / "odd" / f"tiny_{w}x{h}.mp4", [Image.new("RGB", (w, h))] * 3)
+        kept[f"tiny_{w}x{h}"] = 3
+    write_video(root / "odd" / "whole.mp4", pan_frames(np.random.default_rng(0), 5, (64, 48)))
+    kept["whole"] = 5
+    data = (root / "odd" / "whole.mp4").read_bytes()
+    for length in (0, 10, len(data) // 2, len(data) - 10):
+        (root / "odd" / f"cut_{length:05d}.mp4").write_bytes(data[:length])
+    kept[f"cut_{len(data) - 10:05d}"] = 0  # its index is intact: some or all frames decode
+    return root, kept
+
+
+@pytest.mark.parametrize("suffix,max_side", [(s, None) for s in SUFFIXES] + [(".lmdb", 8)])
+def test_video_files_of_odd_sizes_or_cut_short(
+    video_files: tuple[Path, dict[str, int]], tmp_path: Path, suffix: str, max_side: int | None
+) -> None:
+    root, kept = video_files
+    dst = tmp_path / f"files{suffix}"
+    options = {"max_side": max_side} if max_side else {}
+    result = packer.convert(root, dst, workers=2, progress=False, **options)
+    skipped = {Path(s.path).stem: s.reason for s in result.skipped}
+    assert set(skipped) == {p.stem for p in (root / "odd").iterdir()} - set(kept)
+    assert all("PyAV cannot decode it" in reason for reason in skipped.values())
+    dataset = packer.open_dataset(dst, num_frames=1, output="bytes")
+    assert sorted(dataset.keys) == sorted(f"odd/{name}" for name in kept)
+    for i, key in enumerate(dataset.keys):
+        frames = dataset.read_frames(i, np.arange(dataset.counts[i]))
+        assert len(frames) == kept[key[4:]] or (kept[key[4:]] == 0 and 0 < len(frames) <= 5)
+        w, h = (64, 48) if not key.startswith("odd/tiny") else map(int, key[9:].split("x"))
+        assert {pillow_rgb(f).size for f in frames} == {resize_to(w, h, max_side, None)}
+
+
 # --- the loading pool: an exception of any type from one input skips that input -------------
 
 
