@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from packer.check import image_errors
 from packer.decoders import decode_pixels, pillow_rgb
 from packer.errors import PackerError
 
@@ -56,7 +57,12 @@ def decode(data: bytes | memoryview, output: str = "pil", decoder: str = "auto")
 
 
 def encode_bmp(data: bytes | memoryview) -> bytes:
-    """Decode any image to RGB and encode it as an uncompressed 24-bit BMP."""
+    """Decode any image to RGB and encode it as an uncompressed 24-bit BMP.
+
+    Raises:
+        packer.check.ImageError: the data cannot be decoded or encoded (whatever Pillow raised).
+    """
     out = io.BytesIO()
-    decode(data, "pil", "pillow").save(out, format="BMP")
+    with image_errors(""):
+        decode(data, "pil", "pillow").save(out, format="BMP")
     return out.getvalue()

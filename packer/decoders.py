@@ -29,7 +29,7 @@ import numpy as np
 from PIL import Image
 
 from packer import fast_decoders
-from packer.check import ALLOWED_FORMATS, DEFAULT_MAX_PIXELS
+from packer.check import ALLOWED_FORMATS, DEFAULT_MAX_PIXELS, image_errors
 from packer.errors import PackerError
 
 __all__ = [
@@ -158,16 +158,19 @@ def decode_pixels(data: Buffer, name: str = "auto") -> Pixels:
     """Decode ``data`` with the first decoder of its format's chain that accepts it.
 
     Raises:
-        OSError, ValueError, SyntaxError: the data is not a decodable image (from Pillow).
+        packer.check.ImageError: the data is not a decodable image — whatever the library
+            raised (a decompression bomb, an error of a decoder's corner case), as an
+            :class:`~packer.errors.InputFileError` that is also a ``ValueError``.
     """
-    for decoder in decoders_for(sniff(data), name):
-        try:
-            pixels = decoder.fn(data)
-        except fast_decoders.DecodeFailed:
-            break  # a library rejected it: Pillow judges, no lenient decoder in between
-        if pixels is not None:
-            return pixels
-    return pillow_rgb(data)  # after a rejection (a chain always ends with Pillow)
+    with image_errors(""):
+        for decoder in decoders_for(sniff(data), name):
+            try:
+                pixels = decoder.fn(data)
+            except fast_decoders.DecodeFailed:
+                break  # a library rejected it: Pillow judges, no lenient decoder in between
+            if pixels is not None:
+                return pixels
+        return pillow_rgb(data)  # after a rejection (a chain always ends with Pillow)
 
 
 def bmp_pixels(data: Buffer) -> np.ndarray | None:
@@ -195,8 +198,12 @@ def bmp_pixels(data: Buffer) -> np.ndarray | None:
 
 
 def pillow_rgb(data: Buffer) -> Image.Image:
-    """Decode encoded image bytes to a loaded RGB PIL image (raises OSError/ValueError if broken)."""
-    with warnings.catch_warnings():
+    """Decode encoded image bytes to a loaded RGB PIL image.
+
+    Raises:
+        packer.check.ImageError: the data is not a decodable image (whatever Pillow raised).
+    """
+    with warnings.catch_warnings(), image_errors(""):
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         image: Image.Image = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)
         _check_pixels(*image.size)

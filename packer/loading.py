@@ -4,7 +4,9 @@ One pool for every kind: a *loader* turns one source sample into its records (an
 bytes, a video's frames) or a reason it cannot be used; :func:`load_in_order` runs a loader over
 all samples with threads (IO-bound copies) or processes (decoding, encoding), at most
 ``8 × workers`` in flight, results in order, so the output never depends on ``workers``.
-Pool processes exit when the converting process dies, even by SIGKILL.
+Pool processes exit when the converting process dies, even by SIGKILL. One input never stops
+a conversion: an exception a loader raises that is not packer's (a library's on odd bytes)
+becomes that sample's skip reason, ``unexpected error: <type>: <message>``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from packer.check import DEFAULT_MAX_PIXELS, check_image
-from packer.errors import InputFileError
+from packer.errors import InputFileError, PackerError
 from packer.manifest import bytes_checksum
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "load_image",
     "load_in_order",
     "read_input",
+    "skip_unexpected",
 ]
 
 T = TypeVar("T")
@@ -107,15 +110,33 @@ def load_image(
         )
     try:
         check_image(data, check, max_pixels)
+    except InputFileError as exc:
+        return Loaded(None, str(exc))
+    try:  # raise ImageError on bad bytes (anything else: skip_unexpected's business)
         if resize is not None:
             data = resize.apply(data)
         if transcode is not None:
             data = transcode(data)
     except InputFileError as exc:
-        return Loaded(None, str(exc))
-    except (OSError, ValueError, SyntaxError) as exc:  # transcode failures
         return Loaded(None, f"cannot decode: {exc}")
     return Loaded([data])
+
+
+def skip_unexpected(loader: Callable[[T], Loaded], sample: T) -> Loaded:
+    """``loader(sample)``, or a skip when it raises an exception that is not packer's.
+
+    A loader returns a reason for every problem it knows; an exception of another type (a
+    library's bug on odd bytes, say) is still one input's problem, so it skips that input,
+    with ``unexpected error: <type>: <message>`` as its reason, rather than ending the run.
+    Packer's own errors (e.g. PyAV missing: every input would fail) and ``MemoryError``
+    propagate, as do ``KeyboardInterrupt`` and ``SystemExit``.
+    """
+    try:
+        return loader(sample)
+    except (PackerError, MemoryError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - one input's failure, whatever its type
+        return Loaded(None, f"unexpected error: {type(exc).__name__}: {exc}")
 
 
 def _die_with_parent(parent: int) -> None:
@@ -155,14 +176,14 @@ def load_in_order(
     """
     if workers <= 1:
         for sample in samples:
-            yield loader(sample)
+            yield skip_unexpected(loader, sample)
         return
     window = 8 * workers
     executor = _executor(workers, cpu_bound)
     pending: deque = deque()
     try:
-        for sample in samples:
-            pending.append(executor.submit(loader, sample))
+        for sample in samples:  # guarded in the worker: an exception may not even unpickle
+            pending.append(executor.submit(skip_unexpected, loader, sample))
             if len(pending) >= window:
                 yield pending.popleft().result()
         while pending:

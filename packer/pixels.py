@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from packer.check import image_errors
 from packer.decoders import pillow_rgb
 
 __all__ = ["pixels_output", "to_pixels"]
@@ -24,15 +25,17 @@ def to_pixels(data: bytes, size: int) -> bytes:
     """Encoded image ``data`` -> ``size×size×3`` RGB bytes (short side to ``size``, centre crop).
 
     Raises:
-        OSError, ValueError, SyntaxError: the data cannot be decoded.
+        packer.check.ImageError: the data cannot be decoded (whatever Pillow raised).
     """
-    image = pillow_rgb(data)
-    scale = size / min(image.width, image.height)
-    width, height = max(size, round(image.width * scale)), max(size, round(image.height * scale))
-    if (width, height) != image.size:
-        image = image.resize((width, height), Image.Resampling.LANCZOS)
-    left, top = (width - size) // 2, (height - size) // 2
-    return image.crop((left, top, left + size, top + size)).tobytes()
+    with image_errors(""):
+        image = pillow_rgb(data)
+        scale = size / min(image.width, image.height)
+        width = max(size, round(image.width * scale))
+        height = max(size, round(image.height * scale))
+        if (width, height) != image.size:
+            image = image.resize((width, height), Image.Resampling.LANCZOS)
+        left, top = (width - size) // 2, (height - size) // 2
+        return image.crop((left, top, left + size, top + size)).tobytes()
 
 
 def pixels_output(data: bytes | memoryview, shape: tuple[int, ...], output: str) -> Any:

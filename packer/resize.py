@@ -21,6 +21,7 @@ from typing import Any
 
 from PIL import Image
 
+from packer.check import ALLOWED_FORMATS, image_errors
 from packer.decoders import pillow_rgb
 from packer.errors import PackerError
 
@@ -79,25 +80,30 @@ class Resize:
         return asdict(self)
 
     def encode(self, image: Image.Image) -> bytes:
-        """Resize ``image`` by the rules above and encode it as JPEG at ``quality``."""
-        size = resize_to(image.width, image.height, self.max_side, self.short_side)
-        if size != image.size:
-            if image.format == "JPEG":  # DCT-scaled decode down to twice the target, at most
-                image.draft("RGB", (size[0] * 2, size[1] * 2))
-            image = image.convert("RGB").resize(size, Image.Resampling.LANCZOS)
-        out = io.BytesIO()
-        image.convert("RGB").save(out, format="JPEG", quality=self.quality)
-        return out.getvalue()
+        """Resize ``image`` by the rules above and encode it as JPEG at ``quality``.
+
+        Raises:
+            packer.check.ImageError: the image cannot be decoded or encoded.
+        """
+        with image_errors(""):
+            size = resize_to(image.width, image.height, self.max_side, self.short_side)
+            if size != image.size:
+                if image.format == "JPEG":  # DCT-scaled decode down to twice the target, at most
+                    image.draft("RGB", (size[0] * 2, size[1] * 2))
+                image = image.convert("RGB").resize(size, Image.Resampling.LANCZOS)
+            out = io.BytesIO()
+            image.convert("RGB").save(out, format="JPEG", quality=self.quality)
+            return out.getvalue()
 
     def apply(self, data: bytes) -> bytes:
         """The bytes to store for encoded image ``data``: unchanged when within the limit.
 
         Raises:
-            OSError, ValueError, SyntaxError: the data cannot be decoded.
+            packer.check.ImageError: the data cannot be decoded (whatever Pillow raised).
         """
         if not self.active:
             return data
-        with Image.open(io.BytesIO(data)) as image:
+        with image_errors(""), Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS) as image:
             within = resize_to(image.width, image.height, self.max_side, self.short_side)
             if within == image.size and not self.reencode:
                 return data

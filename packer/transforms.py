@@ -35,7 +35,7 @@ import torch
 from PIL import Image
 
 from packer import decoders, fast_decoders
-from packer.check import ALLOWED_FORMATS
+from packer.check import ALLOWED_FORMATS, image_errors
 from packer.errors import PackerError
 
 __all__ = [
@@ -157,18 +157,19 @@ class _FusedCrop:
 
     def __call__(self, data: bytes | memoryview) -> Any:
         out_h, out_w = self.size
-        info = fast_decoders.jpeg_info(data)
-        if info is not None and info.width > 0 and info.height > 0:
-            fast_decoders.check_pixels(info.width, info.height, decoders.MAX_PIXELS)
-            box = self.box(info.width, info.height)
-            denom = pick_denom(box[2] - box[0], box[3] - box[1], out_w, out_h)
-            image, denom = decode_scaled(data, denom, self.decoder)
-        else:
-            image, denom = _as_image(decoders.decode_pixels(data, self.decoder)), 1
-            box = self.box(*image.size)
-        scaled = (box[0] / denom, box[1] / denom, box[2] / denom, box[3] / denom)
-        scaled = (*scaled[:2], min(scaled[2], image.width), min(scaled[3], image.height))
-        result = image.resize((out_w, out_h), Image.Resampling.BILINEAR, box=scaled)
+        with image_errors(""):  # whatever a decoder raises on bad bytes: ImageError
+            info = fast_decoders.jpeg_info(data)
+            if info is not None and info.width > 0 and info.height > 0:
+                fast_decoders.check_pixels(info.width, info.height, decoders.MAX_PIXELS)
+                box = self.box(info.width, info.height)
+                denom = pick_denom(box[2] - box[0], box[3] - box[1], out_w, out_h)
+                image, denom = decode_scaled(data, denom, self.decoder)
+            else:
+                image, denom = _as_image(decoders.decode_pixels(data, self.decoder)), 1
+                box = self.box(*image.size)
+            scaled = (box[0] / denom, box[1] / denom, box[2] / denom, box[3] / denom)
+            scaled = (*scaled[:2], min(scaled[2], image.width), min(scaled[3], image.height))
+            result = image.resize((out_w, out_h), Image.Resampling.BILINEAR, box=scaled)
         if self.output == "pil":
             return result
         array = np.asarray(result)

@@ -118,3 +118,39 @@ def test_registry_by_format_with_pillow_fallback() -> None:
     with pytest.raises(PackerError, match="unknown decoder 'nvjpeg'"):
         decode(jpeg, "numpy", "nvjpeg")
     assert sniff(b"not an image") == "other"
+
+
+def test_every_decode_entry_point_raises_only_input_file_errors_on_bad_bytes() -> None:
+    """Broken bytes (the odd-input corpus's, and 120 seeded byte flips in a JPEG's scan data)
+    through every decode at write and read time: decoded, or an InputFileError that is also a
+    ValueError (so a dataset names the sample), never another exception type."""
+    from packer.check import ImageError
+    from packer.pixels import to_pixels
+    from packer.resize import Resize
+    from packer.tools.image_demo import odd_images
+    from packer.transforms import RandomResizedCrop
+
+    good = encoded(RGB.resize((48, 32)), "JPEG")
+    rng = np.random.default_rng(1)
+    broken = [c.data for c in odd_images() if not c.kept and "Mpx" not in c.reason]
+    for _ in range(120):
+        flipped = bytearray(good)
+        flipped[int(rng.integers(len(good) // 2, len(good) - 2))] = int(rng.integers(256))
+        broken.append(bytes(flipped))
+    entries = {
+        "decode auto": lambda d: decode(d, "numpy"),
+        "decode pillow": lambda d: decode(d, "numpy", "pillow"),
+        "encode_bmp": encode_bmp,
+        "to_pixels": lambda d: to_pixels(d, 4),
+        "Resize.apply": Resize(max_side=4).apply,
+        "RandomResizedCrop": RandomResizedCrop(4, seed=0),
+    }
+    raised = 0
+    for data in broken:
+        for name, entry in entries.items():
+            try:
+                entry(data)
+            except InputFileError as exc:
+                assert isinstance(exc, ImageError) and isinstance(exc, ValueError), name
+                raised += 1
+    assert raised > len(broken)  # most of them are refused

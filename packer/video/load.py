@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from packer.check import check_image
+from packer.check import check_image, image_errors
 from packer.errors import InputFileError, PackerError
 from packer.loading import Loaded, read_input
 from packer.resize import Resize
@@ -63,13 +63,13 @@ def _load_folder(sample: VideoSample, options: FrameOptions) -> Loaded:
     frames: list[bytes] = []
     dropped: list[tuple[str, str]] = []
     for path in sample.frames or ():
-        try:
+        try:  # each raises InputFileError, whatever went wrong with the frame's bytes
             data = read_input(path)
             check_image(data, options.check)
             if options.resize:
                 data = options.sizing.apply(data)
-        except (OSError, InputFileError, ValueError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        except InputFileError as exc:
+            reason = str(exc)
             if not options.skip_bad_frames:
                 return Loaded(None, f"frame {path!r}: {reason}")
             dropped.append((path, reason))
@@ -108,6 +108,14 @@ def decode_video_file(path: str, options: FrameOptions) -> list[bytes]:
     """
     av = import_av()
     frames: list[bytes] = []
+    with image_errors("PyAV cannot decode it"):  # any other exception, named by its type
+        _decode_into(frames, av, path, options)
+    if not frames:
+        raise InputFileError("no frame decoded")
+    return frames
+
+
+def _decode_into(frames: list[bytes], av: Any, path: str, options: FrameOptions) -> None:
     try:
         with av.open(path) as container:
             stream = next((s for s in container.streams if s.type == "video"), None)
@@ -121,9 +129,6 @@ def decode_video_file(path: str, options: FrameOptions) -> list[bytes]:
                     frames.append(options.sizing.encode(frame.to_image()))
     except (av.FFmpegError, OSError, ValueError) as exc:
         raise InputFileError(f"PyAV cannot decode it: {exc}") from exc
-    if not frames:
-        raise InputFileError("no frame decoded")
-    return frames
 
 
 def load_video(sample: VideoSample, options: FrameOptions) -> Loaded:
@@ -138,6 +143,6 @@ def load_video(sample: VideoSample, options: FrameOptions) -> Loaded:
     if loaded.records is not None and options.transcode is not None:
         try:
             return Loaded([options.transcode(f) for f in loaded.records], None, loaded.dropped)
-        except (OSError, ValueError) as exc:
+        except InputFileError as exc:  # an ImageError: the transcodes raise nothing else
             return Loaded(None, f"cannot decode a frame: {exc}", loaded.dropped)
     return loaded
