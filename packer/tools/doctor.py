@@ -5,13 +5,16 @@
 3. CPUs vs workers, and the thread pools a worker starts;
 4. a real DataLoader run with the standard transform and the per-batch waits
    (:func:`packer.diagnose`);
-5. the recommendation: format and ``packer convert`` command, ``num_workers`` for the step time,
-   ``persistent_workers``, ``pin_memory``, staging in ``/dev/shm``, thread limits.
+5. the recommendation: format and ``packer convert`` command, ONE ``num_workers`` (from the
+   per-sample cost of 2., the step time and the CPUs: :func:`~packer.tools.stalls.advise_workers`,
+   the same rule as :func:`packer.diagnose`), ``persistent_workers``, ``pin_memory``, staging in
+   ``/dev/shm``, thread limits.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,7 +31,7 @@ from packer.sizes import format_size
 from packer.tools.decode_advice import advise_dataset
 from packer.tools.diagnose import LoaderReport, diagnose
 from packer.tools.io_counters import resident_fraction
-from packer.tools.stalls import HEADROOM, recommend_workers
+from packer.tools.stalls import WorkerAdvice, advise_workers
 from packer.tools.targets import (
     bench_collate,
     close_dataset,
@@ -43,8 +46,6 @@ from packer.tools.train_transform import train_transform
 from packer.tools.worker_threads import ThreadReport, available_cpus, worker_thread_report
 
 __all__ = ["DiskSpeed", "DoctorReport", "doctor", "measure_disk", "measure_split"]
-
-STEPS_MS = (50, 100, 200)  # step times the worker table covers when none is given
 
 
 @dataclass
@@ -109,15 +110,15 @@ def measure_split(
     time_limit_s: float,
     broken: list[str] | None = None,
 ) -> dict[str, float]:
-    """Milliseconds per sample of read (warm), decode and transform, in this process.
+    """Milliseconds per sample of read (warm), decode and transform, in this process: the
+    median of each over the samples (a slow outlier or the first open does not move it).
 
-    Samples that fail to decode are left out of the averages and, when ``broken`` is given,
-    described there.
+    Samples that fail to decode are left out and, when ``broken`` is given, described there.
     """
     dataset = open_for_mode(path, "bytes")
     transform = train_transform()
-    totals = {"read": 0.0, "decode": 0.0, "transform": 0.0}
-    deadline, done = time.perf_counter() + time_limit_s, 0
+    times: dict[str, list[float]] = {"read": [], "decode": [], "transform": []}
+    deadline = time.perf_counter() + time_limit_s
     for i in indices:
         t0 = time.perf_counter()
         data = dataset[i][0]
@@ -131,13 +132,12 @@ def measure_split(
         t2 = time.perf_counter()
         transform(image)
         t3 = time.perf_counter()
-        for name, seconds in zip(totals, (t1 - t0, t2 - t1, t3 - t2)):
-            totals[name] += seconds
-        done += 1
+        for name, seconds in zip(times, (t1 - t0, t2 - t1, t3 - t2)):
+            times[name].append(seconds)
         if t3 > deadline:
             break
     close_dataset(dataset)
-    return {name: 1e3 * value / max(1, done) for name, value in totals.items()}
+    return {name: 1e3 * statistics.median(v) if v else 0.0 for name, v in times.items()}
 
 
 def _memory_available() -> int | None:
@@ -173,7 +173,8 @@ class DoctorReport:
     cold_read_ms: float | None
     worker_threads: ThreadReport
     loader: LoaderReport | None
-    workers_needed: dict[float, int] = field(default_factory=dict)
+    workers: WorkerAdvice | None = None
+    recommended_workers: int = 0  # workers.workers: the one num_workers of the report
     findings: list[str] = field(default_factory=list)
     recommendations: list[str] = field(default_factory=list)
     convert_command: str | None = None
@@ -193,13 +194,12 @@ class DoctorReport:
         return render(self)
 
 
-def _batch_ms(report: DoctorReport, fits_ram: bool) -> float:
-    """W: one worker building one batch (read + decode + transform, per sample × batch)."""
+def _sample_ms(report: DoctorReport, fits_ram: bool) -> float:
+    """One sample's read (cold when the data does not fit in RAM) + decode + transform."""
     read = report.split_ms["read"]
     if not fits_ram and report.cold_read_ms is not None:
         read = report.cold_read_ms
-    per_sample = read + report.split_ms["decode"] + report.split_ms["transform"]
-    return per_sample * report.batch_size
+    return read + report.split_ms["decode"] + report.split_ms["transform"]
 
 
 def _findings(report: DoctorReport) -> list[str]:
@@ -252,13 +252,8 @@ def _recommend(report: DoctorReport, fits_ram: bool) -> tuple[list[str], str | N
         out.append(
             f"the dataset fits in RAM: stage it with  cp -r {path} {ram_dir}/  and read it there"
         )
-    for step, need in report.workers_needed.items():
-        note = (
-            f" (more than the {report.cpus} CPUs: make samples cheaper)"
-            if need > report.cpus
-            else ""
-        )
-        out.append(f"step {step:g} ms: num_workers={need}{note}")
+    if report.workers is not None:
+        out.append(str(report.workers))
     out.append("persistent_workers=True (workers and their open files survive epochs)")
     if report.worker_threads.largest_pool > 1:
         out.append("worker_init_fn=packer.worker_init_fn (one thread per library in each worker)")
@@ -279,7 +274,7 @@ def doctor(
 
     Args:
         path: a packer output or an image folder.
-        step_ms: the training step time to feed (None: a table for 50/100/200 ms).
+        step_ms: the training step time to feed (None: as fast as possible).
         batch_size: batch size of the loader run and the worker formula.
         workers: num_workers of the loader run (default: min(4, CPUs)).
         budget_s: upper bound on the time spent measuring.
@@ -307,16 +302,16 @@ def doctor(
         1e3 * disk.cold_s / disk.samples if disk.cold_s else None, threads, None,
     )  # fmt: skip
     report.broken = broken
-    try:
-        time_left = budget_s - (time.perf_counter() - start)
-        report.loader = _loader_run(root, report, num_workers, time_left)
-    except (PackerError, OSError, ValueError, RuntimeError) as exc:
-        report.loader_error = str(exc).strip().splitlines()[-1]
     memory = _memory_available()
     fits_ram = memory is not None and report.dataset_bytes < memory // 2
-    batch_ms = _batch_ms(report, fits_ram)
-    for step in [step_ms] if step_ms else STEPS_MS:
-        report.workers_needed[step] = recommend_workers(batch_ms / 1e3, step / 1e3, HEADROOM)
+    sample_ms = _sample_ms(report, fits_ram)
+    try:
+        time_left = budget_s - (time.perf_counter() - start)
+        report.loader = _loader_run(root, report, num_workers, time_left, sample_ms)
+    except (PackerError, OSError, ValueError, RuntimeError) as exc:
+        report.loader_error = str(exc).strip().splitlines()[-1]
+    report.workers = _worker_advice(report, sample_ms)
+    report.recommended_workers = report.workers.workers
     report.findings = _findings(report)
     report.recommendations, report.convert_command = _recommend(report, fits_ram)
     if report.split_ms["decode"] > (report.cold_read_ms or report.split_ms["read"]):
@@ -327,8 +322,18 @@ def doctor(
     return report
 
 
+def _worker_advice(report: DoctorReport, sample_ms: float) -> WorkerAdvice:
+    """The loader run's advice (same cost, plus whether that run kept the loop fed), or the
+    same rule on the measured cost alone when there was no run."""
+    if report.loader is not None:
+        return report.loader.workers
+    cost = f"median read + decode + transform {sample_ms:.2f} ms per sample × batch"
+    batch_ms = sample_ms * report.batch_size
+    return advise_workers(batch_ms, report.step_ms, report.cpus, cost=f"{cost} {report.batch_size}")
+
+
 def _loader_run(
-    root: Path, report: DoctorReport, num_workers: int, time_left_s: float
+    root: Path, report: DoctorReport, num_workers: int, time_left_s: float, sample_ms: float
 ) -> LoaderReport | None:
     """The real DataLoader run with the standard transform, in what is left of the budget."""
     batches = report.samples // report.batch_size
@@ -343,7 +348,8 @@ def _loader_run(
         drop_last=True,
     )
     steps = max(2, min(batches, 8 * max(1, num_workers) + 1, 60))
-    return diagnose(loader, steps, report.step_ms or 0.0, time_limit_s=0.8 * time_left_s)
+    step_ms, limit_s = report.step_ms or 0.0, 0.8 * time_left_s
+    return diagnose(loader, steps, step_ms, time_limit_s=limit_s, sample_ms=sample_ms)
 
 
 def _rate_line(name: str, disk: DiskSpeed, seconds: float | None) -> str:
@@ -387,7 +393,7 @@ def render(report: DoctorReport) -> str:
     )
     if r.loader is not None:
         lines += ["", "a DataLoader with the standard transform (RandomResizedCrop 224 + flip):"]
-        lines += ["  " + line for line in str(r.loader).splitlines()]
+        lines += ["  " + line for line in r.loader.measurements()]
     lines += ["", "findings:"] + [f"  - {f}" for f in r.findings]
     lines += ["", "recommendation:"] + [f"  - {x}" for x in r.recommendations]
     return "\n".join(lines)
