@@ -137,6 +137,9 @@ def test_cli_bench_json_is_a_flag_printing_json(clean: dict[str, Path], tmp_path
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)  # stdout is the JSON alone; progress went to stderr
     assert [r["label"] for r in data["runs"]] == ["images.lmdb"] and data["complete"]
+    result = CliRunner().invoke(bench, [str(clean[".lmdb"]), *args, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["runs"][0]["workers"] == 0
     old = tmp_path / "old.json"
     result = CliRunner().invoke(bench, [str(clean[".lmdb"]), *args, "--json", str(old)])
     assert result.exit_code == 0, result.output

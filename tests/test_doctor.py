@@ -202,6 +202,9 @@ def test_cli_doctor_json_flag_and_json_out(clean: dict[str, Path], tmp_path: Pat
     assert result.exit_code == 0, result.output
     printed = json.loads(result.stdout)  # stdout is JSON only; "wrote" went to stderr
     assert json.loads(out.read_text())["path"] == printed["path"] == str(clean[".lmdb"])
+    result = CliRunner().invoke(doctor_command, [str(clean[".lmdb"]), *base, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["recommended_workers"] >= 1
     old = tmp_path / "old.json"
     result = CliRunner().invoke(doctor_command, [str(clean[".lmdb"]), *base, "--json", str(old)])
     assert result.exit_code == 0, result.output
