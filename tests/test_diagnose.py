@@ -110,7 +110,7 @@ def test_diagnose_gives_the_same_count_whatever_the_workers_given() -> None:
         assert report.workers.needed == 2, report.workers.reason
         counts.append(report.recommended_workers)
     assert max(counts) - min(counts) <= 1, counts
-    assert counts[1] == 2  # 2 workers given and measured as needed: "the current 2 is enough"
+    assert counts[1] == 2  # 2 workers given and measured as needed: "your current 2 is enough"
 
 
 @pytest.mark.parametrize(
@@ -120,8 +120,8 @@ def test_diagnose_gives_the_same_count_whatever_the_workers_given() -> None:
         (80, 50, 2, 3, 0.07, 2, "compete for the CPUs"),
         (80, 1000, 2, 2, 0.01, 1, "fewer suffice"),  # issue 19: step 1000 ms, fed
         (800, 1000, 2, 2, 0.01, 1, "fewer suffice"),
-        (1600, 1000, 2, 1, 0.02, 1, "the current 1 is enough"),  # fed: measured beats formula
-        (0.5, 1000, 2, 0, 0.001, 0, "the current 0 is enough"),
+        (1600, 1000, 2, 1, 0.02, 1, "your current 1 is enough"),  # fed: measured beats formula
+        (0.5, 1000, 2, 0, 0.001, 0, "your current 0 is enough"),
         (400, 50, 2, 2, 0.5, 2, "more than the 2 CPUs"),
         (400, 50, 16, 2, 0.5, 10, "ceil(1.25 × 400.0 / 50) = 10"),
         (400, None, 4, 2, 0.9, 4, "no step time given"),

@@ -179,6 +179,7 @@ def diagnose(
     time_limit_s: float | None = None,
     headroom: float = HEADROOM,
     sample_ms: float | None = None,
+    current_label: str = "your current",
 ) -> LoaderReport:
     """Run ``steps`` steps of an existing DataLoader and explain where the loop waits.
 
@@ -193,6 +194,7 @@ def diagnose(
         time_limit_s: stop early after this many seconds.
         headroom: factor applied to ``W / t`` in the worker recommendation.
         sample_ms: the per-sample cost when the caller measured it (None: measured here).
+        current_label: how the advice names the loader's workers ("your current 2 is enough").
 
     Raises:
         PackerError: ``loader`` is not a DataLoader, or an argument is out of range.
@@ -216,7 +218,7 @@ def diagnose(
     )
     cpus = available_cpus()
     workers = advise_workers(
-        batch_ms, step_ms, cpus, n, busy, headroom, _cost_text(sample_ms, batch)
+        batch_ms, step_ms, cpus, n, busy, headroom, _cost_text(sample_ms, batch), current_label
     )
     report = LoaderReport(
         steps=len(waits),

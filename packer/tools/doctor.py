@@ -27,9 +27,9 @@ from torch.utils.data import DataLoader
 from packer.decode import decode
 from packer.errors import PackerError
 from packer.manifest import MANIFEST_NAME, load_manifest
-from packer.sizes import format_size
 from packer.tools.decode_advice import advise_dataset
 from packer.tools.diagnose import LoaderReport, diagnose
+from packer.tools.doctor_text import render
 from packer.tools.io_counters import resident_fraction
 from packer.tools.stalls import WorkerAdvice, advise_workers
 from packer.tools.targets import (
@@ -307,7 +307,8 @@ def doctor(
     sample_ms = _sample_ms(report, fits_ram)
     try:
         time_left = budget_s - (time.perf_counter() - start)
-        report.loader = _loader_run(root, report, num_workers, time_left, sample_ms)
+        label = "the measured run's" if workers is None else "your"
+        report.loader = _loader_run(root, report, num_workers, label, time_left, sample_ms)
     except (PackerError, OSError, ValueError, RuntimeError) as exc:
         report.loader_error = str(exc).strip().splitlines()[-1]
     report.workers = _worker_advice(report, sample_ms)
@@ -333,9 +334,15 @@ def _worker_advice(report: DoctorReport, sample_ms: float) -> WorkerAdvice:
 
 
 def _loader_run(
-    root: Path, report: DoctorReport, num_workers: int, time_left_s: float, sample_ms: float
+    root: Path,
+    report: DoctorReport,
+    num_workers: int,
+    label: str,
+    time_left_s: float,
+    sample_ms: float,
 ) -> LoaderReport | None:
-    """The real DataLoader run with the standard transform, in what is left of the budget."""
+    """The real DataLoader run with the standard transform, in what is left of the budget
+    (``label``: how the advice names its workers)."""
     batches = report.samples // report.batch_size
     if batches < 3 or time_left_s < 2:
         return None
@@ -349,51 +356,6 @@ def _loader_run(
     )
     steps = max(2, min(batches, 8 * max(1, num_workers) + 1, 60))
     step_ms, limit_s = report.step_ms or 0.0, 0.8 * time_left_s
-    return diagnose(loader, steps, step_ms, time_limit_s=limit_s, sample_ms=sample_ms)
-
-
-def _rate_line(name: str, disk: DiskSpeed, seconds: float | None) -> str:
-    mb_s, files_s = disk.rates(seconds)
-    per = 1e3 * seconds / max(1, disk.samples) if seconds else 0.0
-    return f"  {name:<34} {mb_s:>9,.1f} MB/s {files_s:>9,.0f} files/s  ({per:.2f} ms per sample)"
-
-
-def render(report: DoctorReport) -> str:
-    """The diagnosis as text: measurements first, then findings and recommendations."""
-    r, disk, split = report, report.disk, report.split_ms
-    resident = (
-        "" if disk.resident_before is None else f", {100 * disk.resident_before:.0f} % resident"
+    return diagnose(
+        loader, steps, step_ms, time_limit_s=limit_s, sample_ms=sample_ms, current_label=label
     )
-    lines = [
-        f"packer doctor: {r.path} ({r.format}, {r.samples:,} samples, "
-        f"≈ {format_size(r.dataset_bytes)}), batch {r.batch_size}, {r.cpus} CPUs, "
-        f"measured in {r.elapsed_s:.1f} s",
-        "",
-        f"disk: {disk.samples} samples spread over the dataset, read one by one",
-    ]
-    if disk.cold_s is not None:
-        lines.append(_rate_line(f"cold (evicted{resident}):", disk, disk.cold_s))
-    else:
-        lines.append("  cold: not measured (no posix_fadvise on this platform)")
-    lines += [
-        _rate_line("warm (page cache):", disk, disk.warm_s),
-        "",
-        "per sample in one process: "
-        + f"read {split['read']:.2f} ms warm"
-        + (f" / {r.cold_read_ms:.2f} ms cold" if r.cold_read_ms is not None else "")
-        + f" | decode {split['decode']:.2f} ms | transform {split['transform']:.2f} ms",
-    ]
-    t = r.worker_threads
-    lines.append(
-        f"threads in a DataLoader worker: torch {t.torch_threads}, "
-        f"OMP_NUM_THREADS={t.env.get('OMP_NUM_THREADS') or 'unset'}, "
-        f"MKL_NUM_THREADS={t.env.get('MKL_NUM_THREADS') or 'unset'}, "
-        f"OpenCV {t.opencv_threads if t.opencv_threads is not None else 'not loaded'}, "
-        f"{t.os_threads} OS threads after one sample; {t.cpus} CPUs"
-    )
-    if r.loader is not None:
-        lines += ["", "a DataLoader with the standard transform (RandomResizedCrop 224 + flip):"]
-        lines += ["  " + line for line in r.loader.measurements()]
-    lines += ["", "findings:"] + [f"  - {f}" for f in r.findings]
-    lines += ["", "recommendation:"] + [f"  - {x}" for x in r.recommendations]
-    return "\n".join(lines)

@@ -225,11 +225,11 @@ class WorkerAdvice:
 
 
 def _fed_advice(
-    current: int, needed: int, waited: str, formula: str, cpus: int, batch_ms: float
+    current: int, needed: int, waited: str, formula: str, cpus: int, batch_ms: float, label: str
 ) -> WorkerAdvice:
     """The loop is fed with ``current`` workers: keep them, or fewer when the cost says so."""
     if current == 0 or needed >= current:
-        reason = f"the current {current} is enough: the loop waited only {waited} of the time"
+        reason = f"{label} {current} is enough: the loop waited only {waited} of the time"
         workers = current
     else:
         reason = f"fewer suffice: the loop waited only {waited} with {current}, and {formula}"
@@ -247,6 +247,7 @@ def advise_workers(
     wait_fraction: float | None = None,
     headroom: float = HEADROOM,
     cost: str = "measured",
+    label: str = "your current",
 ) -> WorkerAdvice:
     """The one ``num_workers`` recommendation of ``packer doctor`` and :func:`packer.diagnose`.
 
@@ -264,6 +265,7 @@ def advise_workers(
         wait_fraction: the share of time that run's loop waited.
         headroom: factor on ``batch_ms / step_ms`` for jitter and slow samples.
         cost: how ``batch_ms`` was obtained, for the reason.
+        label: how the reason names ``current`` ("your current 2 is enough").
     """
     cpus = max(1, cpus)
     if not step_ms or step_ms <= 0:
@@ -282,7 +284,7 @@ def advise_workers(
     if current is not None and wait_fraction is not None:
         waited = f"{100 * wait_fraction:.0f} %"
         if wait_fraction <= FED:
-            return _fed_advice(current, needed, waited, formula, cpus, batch_ms)
+            return _fed_advice(current, needed, waited, formula, cpus, batch_ms, label)
     if needed > cpus:
         reason = (
             f"{formula}, more than the {cpus} CPUs, which more workers would only share: make"
