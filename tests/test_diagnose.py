@@ -88,7 +88,10 @@ def test_diagnose_finds_the_stall_with_period_num_workers() -> None:
     assert report.sample_ms is not None and 50 <= report.sample_ms < 100  # a 50 ms sleep each
     assert report.batch_ms == pytest.approx(4 * report.sample_ms)
     assert report.workers.needed == recommend_workers(report.batch_ms / 1e3, 0.005)
-    assert report.recommended_workers == min(report.workers.needed, report.cpus)
+    # a sleeping sample hardly computes: workers beyond the CPUs hide its wait, said so
+    assert report.cpu_share is not None and report.cpu_share < 0.2
+    assert report.recommended_workers == min(report.workers.needed, 20 * report.cpus)
+    assert report.recommended_workers > report.cpus and "CPUs" in report.workers.reason
     assert 0 < report.wait_fraction <= 1
     text = str(report)
     assert "one every 3 batches" in text and "the 3 workers" in text
@@ -111,6 +114,24 @@ def test_diagnose_gives_the_same_count_whatever_the_workers_given() -> None:
         counts.append(report.recommended_workers)
     assert max(counts) - min(counts) <= 1, counts
     assert counts[1] == 2  # 2 workers given and measured as needed: "your current 2 is enough"
+
+
+@pytest.mark.parametrize(
+    "cpu_share, expected, says",
+    [
+        (None, 2, "more than the 2 CPUs"),
+        (1.0, 2, "more than the 2 CPUs"),
+        (0.25, 8, "more than the 8 workers 2 CPUs keep busy when a sample computes 25 %"),
+        (0.1, 10, "above the 2 CPUs because a sample computes only 10 %"),
+        (0.0, 10, "computes only 5 %"),
+    ],
+)
+def test_workers_above_the_cpus_only_for_samples_that_wait(
+    cpu_share: float | None, expected: int, says: str
+) -> None:
+    advice = advise_workers(400, 50, 2, cpu_share=cpu_share)  # needs ceil(1.25 × 8) = 10
+    assert (advice.workers, advice.needed) == (expected, 10)
+    assert says in advice.reason, advice.reason
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from packer.errors import PackerError
 from packer.tools.commands import doctor as doctor_command
-from packer.tools.doctor import _sample_ms, doctor, measure_split, spread_indices
+from packer.tools.doctor import _sample_cost, doctor, measure_split, spread_indices
 from packer.tools.image_demo import make_image_tree
 
 
@@ -36,7 +36,7 @@ def test_doctor_on_a_folder(clean: dict[str, Path]) -> None:
     assert report.loader is not None and report.loader.num_workers == 2
     fits_ram = True  # 12 tiny JPEGs
     assert report.workers is not None
-    assert report.workers.batch_ms == pytest.approx(4 * _sample_ms(report, fits_ram))
+    assert report.workers.batch_ms == pytest.approx(4 * _sample_cost(report, fits_ram).ms)
     assert report.convert_command is not None
     assert report.convert_command.startswith(f"packer convert {clean['folder']} ")
     assert ".lmdb" in report.convert_command

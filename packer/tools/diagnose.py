@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ from packer.tools.stalls import (
 from packer.tools.timing import time_batches
 from packer.tools.worker_threads import available_cpus
 
-__all__ = ["LoaderReport", "diagnose", "load_loader", "sample_cost_ms"]
+__all__ = ["LoaderReport", "SampleCost", "diagnose", "load_loader", "sample_cost"]
 
 SAMPLES = 16  # samples timed in this process for the per-sample cost
 
@@ -62,6 +62,7 @@ class LoaderReport:
     cpus: int
     workers: WorkerAdvice
     sample_ms: float | None = None
+    cpu_share: float | None = None
     worker_threads: list[int] = field(default_factory=list)
     persistent_workers: bool = False
     pin_memory: bool = False
@@ -110,12 +111,36 @@ def _timed_steps(
     return timing.waits, threads
 
 
-def sample_cost_ms(
+class SampleCost(NamedTuple):
+    """One sample's cost in this process: wall milliseconds (median, collate included) and the
+    share of it spent computing (CPU time / wall time; the rest waits on storage)."""
+
+    ms: float
+    cpu_share: float
+
+
+def _time_samples(dataset: Any, indices: list[int], time_limit_s: float) -> tuple[list, list]:
+    """Load the samples one by one: [(wall s, CPU s)] per sample that loads, and the samples."""
+    times, samples = [], []
+    deadline = time.perf_counter() + time_limit_s
+    for i in indices:
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            samples.append(dataset[i])
+        except Exception:  # noqa: BLE001 - the user's dataset: a failing sample is not timed
+            continue
+        times.append((time.perf_counter() - t0, time.process_time() - c0))
+        if time.perf_counter() > deadline:
+            break
+    return times, samples
+
+
+def sample_cost(
     loader: DataLoader, count: int = SAMPLES, time_limit_s: float = 5.0
-) -> float | None:
-    """Median milliseconds to load one sample of ``loader.dataset`` in this process, collate
-    included (its time over the loaded samples, per sample); None for a dataset without
-    ``len`` and indexing (an ``IterableDataset``)."""
+) -> SampleCost | None:
+    """What one sample of ``loader.dataset`` costs in this process (median of up to ``count``
+    spread samples after one warm-up, collate included: its time over them, per sample); None
+    for a dataset without ``len`` and indexing (an ``IterableDataset``) or none that loads."""
     dataset = loader.dataset
     if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
         return None
@@ -127,25 +152,19 @@ def sample_cost_ms(
         dataset[indices[0]]  # warm-up: first opens, imports, caches
     except Exception:  # noqa: BLE001 - the user's dataset: its failures are its own
         pass
-    times, samples = [], []
-    deadline = time.perf_counter() + time_limit_s
-    for i in indices[1:] or indices:
-        t0 = time.perf_counter()
-        try:
-            samples.append(dataset[i])
-        except Exception:  # noqa: BLE001 - the user's dataset: a failing sample is not timed
-            continue
-        times.append(time.perf_counter() - t0)
-        if time.perf_counter() > deadline:
-            break
+    times, samples = _time_samples(dataset, indices[1:] or indices, time_limit_s)
     if not times:
         return None
+    wall, cpu = statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
     collate = 0.0
     if loader.batch_size is not None:
         t0 = time.perf_counter()
-        loader.collate_fn(samples)
+        try:
+            loader.collate_fn(samples)
+        except Exception:  # noqa: BLE001 - samples spread over the dataset may not batch
+            pass
         collate = (time.perf_counter() - t0) / len(samples)
-    return 1e3 * (statistics.median(times) + collate)
+    return SampleCost(1e3 * (wall + collate), min(1.0, (cpu + collate) / max(wall + collate, 1e-9)))
 
 
 def _cost_text(sample_ms: float | None, batch_size: int) -> str:
@@ -178,7 +197,7 @@ def diagnose(
     step_ms: float = 0.0,
     time_limit_s: float | None = None,
     headroom: float = HEADROOM,
-    sample_ms: float | None = None,
+    cost: SampleCost | None = None,
     current_label: str = "your current",
 ) -> LoaderReport:
     """Run ``steps`` steps of an existing DataLoader and explain where the loop waits.
@@ -193,7 +212,7 @@ def diagnose(
         step_ms: simulated training step, slept after each batch (0: read as fast as possible).
         time_limit_s: stop early after this many seconds.
         headroom: factor applied to ``W / t`` in the worker recommendation.
-        sample_ms: the per-sample cost when the caller measured it (None: measured here).
+        cost: the per-sample cost when the caller measured it (None: measured here).
         current_label: how the advice names the loader's workers ("your current 2 is enough").
 
     Raises:
@@ -208,8 +227,8 @@ def diagnose(
     skip = min(max(1, n), max(0, len(waits) - 2))
     steady = waits[skip:]
     busy = sum(steady) / max(1e-12, sum(steady) + step_s * len(steady))
-    if sample_ms is None:
-        sample_ms = sample_cost_ms(loader)
+    cost = cost or sample_cost(loader)
+    sample_ms = None if cost is None else cost.ms
     batch = loader.batch_size or 1
     batch_ms = (
         1e3 * batch_build_seconds(waits, step_s, n, skip)
@@ -218,7 +237,15 @@ def diagnose(
     )
     cpus = available_cpus()
     workers = advise_workers(
-        batch_ms, step_ms, cpus, n, busy, headroom, _cost_text(sample_ms, batch), current_label
+        batch_ms,
+        step_ms,
+        cpus,
+        n,
+        busy,
+        headroom,
+        _cost_text(sample_ms, batch),
+        current_label,
+        None if cost is None else cost.cpu_share,
     )
     report = LoaderReport(
         steps=len(waits),
@@ -234,6 +261,7 @@ def diagnose(
         cpus=cpus,
         workers=workers,
         sample_ms=sample_ms,
+        cpu_share=None if cost is None else cost.cpu_share,
         worker_threads=threads,
         persistent_workers=bool(loader.persistent_workers),
         pin_memory=bool(loader.pin_memory),

@@ -28,7 +28,7 @@ from packer.decode import decode
 from packer.errors import PackerError
 from packer.manifest import MANIFEST_NAME, load_manifest
 from packer.tools.decode_advice import advise_dataset
-from packer.tools.diagnose import LoaderReport, diagnose
+from packer.tools.diagnose import LoaderReport, SampleCost, diagnose
 from packer.tools.doctor_text import render
 from packer.tools.io_counters import resident_fraction
 from packer.tools.stalls import WorkerAdvice, advise_workers
@@ -194,12 +194,15 @@ class DoctorReport:
         return render(self)
 
 
-def _sample_ms(report: DoctorReport, fits_ram: bool) -> float:
-    """One sample's read (cold when the data does not fit in RAM) + decode + transform."""
+def _sample_cost(report: DoctorReport, fits_ram: bool) -> SampleCost:
+    """One sample's read (cold when the data does not fit in RAM) + decode + transform, and
+    the share of it that computes (all but a cold read's wait on the disk)."""
     read = report.split_ms["read"]
     if not fits_ram and report.cold_read_ms is not None:
-        read = report.cold_read_ms
-    return read + report.split_ms["decode"] + report.split_ms["transform"]
+        read = max(read, report.cold_read_ms)
+    compute = report.split_ms["read"] + report.split_ms["decode"] + report.split_ms["transform"]
+    total = read + report.split_ms["decode"] + report.split_ms["transform"]
+    return SampleCost(total, compute / total if total > 0 else 1.0)
 
 
 def _findings(report: DoctorReport) -> list[str]:
@@ -304,14 +307,14 @@ def doctor(
     report.broken = broken
     memory = _memory_available()
     fits_ram = memory is not None and report.dataset_bytes < memory // 2
-    sample_ms = _sample_ms(report, fits_ram)
+    cost = _sample_cost(report, fits_ram)
     try:
         time_left = budget_s - (time.perf_counter() - start)
         label = "the measured run's" if workers is None else "your"
-        report.loader = _loader_run(root, report, num_workers, label, time_left, sample_ms)
+        report.loader = _loader_run(root, report, num_workers, label, time_left, cost)
     except (PackerError, OSError, ValueError, RuntimeError) as exc:
         report.loader_error = str(exc).strip().splitlines()[-1]
-    report.workers = _worker_advice(report, sample_ms)
+    report.workers = _worker_advice(report, cost)
     report.recommended_workers = report.workers.workers
     report.findings = _findings(report)
     report.recommendations, report.convert_command = _recommend(report, fits_ram)
@@ -323,14 +326,16 @@ def doctor(
     return report
 
 
-def _worker_advice(report: DoctorReport, sample_ms: float) -> WorkerAdvice:
+def _worker_advice(report: DoctorReport, cost: SampleCost) -> WorkerAdvice:
     """The loader run's advice (same cost, plus whether that run kept the loop fed), or the
     same rule on the measured cost alone when there was no run."""
     if report.loader is not None:
         return report.loader.workers
-    cost = f"median read + decode + transform {sample_ms:.2f} ms per sample × batch"
-    batch_ms = sample_ms * report.batch_size
-    return advise_workers(batch_ms, report.step_ms, report.cpus, cost=f"{cost} {report.batch_size}")
+    text = f"median read + decode + transform {cost.ms:.2f} ms per sample × batch"
+    return advise_workers(
+        cost.ms * report.batch_size, report.step_ms, report.cpus,
+        cost=f"{text} {report.batch_size}", cpu_share=cost.cpu_share,
+    )  # fmt: skip
 
 
 def _loader_run(
@@ -339,7 +344,7 @@ def _loader_run(
     num_workers: int,
     label: str,
     time_left_s: float,
-    sample_ms: float,
+    cost: SampleCost,
 ) -> LoaderReport | None:
     """The real DataLoader run with the standard transform, in what is left of the budget
     (``label``: how the advice names its workers)."""
@@ -356,6 +361,4 @@ def _loader_run(
     )
     steps = max(2, min(batches, 8 * max(1, num_workers) + 1, 60))
     step_ms, limit_s = report.step_ms or 0.0, 0.8 * time_left_s
-    return diagnose(
-        loader, steps, step_ms, time_limit_s=limit_s, sample_ms=sample_ms, current_label=label
-    )
+    return diagnose(loader, steps, step_ms, time_limit_s=limit_s, cost=cost, current_label=label)

@@ -33,6 +33,7 @@ __all__ = [
 
 HEADROOM = 1.25  # build batches 25 % faster than the loop eats them: jitter, slow samples
 FED = 0.05  # the loop counts as fed when it waits at most this share of the time
+MIN_CPU_SHARE = 0.05  # workers beyond the CPUs: at most cpus / this (20 per CPU)
 
 
 @dataclass
@@ -239,6 +240,32 @@ def _fed_advice(
     return WorkerAdvice(workers, reason, batch_ms, needed)
 
 
+def _above_cpus(
+    needed: int, formula: str, cpus: int, cpu_share: float | None, batch_ms: float
+) -> WorkerAdvice:
+    """``needed`` workers exceed the CPUs: allowed only as far as samples wait rather than
+    compute (``cpu_share``: CPU time / wall time of a sample), and said why either way."""
+    share = 1.0 if cpu_share is None else min(1.0, max(cpu_share, MIN_CPU_SHARE))
+    cap = max(cpus, math.floor(cpus / share))
+    if needed <= cap:
+        reason = (
+            f"{formula}; above the {cpus} CPUs because a sample computes only"
+            f" {100 * share:.0f} % of the time it takes and waits (disk, network, sleep) the rest"
+        )
+        return WorkerAdvice(needed, reason, batch_ms, needed)
+    if cap == cpus:
+        why = f"more than the {cpus} CPUs, which more workers would only share"
+    else:
+        why = (
+            f"more than the {cap} workers {cpus} CPUs keep busy when a sample computes"
+            f" {100 * share:.0f} % of its time"
+        )
+    reason = (
+        f"{formula}, {why}: make samples cheaper (pack the data, smaller images, a faster decoder)"
+    )
+    return WorkerAdvice(cap, reason, batch_ms, needed)
+
+
 def advise_workers(
     batch_ms: float,
     step_ms: float | None,
@@ -248,12 +275,13 @@ def advise_workers(
     headroom: float = HEADROOM,
     cost: str = "measured",
     label: str = "your current",
+    cpu_share: float | None = None,
 ) -> WorkerAdvice:
     """The one ``num_workers`` recommendation of ``packer doctor`` and :func:`packer.diagnose`.
 
     Each worker builds a whole batch in ``batch_ms``; the loop wants one every ``step_ms``, so
     ``W = ceil(headroom × batch_ms / step_ms)``, at least 1, at most ``cpus`` (more workers than
-    CPUs only share them). A loop measured as fed (``wait_fraction <= FED`` with ``current``
+    CPUs only share them) unless samples mostly wait rather than compute (``cpu_share``). A loop measured as fed (``wait_fraction <= FED`` with ``current``
     workers) keeps ``current``, or ``W`` when the cost says fewer suffice. Without a step time:
     one worker per CPU, the most this machine can load.
 
@@ -266,6 +294,8 @@ def advise_workers(
         headroom: factor on ``batch_ms / step_ms`` for jitter and slow samples.
         cost: how ``batch_ms`` was obtained, for the reason.
         label: how the reason names ``current`` ("your current 2 is enough").
+        cpu_share: CPU time / wall time of one sample (None: all CPU). Samples that mostly wait
+            (storage latency) may use more workers than CPUs: up to ``cpus / cpu_share``.
     """
     cpus = max(1, cpus)
     if not step_ms or step_ms <= 0:
@@ -286,11 +316,7 @@ def advise_workers(
         if wait_fraction <= FED:
             return _fed_advice(current, needed, waited, formula, cpus, batch_ms, label)
     if needed > cpus:
-        reason = (
-            f"{formula}, more than the {cpus} CPUs, which more workers would only share: make"
-            " samples cheaper (pack the data, smaller images, a faster decoder)"
-        )
-        return WorkerAdvice(cpus, reason, batch_ms, needed)
+        return _above_cpus(needed, formula, cpus, cpu_share, batch_ms)
     reason = formula
     if current is not None and wait_fraction is not None and needed <= current:
         reason += (
