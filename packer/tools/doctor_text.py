@@ -39,7 +39,7 @@ def render(report: Any) -> str:
     lines += [
         _rate_line("warm (page cache):", disk, disk.warm_s),
         "",
-        "per sample in one process: "
+        "per sample in one process (medians): "
         + f"read {split['read']:.2f} ms warm"
         + (f" / {r.cold_read_ms:.2f} ms cold" if r.cold_read_ms is not None else "")
         + f" | decode {split['decode']:.2f} ms | transform {split['transform']:.2f} ms",
