@@ -120,7 +120,7 @@ def test_cli_bench_prints_tables_and_writes_json_and_plot(
 ) -> None:
     out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
     args = [str(clean["folder"]), str(clean[".lmdb"]), "--workers", "0,2", "--batch-size", "4"]
-    result = CliRunner().invoke(bench, args + ["--json", str(out_json), "--plot", str(out_png)])
+    result = CliRunner().invoke(bench, args + ["--json-out", str(out_json), "--plot", str(out_png)])
     assert result.exit_code == 0, result.output
     assert "| dataset | mode | workers |" in result.output
     assert "| files opened | read syscalls |" in result.output
@@ -128,6 +128,41 @@ def test_cli_bench_prints_tables_and_writes_json_and_plot(
     data = json.loads(out_json.read_text())
     assert len(data["runs"]) == 4 and data["complete"] and data["machine"]["cpus"] >= 1
     assert out_png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_bench_json_is_a_flag_printing_json(clean: dict[str, Path], tmp_path: Path) -> None:
+    args = ["--workers", "0", "--batch-size", "4", "--no-storage", "--warmup", "0"]
+    # --json right before the PATH: the flag takes no value, the path stays a PATH
+    result = CliRunner().invoke(bench, ["--json", str(clean[".lmdb"]), *args])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)  # stdout is the JSON alone; progress went to stderr
+    assert [r["label"] for r in data["runs"]] == ["images.lmdb"] and data["complete"]
+    result = CliRunner().invoke(bench, [str(clean[".lmdb"]), *args, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["runs"][0]["workers"] == 0
+    old = tmp_path / "old.json"
+    result = CliRunner().invoke(bench, [str(clean[".lmdb"]), *args, "--json", str(old)])
+    assert result.exit_code == 0, result.output
+    assert "deprecated" in result.stderr and "| dataset | mode |" in result.stdout
+    assert len(json.loads(old.read_text())["runs"]) == 1
+
+
+def test_plot_has_a_log_axis_so_slow_rows_are_visible(
+    clean: dict[str, Path], tmp_path: Path
+) -> None:
+    from packer.tools.bench_report import plot_runs
+
+    spec = BenchSpec(workers=(0,), modes=("bytes", "decode"), batch_size=BATCH, warmup=0)
+    runs = list(run_bench([clean[".lmdb"]], spec))
+    assert {r.mode for r in runs} == {"bytes", "decode"}
+    png = tmp_path / "p.png"
+    fig = plot_runs(png, runs)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    (ax,) = fig.axes
+    assert ax.get_yscale() == "log"
+    low, high = ax.get_ylim()
+    rates = [r.images_per_s for r in runs]
+    assert 0 < low <= min(rates) and max(rates) <= high  # every row inside the axis
 
 
 def test_cli_bench_bad_input(tmp_path: Path) -> None:

@@ -28,36 +28,69 @@ def _int_list(text: str, name: str) -> list[int]:
     return values
 
 
+JSON_HELP = "Print the results as one JSON object on stdout (instead of text)."
+
+
+def _json_mode(value: str | None, out: Path | None) -> tuple[bool, Path | None, str | None]:
+    """Read ``--json`` (a flag) and ``--json-out PATH``: (print JSON, file to write, stray).
+
+    ``--json`` used to take a PATH on these commands: a value ending in ``.json`` still writes
+    that file, with a deprecation warning; any other value is the command's own PATH argument
+    that followed the flag (``packer doctor --json data/``), returned as ``stray``.
+    """
+    if value is None or value == "-":
+        return value is not None, out, None
+    if value.lower().endswith(".json"):
+        click.echo(
+            f"warning: --json {value} is deprecated: --json-out {value} writes the file,"
+            " --json alone prints JSON",
+            err=True,
+        )
+        return False, out or Path(value), None
+    return True, out, value
+
+
+def json_options(func: Any) -> Any:
+    """``--json`` (flag) and ``--json-out PATH``, the same on ``bench`` and ``doctor``."""
+    func = click.option("--json-out", "json_out", type=click.Path(path_type=Path),
+                        help="Also save the JSON to this file.")(func)  # fmt: skip
+    return click.option("--json", "json_value", is_flag=False, flag_value="-", default=None,
+                        metavar="", help=JSON_HELP)(func)  # fmt: skip
+
+
 def _report(runs: list[Any], costs: list[Any], options: dict[str, Any], complete: bool) -> None:
     from packer.tools.bench_report import (
+        bench_json,
         plot_runs,
         runs_table,
         stalls_text,
         storage_table,
-        write_json,
     )
 
-    if costs:
+    as_json = bool(options.get("as_json"))
+    if as_json:
+        click.echo(bench_json(runs, costs, options, complete))
+    if costs and not as_json:
         click.echo(
             "\nwhat each sample costs the storage (kernel counters of the reading process):\n"
         )
         click.echo(storage_table(costs))
-    if runs:
+    if runs and not as_json:
         click.echo(f"\nthroughput through a DataLoader (batch {options['batch_size']}; × first = "
                    f"ratio to {runs[0].label} in the same mode, workers and cache):\n")  # fmt: skip
         click.echo(runs_table(runs))
         for line in stalls_text(runs):
             click.echo(f"\nstall: {line}")
-    if options.get("json"):
-        write_json(options["json"], runs, costs, options, complete)
-        click.echo(f"\nwrote {options['json']}")
+    if options.get("json_out"):
+        Path(options["json_out"]).write_text(bench_json(runs, costs, options, complete))
+        click.echo(f"\nwrote {options['json_out']}", err=as_json)
     if options.get("plot") and runs:
         plot_runs(options["plot"], runs)
-        click.echo(f"wrote {options['plot']}")
+        click.echo(f"wrote {options['plot']}", err=as_json)
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--workers", default="0,2,4", show_default=True, help="num_workers values to sweep.")
 @click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("--mode", "modes", default="bytes", show_default=True,
@@ -78,11 +111,11 @@ def _report(runs: list[Any], costs: list[Any], options: dict[str, Any], complete
 @click.option("--short-side", type=click.IntRange(min=1),
               help="Also bench a copy of each dataset's samples stored at this short side "
               "(what packer convert --short-side N gives), side by side.")  # fmt: skip
-@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Save results here.")
+@json_options
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Save a PNG plot here.")
 @friendly
-def bench(paths: tuple[Path, ...], workers: str, modes: str, json_path: Path | None,
-          plot_path: Path | None, storage: bool, short_side: int | None,
+def bench(paths: tuple[Path, ...], workers: str, modes: str, json_value: str | None,
+          json_out: Path | None, plot_path: Path | None, storage: bool, short_side: int | None,
           **kw: Any) -> None:  # fmt: skip
     """Time reading packer outputs and image folders through a real DataLoader.
 
@@ -91,6 +124,7 @@ def bench(paths: tuple[Path, ...], workers: str, modes: str, json_path: Path | N
     \b
     Example:
       packer bench images/ images.lmdb images.npy --workers 0,2 --mode bytes,decode --plot b.png
+      packer bench images.lmdb --json > bench.json
     """
     from packer.decoders import check_decoder
     from packer.tools.bench import BenchSpec, check_paths, plan, run_bench
@@ -98,6 +132,10 @@ def bench(paths: tuple[Path, ...], workers: str, modes: str, json_path: Path | N
     from packer.tools.storage_cost import measure_storage
     from packer.tools.targets import cold_supported, path_labels
 
+    as_json, json_out, stray = _json_mode(json_value, json_out)
+    paths = (Path(stray), *paths) if stray else paths
+    if not paths:
+        raise click.UsageError("give at least one PATH to bench")
     spec = BenchSpec(workers=_int_list(workers, "--workers"), modes=modes.split(","), **kw)
     spec.validate()
     check_decoder(spec.decoder)
@@ -105,7 +143,8 @@ def bench(paths: tuple[Path, ...], workers: str, modes: str, json_path: Path | N
     if short_side is not None:
         paths = _with_resized(paths, short_side, spec.limit)
     options = {**kw, "paths": [str(p) for p in paths], "workers": spec.workers,
-               "modes": list(spec.modes), "json": json_path, "plot": plot_path}  # fmt: skip
+               "modes": list(spec.modes), "json_out": json_out, "plot": plot_path,
+               "as_json": as_json}  # fmt: skip
     if spec.cold and not cold_supported():
         click.echo("warning: --cold needs os.posix_fadvise, absent here; warm runs only", err=True)
     total = len(plan(paths, spec))
@@ -151,20 +190,27 @@ def _with_resized(paths: tuple[Path, ...], short_side: int, limit: int | None) -
 @click.option("--loader", "loader_spec", help="module:function returning YOUR DataLoader.")
 @click.option("--steps", default=50, show_default=True, type=click.IntRange(min=2),
               help="Batches to time with --loader.")  # fmt: skip
-@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Save the report.")
+@json_options
 @friendly
 def doctor(path: Path | None, step_ms: float | None, batch_size: int, workers: int | None,
-           budget: float, loader_spec: str | None, steps: int, json_path: Path | None) -> None:  # fmt: skip
+           budget: float, loader_spec: str | None, steps: int, json_value: str | None,
+           json_out: Path | None) -> None:  # fmt: skip
     """Measure where loading time goes on this machine, explain stalls, say what to change.
 
     Give a dataset PATH (packer output or image folder), or --loader module:function for
-    your own DataLoader.
+    your own DataLoader. The report recommends one num_workers, from the measured cost of a
+    sample, the step time and the CPUs.
 
     \b
     Example:
       packer doctor imagenet/train --step-ms 120
       packer doctor --loader train:make_loader --step-ms 120
+      packer doctor images.lmdb --step-ms 120 --json > doctor.json
     """
+    as_json, json_out, stray = _json_mode(json_value, json_out)
+    if stray is not None and path is not None:
+        raise click.UsageError(f"--json takes no value, got {stray!r}; --json-out PATH saves it")
+    path = Path(stray) if stray is not None else path
     if (path is None) == (loader_spec is None):
         raise click.UsageError("give either a dataset PATH or --loader module:function")
     if loader_spec is not None:
@@ -175,7 +221,8 @@ def doctor(path: Path | None, step_ms: float | None, batch_size: int, workers: i
         from packer.tools.doctor import doctor as run
 
         report = run(path, step_ms, batch_size, workers, budget)  # type: ignore[arg-type]
-    click.echo(str(report))
-    if json_path is not None:
-        json_path.write_text(json.dumps(report.to_dict(), indent=2, default=str))
-        click.echo(f"\nwrote {json_path}")
+    data = json.dumps(report.to_dict(), indent=2, default=str)
+    click.echo(data if as_json else str(report))
+    if json_out is not None:
+        json_out.write_text(data)
+        click.echo(f"\nwrote {json_out}", err=as_json)

@@ -10,37 +10,44 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import statistics
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
+from packer.cpus import available_cpus
 from packer.errors import PackerError
 from packer.tools.io_counters import process_threads
 from packer.tools.stalls import (
     HEADROOM,
     Stall,
     WaitStats,
+    WorkerAdvice,
+    advise_workers,
     batch_build_seconds,
     describe_stall,
     detect_stall,
-    recommend_workers,
     wait_stats,
 )
 from packer.tools.timing import time_batches
-from packer.tools.worker_threads import available_cpus
 
-__all__ = ["LoaderReport", "diagnose", "load_loader"]
+__all__ = ["LoaderReport", "SampleCost", "diagnose", "load_loader", "sample_cost"]
 
-BUSY = 0.05  # the loop counts as data-bound when it waits more than this share of the time
+SAMPLES = 16  # samples timed in this process for the per-sample cost
 
 
 @dataclass
 class LoaderReport:
-    """What :func:`diagnose` measured and concluded. ``str(report)`` is the readable version."""
+    """What :func:`diagnose` measured and concluded. ``str(report)`` is the readable version.
+
+    ``recommended_workers`` is ``workers.workers``: the one ``num_workers`` the text names.
+    """
 
     steps: int
     batch_size: int | None
@@ -51,8 +58,11 @@ class LoaderReport:
     stall: Stall
     batch_ms: float
     wait_fraction: float
-    recommended_workers: int | None
+    recommended_workers: int
     cpus: int
+    workers: WorkerAdvice
+    sample_ms: float | None = None
+    cpu_share: float | None = None
     worker_threads: list[int] = field(default_factory=list)
     persistent_workers: bool = False
     pin_memory: bool = False
@@ -63,33 +73,24 @@ class LoaderReport:
         """Plain dict (waits in seconds, times in milliseconds where named ``_ms``)."""
         return asdict(self)
 
-    def __str__(self) -> str:
+    def measurements(self) -> list[str]:
+        """The measured lines, without advice (``packer doctor`` prints its own)."""
         w = self.wait
         lines = [
-            f"{self.steps} steps of batch {self.batch_size}, num_workers={self.num_workers}, "
+            f"{self.steps} steps of batch {self.batch_size} with {self.num_workers} workers, "
             f"simulated step {self.step_ms:g} ms, {self.cpus} CPUs",
             f"wait per batch: p50 {w.p50_ms:.1f} ms, p95 {w.p95_ms:.1f} ms, max {w.max_ms:.1f} ms;"
             f" the loop waited {100 * self.wait_fraction:.0f} % of the time (first round excluded)",
             "stall: " + describe_stall(self.stall, self.num_workers),
-            _batch_line(self),
         ]
         if self.worker_threads:
             lines.append(
                 "OS threads per worker process: " + ", ".join(map(str, self.worker_threads))
             )
-        lines += ["advice:"] + [f"  - {line}" for line in self.advice]
-        return "\n".join(lines)
+        return lines
 
-
-def _batch_line(report: LoaderReport) -> str:
-    n, t = report.num_workers, report.step_ms
-    how = f"{n} workers × mean(wait + step)" if n else "mean wait: the main process builds it"
-    text = f"one batch takes W ≈ {report.batch_ms:.1f} ms to build ({how})"
-    if report.wait_fraction < BUSY:
-        text += "; the loop hardly waits, so this is an upper bound"
-    elif t > 0:
-        text += f"; for a {t:g} ms step num_workers >= W / t = {report.batch_ms / t:.1f}"
-    return text
+    def __str__(self) -> str:
+        return "\n".join(self.measurements() + ["advice:"] + [f"  - {a}" for a in self.advice])
 
 
 def _worker_pids(iterator: Any) -> list[int]:
@@ -110,24 +111,71 @@ def _timed_steps(
     return timing.waits, threads
 
 
-def _advice(report: LoaderReport, headroom: float) -> list[str]:
-    out = []
+class SampleCost(NamedTuple):
+    """One sample's cost in this process: wall milliseconds (median, collate included) and the
+    share of it spent computing (CPU time / wall time; the rest waits on storage)."""
+
+    ms: float
+    cpu_share: float
+
+
+def _time_samples(dataset: Any, indices: list[int], time_limit_s: float) -> tuple[list, list]:
+    """Load the samples one by one: [(wall s, CPU s)] per sample that loads, and the samples."""
+    times, samples = [], []
+    deadline = time.perf_counter() + time_limit_s
+    for i in indices:
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            samples.append(dataset[i])
+        except Exception:  # noqa: BLE001 - the user's dataset: a failing sample is not timed
+            continue
+        times.append((time.perf_counter() - t0, time.process_time() - c0))
+        if time.perf_counter() > deadline:
+            break
+    return times, samples
+
+
+def sample_cost(
+    loader: DataLoader, count: int = SAMPLES, time_limit_s: float = 5.0
+) -> SampleCost | None:
+    """What one sample of ``loader.dataset`` costs in this process (median of up to ``count``
+    spread samples after one warm-up, collate included: its time over them, per sample); None
+    for a dataset without ``len`` and indexing (an ``IterableDataset``) or none that loads."""
+    dataset = loader.dataset
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        return None
+    n = len(dataset)
+    if n == 0 or count < 1:
+        return None
+    indices = sorted({int(i) for i in np.linspace(0, n - 1, min(n, count + 1)).round()})
+    try:
+        dataset[indices[0]]  # warm-up: first opens, imports, caches
+    except Exception:  # noqa: BLE001 - the user's dataset: its failures are its own
+        pass
+    times, samples = _time_samples(dataset, indices[1:] or indices, time_limit_s)
+    if not times:
+        return None
+    wall, cpu = statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
+    collate = 0.0
+    if loader.batch_size is not None:
+        t0 = time.perf_counter()
+        try:
+            loader.collate_fn(samples)
+        except Exception:  # noqa: BLE001 - samples spread over the dataset may not batch
+            pass
+        collate = (time.perf_counter() - t0) / len(samples)
+    return SampleCost(1e3 * (wall + collate), min(1.0, (cpu + collate) / max(wall + collate, 1e-9)))
+
+
+def _cost_text(sample_ms: float | None, batch_size: int) -> str:
+    if sample_ms is None:
+        return "estimated from the waits: workers × mean(wait + step), an upper bound when fed"
+    return f"median {sample_ms:.2f} ms per sample in one process × batch {batch_size}"
+
+
+def _advice(report: LoaderReport) -> list[str]:
+    out = [str(report.workers)]
     n, cpus = report.num_workers, report.cpus
-    need = report.recommended_workers
-    if report.wait_fraction < BUSY:
-        out.append(f"the loader keeps up: num_workers={n} is enough for this step time")
-    elif report.step_ms <= 0:
-        out.append("pass step_ms (your training step time) to get a num_workers recommendation")
-    elif need is not None:
-        out.append(
-            f"num_workers={need} (= ceil({headroom:g} × W / t), {headroom:g} = headroom for jitter)"
-        )
-        if need > cpus:
-            out.append(
-                f"{need} workers exceed the {cpus} CPUs: if building a batch is CPU work"
-                " (decode, transform), cheaper samples help more than workers: pack the data"
-                " (packer convert), store smaller images, or decode on the GPU"
-            )
     threads = max(report.worker_threads, default=0)
     if n and threads > 4 and n * threads > 2 * cpus:
         out.append(
@@ -149,8 +197,14 @@ def diagnose(
     step_ms: float = 0.0,
     time_limit_s: float | None = None,
     headroom: float = HEADROOM,
+    cost: SampleCost | None = None,
+    current_label: str = "your current",
 ) -> LoaderReport:
     """Run ``steps`` steps of an existing DataLoader and explain where the loop waits.
+
+    The ``num_workers`` advice comes from the cost of one sample, measured in this process after
+    the run (median of up to 16 samples, collate included) × the batch size, the step time and
+    the CPUs (:func:`~packer.tools.stalls.advise_workers`); a loop already fed keeps its workers.
 
     Args:
         loader: any ``torch.utils.data.DataLoader`` (the user's dataset, transform and collate).
@@ -158,6 +212,8 @@ def diagnose(
         step_ms: simulated training step, slept after each batch (0: read as fast as possible).
         time_limit_s: stop early after this many seconds.
         headroom: factor applied to ``W / t`` in the worker recommendation.
+        cost: the per-sample cost when the caller measured it (None: measured here).
+        current_label: how the advice names the loader's workers ("your current 2 is enough").
 
     Raises:
         PackerError: ``loader`` is not a DataLoader, or an argument is out of range.
@@ -171,7 +227,26 @@ def diagnose(
     skip = min(max(1, n), max(0, len(waits) - 2))
     steady = waits[skip:]
     busy = sum(steady) / max(1e-12, sum(steady) + step_s * len(steady))
-    batch_s = batch_build_seconds(waits, step_s, n, skip)
+    cost = cost or sample_cost(loader)
+    sample_ms = None if cost is None else cost.ms
+    batch = loader.batch_size or 1
+    batch_ms = (
+        1e3 * batch_build_seconds(waits, step_s, n, skip)
+        if sample_ms is None
+        else sample_ms * batch
+    )
+    cpus = available_cpus()
+    workers = advise_workers(
+        batch_ms,
+        step_ms,
+        cpus,
+        n,
+        busy,
+        headroom,
+        _cost_text(sample_ms, batch),
+        current_label,
+        None if cost is None else cost.cpu_share,
+    )
     report = LoaderReport(
         steps=len(waits),
         batch_size=loader.batch_size,
@@ -180,16 +255,19 @@ def diagnose(
         waits=waits,
         wait=wait_stats(waits),
         stall=detect_stall(waits, skip=skip),
-        batch_ms=batch_s * 1e3,
+        batch_ms=batch_ms,
         wait_fraction=busy,
-        recommended_workers=recommend_workers(batch_s, step_s, headroom) if step_s > 0 else None,
-        cpus=available_cpus(),
+        recommended_workers=workers.workers,
+        cpus=cpus,
+        workers=workers,
+        sample_ms=sample_ms,
+        cpu_share=None if cost is None else cost.cpu_share,
         worker_threads=threads,
         persistent_workers=bool(loader.persistent_workers),
         pin_memory=bool(loader.pin_memory),
         cuda=torch.cuda.is_available(),
     )
-    report.advice = _advice(report, headroom)
+    report.advice = _advice(report)
     return report
 
 

@@ -5,13 +5,16 @@
 3. CPUs vs workers, and the thread pools a worker starts;
 4. a real DataLoader run with the standard transform and the per-batch waits
    (:func:`packer.diagnose`);
-5. the recommendation: format and ``packer convert`` command, ``num_workers`` for the step time,
-   ``persistent_workers``, ``pin_memory``, staging in ``/dev/shm``, thread limits.
+5. the recommendation: format and ``packer convert`` command, ONE ``num_workers`` (from the
+   per-sample cost of 2., the step time and the CPUs: :func:`~packer.tools.stalls.advise_workers`,
+   the same rule as :func:`packer.diagnose`), ``persistent_workers``, ``pin_memory``, staging in
+   ``/dev/shm``, thread limits.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,14 +24,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from packer.cpus import available_cpus
 from packer.decode import decode
 from packer.errors import PackerError
 from packer.manifest import MANIFEST_NAME, load_manifest
-from packer.sizes import format_size
 from packer.tools.decode_advice import advise_dataset
-from packer.tools.diagnose import LoaderReport, diagnose
+from packer.tools.diagnose import LoaderReport, SampleCost, diagnose
+from packer.tools.doctor_text import render
 from packer.tools.io_counters import resident_fraction
-from packer.tools.stalls import HEADROOM, recommend_workers
+from packer.tools.stalls import WorkerAdvice, advise_workers
 from packer.tools.targets import (
     bench_collate,
     close_dataset,
@@ -40,11 +44,9 @@ from packer.tools.targets import (
 )
 from packer.tools.timing import time_batches
 from packer.tools.train_transform import train_transform
-from packer.tools.worker_threads import ThreadReport, available_cpus, worker_thread_report
+from packer.tools.worker_threads import ThreadReport, worker_thread_report
 
 __all__ = ["DiskSpeed", "DoctorReport", "doctor", "measure_disk", "measure_split"]
-
-STEPS_MS = (50, 100, 200)  # step times the worker table covers when none is given
 
 
 @dataclass
@@ -109,15 +111,15 @@ def measure_split(
     time_limit_s: float,
     broken: list[str] | None = None,
 ) -> dict[str, float]:
-    """Milliseconds per sample of read (warm), decode and transform, in this process.
+    """Milliseconds per sample of read (warm), decode and transform, in this process: the
+    median of each over the samples (a slow outlier or the first open does not move it).
 
-    Samples that fail to decode are left out of the averages and, when ``broken`` is given,
-    described there.
+    Samples that fail to decode are left out and, when ``broken`` is given, described there.
     """
     dataset = open_for_mode(path, "bytes")
     transform = train_transform()
-    totals = {"read": 0.0, "decode": 0.0, "transform": 0.0}
-    deadline, done = time.perf_counter() + time_limit_s, 0
+    times: dict[str, list[float]] = {"read": [], "decode": [], "transform": []}
+    deadline = time.perf_counter() + time_limit_s
     for i in indices:
         t0 = time.perf_counter()
         data = dataset[i][0]
@@ -131,13 +133,12 @@ def measure_split(
         t2 = time.perf_counter()
         transform(image)
         t3 = time.perf_counter()
-        for name, seconds in zip(totals, (t1 - t0, t2 - t1, t3 - t2)):
-            totals[name] += seconds
-        done += 1
+        for name, seconds in zip(times, (t1 - t0, t2 - t1, t3 - t2)):
+            times[name].append(seconds)
         if t3 > deadline:
             break
     close_dataset(dataset)
-    return {name: 1e3 * value / max(1, done) for name, value in totals.items()}
+    return {name: 1e3 * statistics.median(v) if v else 0.0 for name, v in times.items()}
 
 
 def _memory_available() -> int | None:
@@ -173,7 +174,8 @@ class DoctorReport:
     cold_read_ms: float | None
     worker_threads: ThreadReport
     loader: LoaderReport | None
-    workers_needed: dict[float, int] = field(default_factory=dict)
+    workers: WorkerAdvice | None = None
+    recommended_workers: int = 0  # workers.workers: the one num_workers of the report
     findings: list[str] = field(default_factory=list)
     recommendations: list[str] = field(default_factory=list)
     convert_command: str | None = None
@@ -193,13 +195,15 @@ class DoctorReport:
         return render(self)
 
 
-def _batch_ms(report: DoctorReport, fits_ram: bool) -> float:
-    """W: one worker building one batch (read + decode + transform, per sample × batch)."""
+def _sample_cost(report: DoctorReport, fits_ram: bool) -> SampleCost:
+    """One sample's read (cold when the data does not fit in RAM) + decode + transform, and
+    the share of it that computes (all but a cold read's wait on the disk)."""
     read = report.split_ms["read"]
     if not fits_ram and report.cold_read_ms is not None:
-        read = report.cold_read_ms
-    per_sample = read + report.split_ms["decode"] + report.split_ms["transform"]
-    return per_sample * report.batch_size
+        read = max(read, report.cold_read_ms)
+    compute = report.split_ms["read"] + report.split_ms["decode"] + report.split_ms["transform"]
+    total = read + report.split_ms["decode"] + report.split_ms["transform"]
+    return SampleCost(total, compute / total if total > 0 else 1.0)
 
 
 def _findings(report: DoctorReport) -> list[str]:
@@ -252,13 +256,8 @@ def _recommend(report: DoctorReport, fits_ram: bool) -> tuple[list[str], str | N
         out.append(
             f"the dataset fits in RAM: stage it with  cp -r {path} {ram_dir}/  and read it there"
         )
-    for step, need in report.workers_needed.items():
-        note = (
-            f" (more than the {report.cpus} CPUs: make samples cheaper)"
-            if need > report.cpus
-            else ""
-        )
-        out.append(f"step {step:g} ms: num_workers={need}{note}")
+    if report.workers is not None:
+        out.append(str(report.workers))
     out.append("persistent_workers=True (workers and their open files survive epochs)")
     if report.worker_threads.largest_pool > 1:
         out.append("worker_init_fn=packer.worker_init_fn (one thread per library in each worker)")
@@ -279,7 +278,7 @@ def doctor(
 
     Args:
         path: a packer output or an image folder.
-        step_ms: the training step time to feed (None: a table for 50/100/200 ms).
+        step_ms: the training step time to feed (None: as fast as possible).
         batch_size: batch size of the loader run and the worker formula.
         workers: num_workers of the loader run (default: min(4, CPUs)).
         budget_s: upper bound on the time spent measuring.
@@ -307,16 +306,17 @@ def doctor(
         1e3 * disk.cold_s / disk.samples if disk.cold_s else None, threads, None,
     )  # fmt: skip
     report.broken = broken
-    try:
-        time_left = budget_s - (time.perf_counter() - start)
-        report.loader = _loader_run(root, report, num_workers, time_left)
-    except (PackerError, OSError, ValueError, RuntimeError) as exc:
-        report.loader_error = str(exc).strip().splitlines()[-1]
     memory = _memory_available()
     fits_ram = memory is not None and report.dataset_bytes < memory // 2
-    batch_ms = _batch_ms(report, fits_ram)
-    for step in [step_ms] if step_ms else STEPS_MS:
-        report.workers_needed[step] = recommend_workers(batch_ms / 1e3, step / 1e3, HEADROOM)
+    cost = _sample_cost(report, fits_ram)
+    try:
+        time_left = budget_s - (time.perf_counter() - start)
+        label = "the measured run's" if workers is None else "your"
+        report.loader = _loader_run(root, report, num_workers, label, time_left, cost)
+    except (PackerError, OSError, ValueError, RuntimeError) as exc:
+        report.loader_error = str(exc).strip().splitlines()[-1]
+    report.workers = _worker_advice(report, cost)
+    report.recommended_workers = report.workers.workers
     report.findings = _findings(report)
     report.recommendations, report.convert_command = _recommend(report, fits_ram)
     if report.split_ms["decode"] > (report.cold_read_ms or report.split_ms["read"]):
@@ -327,10 +327,28 @@ def doctor(
     return report
 
 
+def _worker_advice(report: DoctorReport, cost: SampleCost) -> WorkerAdvice:
+    """The loader run's advice (same cost, plus whether that run kept the loop fed), or the
+    same rule on the measured cost alone when there was no run."""
+    if report.loader is not None:
+        return report.loader.workers
+    text = f"median read + decode + transform {cost.ms:.2f} ms per sample × batch"
+    return advise_workers(
+        cost.ms * report.batch_size, report.step_ms, report.cpus,
+        cost=f"{text} {report.batch_size}", cpu_share=cost.cpu_share,
+    )  # fmt: skip
+
+
 def _loader_run(
-    root: Path, report: DoctorReport, num_workers: int, time_left_s: float
+    root: Path,
+    report: DoctorReport,
+    num_workers: int,
+    label: str,
+    time_left_s: float,
+    cost: SampleCost,
 ) -> LoaderReport | None:
-    """The real DataLoader run with the standard transform, in what is left of the budget."""
+    """The real DataLoader run with the standard transform, in what is left of the budget
+    (``label``: how the advice names its workers)."""
     batches = report.samples // report.batch_size
     if batches < 3 or time_left_s < 2:
         return None
@@ -343,51 +361,5 @@ def _loader_run(
         drop_last=True,
     )
     steps = max(2, min(batches, 8 * max(1, num_workers) + 1, 60))
-    return diagnose(loader, steps, report.step_ms or 0.0, time_limit_s=0.8 * time_left_s)
-
-
-def _rate_line(name: str, disk: DiskSpeed, seconds: float | None) -> str:
-    mb_s, files_s = disk.rates(seconds)
-    per = 1e3 * seconds / max(1, disk.samples) if seconds else 0.0
-    return f"  {name:<34} {mb_s:>9,.1f} MB/s {files_s:>9,.0f} files/s  ({per:.2f} ms per sample)"
-
-
-def render(report: DoctorReport) -> str:
-    """The diagnosis as text: measurements first, then findings and recommendations."""
-    r, disk, split = report, report.disk, report.split_ms
-    resident = (
-        "" if disk.resident_before is None else f", {100 * disk.resident_before:.0f} % resident"
-    )
-    lines = [
-        f"packer doctor: {r.path} ({r.format}, {r.samples:,} samples, "
-        f"≈ {format_size(r.dataset_bytes)}), batch {r.batch_size}, {r.cpus} CPUs, "
-        f"measured in {r.elapsed_s:.1f} s",
-        "",
-        f"disk: {disk.samples} samples spread over the dataset, read one by one",
-    ]
-    if disk.cold_s is not None:
-        lines.append(_rate_line(f"cold (evicted{resident}):", disk, disk.cold_s))
-    else:
-        lines.append("  cold: not measured (no posix_fadvise on this platform)")
-    lines += [
-        _rate_line("warm (page cache):", disk, disk.warm_s),
-        "",
-        "per sample in one process: "
-        + f"read {split['read']:.2f} ms warm"
-        + (f" / {r.cold_read_ms:.2f} ms cold" if r.cold_read_ms is not None else "")
-        + f" | decode {split['decode']:.2f} ms | transform {split['transform']:.2f} ms",
-    ]
-    t = r.worker_threads
-    lines.append(
-        f"threads in a DataLoader worker: torch {t.torch_threads}, "
-        f"OMP_NUM_THREADS={t.env.get('OMP_NUM_THREADS') or 'unset'}, "
-        f"MKL_NUM_THREADS={t.env.get('MKL_NUM_THREADS') or 'unset'}, "
-        f"OpenCV {t.opencv_threads if t.opencv_threads is not None else 'not loaded'}, "
-        f"{t.os_threads} OS threads after one sample; {t.cpus} CPUs"
-    )
-    if r.loader is not None:
-        lines += ["", "a DataLoader with the standard transform (RandomResizedCrop 224 + flip):"]
-        lines += ["  " + line for line in str(r.loader).splitlines()]
-    lines += ["", "findings:"] + [f"  - {f}" for f in r.findings]
-    lines += ["", "recommendation:"] + [f"  - {x}" for x in r.recommendations]
-    return "\n".join(lines)
+    step_ms, limit_s = report.step_ms or 0.0, 0.8 * time_left_s
+    return diagnose(loader, steps, step_ms, time_limit_s=limit_s, cost=cost, current_label=label)

@@ -18,9 +18,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 __all__ = [
+    "FED",
     "HEADROOM",
     "Stall",
     "WaitStats",
+    "WorkerAdvice",
+    "advise_workers",
     "batch_build_seconds",
     "detect_stall",
     "describe_stall",
@@ -29,6 +32,8 @@ __all__ = [
 ]
 
 HEADROOM = 1.25  # build batches 25 % faster than the loop eats them: jitter, slow samples
+FED = 0.05  # the loop counts as fed when it waits at most this share of the time
+MIN_CPU_SHARE = 0.05  # workers beyond the CPUs: at most cpus / this (20 per CPU)
 
 
 @dataclass
@@ -188,9 +193,134 @@ def describe_stall(stall: Stall, num_workers: int) -> str:
     text = f"{head}, one every {stall.period} batches ({100 * stall.regularity:.0f} % regular)."
     if num_workers > 0 and stall.period == num_workers:
         text += (
-            f" The period equals num_workers={num_workers}: each worker builds a whole batch"
+            f" The period equals the {num_workers} workers: each worker builds a whole batch"
             " alone, the workers finish their batches together, the loop eats them in"
             f" {num_workers} quick steps and then waits for the next round. The loop stays fed"
             " only when num_workers >= W / t (W: time for one worker to build a batch, t: step)."
         )
     return text
+
+
+@dataclass
+class WorkerAdvice:
+    """The one ``num_workers`` a report recommends, and the one line of reasoning behind it.
+
+    Attributes:
+        workers: the recommendation.
+        reason: why, in one line (the formula with its measured numbers).
+        batch_ms: the time one worker takes to build one batch, that the formula used.
+        needed: ``ceil(headroom × batch_ms / step_ms)`` before any clamp (None without a step).
+    """
+
+    workers: int
+    reason: str
+    batch_ms: float
+    needed: int | None
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain dict."""
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return f"num_workers={self.workers}: {self.reason}"
+
+
+def _fed_advice(
+    current: int, needed: int, waited: str, formula: str, cpus: int, batch_ms: float, label: str
+) -> WorkerAdvice:
+    """The loop is fed with ``current`` workers: keep them, or fewer when the cost says so."""
+    if current == 0 or needed >= current:
+        reason = f"{label} {current} is enough: the loop waited only {waited} of the time"
+        workers = current
+    else:
+        reason = f"fewer suffice: the loop waited only {waited} with {current}, and {formula}"
+        workers = needed
+    if workers > cpus:
+        reason += f" (above the {cpus} CPUs, but measured to keep the loop fed)"
+    return WorkerAdvice(workers, reason, batch_ms, needed)
+
+
+def _above_cpus(
+    needed: int, formula: str, cpus: int, cpu_share: float | None, batch_ms: float
+) -> WorkerAdvice:
+    """``needed`` workers exceed the CPUs: allowed only as far as samples wait rather than
+    compute (``cpu_share``: CPU time / wall time of a sample), and said why either way."""
+    share = 1.0 if cpu_share is None else min(1.0, max(cpu_share, MIN_CPU_SHARE))
+    cap = max(cpus, math.floor(cpus / share))
+    if needed <= cap:
+        reason = (
+            f"{formula}; above the {cpus} CPUs because a sample computes only"
+            f" {100 * share:.0f} % of the time it takes and waits (disk, network, sleep) the rest"
+        )
+        return WorkerAdvice(needed, reason, batch_ms, needed)
+    if cap == cpus:
+        why = f"more than the {cpus} CPUs, which more workers would only share"
+    else:
+        why = (
+            f"more than the {cap} workers {cpus} CPUs keep busy when a sample computes"
+            f" {100 * share:.0f} % of its time"
+        )
+    reason = (
+        f"{formula}, {why}: make samples cheaper (pack the data, smaller images, a faster decoder)"
+    )
+    return WorkerAdvice(cap, reason, batch_ms, needed)
+
+
+def advise_workers(
+    batch_ms: float,
+    step_ms: float | None,
+    cpus: int,
+    current: int | None = None,
+    wait_fraction: float | None = None,
+    headroom: float = HEADROOM,
+    cost: str = "measured",
+    label: str = "your current",
+    cpu_share: float | None = None,
+) -> WorkerAdvice:
+    """The one ``num_workers`` recommendation of ``packer doctor`` and :func:`packer.diagnose`.
+
+    Each worker builds a whole batch in ``batch_ms``; the loop wants one every ``step_ms``, so
+    ``W = ceil(headroom × batch_ms / step_ms)``, at least 1, at most ``cpus`` (more workers than
+    CPUs only share them) unless samples mostly wait rather than compute (``cpu_share``). A loop measured as fed (``wait_fraction <= FED`` with ``current``
+    workers) keeps ``current``, or ``W`` when the cost says fewer suffice. Without a step time:
+    one worker per CPU, the most this machine can load.
+
+    Args:
+        batch_ms: one worker building one batch (per-sample cost × batch size).
+        step_ms: the training step (None or 0: as fast as possible).
+        cpus: CPUs this process may use.
+        current: the workers of a measured run, if any.
+        wait_fraction: the share of time that run's loop waited.
+        headroom: factor on ``batch_ms / step_ms`` for jitter and slow samples.
+        cost: how ``batch_ms`` was obtained, for the reason.
+        label: how the reason names ``current`` ("your current 2 is enough").
+        cpu_share: CPU time / wall time of one sample (None: all CPU). Samples that mostly wait
+            (storage latency) may use more workers than CPUs: up to ``cpus / cpu_share``.
+    """
+    cpus = max(1, cpus)
+    if not step_ms or step_ms <= 0:
+        feeds = headroom * batch_ms / cpus
+        reason = (
+            f"no step time given: one worker per CPU loads as fast as this machine can; a batch"
+            f" takes {batch_ms:.1f} ms to build ({cost}), so {cpus} workers feed a step of"
+            f" {feeds:.1f} ms or longer (give the step time for the count it needs)"
+        )
+        return WorkerAdvice(cpus, reason, batch_ms, None)
+    needed = max(1, math.ceil(headroom * batch_ms / step_ms - 1e-9))
+    formula = (
+        f"one worker builds a batch in {batch_ms:.1f} ms ({cost}) and the step takes"
+        f" {step_ms:g} ms: ceil({headroom:g} × {batch_ms:.1f} / {step_ms:g}) = {needed}"
+    )
+    if current is not None and wait_fraction is not None:
+        waited = f"{100 * wait_fraction:.0f} %"
+        if wait_fraction <= FED:
+            return _fed_advice(current, needed, waited, formula, cpus, batch_ms, label)
+    if needed > cpus:
+        return _above_cpus(needed, formula, cpus, cpu_share, batch_ms)
+    reason = formula
+    if current is not None and wait_fraction is not None and needed <= current:
+        reason += (
+            f"; the loop still waited {100 * wait_fraction:.0f} % of the time with {current}:"
+            " the workers compete for the CPUs or the disk"
+        )
+    return WorkerAdvice(needed, reason, batch_ms, needed)

@@ -28,7 +28,6 @@ from packer.tools.io_counters import process_threads
 __all__ = [
     "THREAD_ENV",
     "ThreadReport",
-    "available_cpus",
     "limit_threads",
     "make_worker_init_fn",
     "thread_report",
