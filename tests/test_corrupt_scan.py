@@ -7,11 +7,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from harness.damage import corrupt_scan
 from torch.utils.data import DataLoader
 
 import packer
 from packer.errors import InputFileError
-from packer.tools.image_demo import DemoTree, corrupt_scan
+from packer.tools.image_demo import DemoTree
 
 
 @pytest.fixture

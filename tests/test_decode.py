@@ -124,10 +124,11 @@ def test_every_decode_entry_point_raises_only_input_file_errors_on_bad_bytes() -
     """Broken bytes (the odd-input corpus's, and 120 seeded byte flips in a JPEG's scan data)
     through every decode at write and read time: decoded, or an InputFileError that is also a
     ValueError (so a dataset names the sample), never another exception type."""
+    from harness.damage import odd_images
+
     from packer.check import ImageError
     from packer.pixels import to_pixels
     from packer.resize import Resize
-    from packer.tools.image_demo import odd_images
     from packer.transforms import RandomResizedCrop
 
     good = encoded(RGB.resize((48, 32)), "JPEG")

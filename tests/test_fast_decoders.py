@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from harness.damage import corrupted_scan
 from PIL import Image
 from torch.utils.data import DataLoader
 
@@ -22,7 +23,7 @@ from packer.datasets import FolderDataset, open_dataset
 from packer.decode import decode
 from packer.decoders import DECODERS, check_decoder, decoders_for
 from packer.errors import PackerError
-from packer.tools.image_demo import DemoTree, corrupted_scan, photo_like
+from packer.tools.image_demo import DemoTree, photo_like
 
 AVAILABLE = fast_decoders.available()
 # simplejpeg and OpenCV are in the `fast` extra CI installs: they are tested, never skipped.

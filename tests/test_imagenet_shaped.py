@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from harness.damage import corrupt_scan
 
 import packer
 from packer.cli import main
 from packer.sources import IMAGE_EXTENSIONS
-from packer.tools.image_demo import DemoTree, corrupt_scan
+from packer.tools.image_demo import DemoTree
 
 
 def images_under(root: Path) -> int:

@@ -1,5 +1,5 @@
 """One input never stops a conversion: a generated corpus of odd-but-valid and broken images
-(packer.tools.image_demo.odd_images) through every format, as images and as video frames, with
+(harness.damage.odd_images) through every format, as images and as video frames, with
 default and resize options; each file kept intact or skipped with its reason. And at read time,
 whatever a decoder raises on bad bytes is an InputFileError naming the sample."""
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from harness.damage import OddImage, odd_images, png_bomb
 from PIL import Image
 
 import packer
@@ -18,7 +19,6 @@ from packer.errors import InputFileError, PackerError
 from packer.loading import Loaded, load_in_order
 from packer.pixels import to_pixels
 from packer.resize import resize_to
-from packer.tools.image_demo import OddImage, odd_images, png_bomb
 
 CORPUS = odd_images()
 BY_NAME = {c.name: c for c in CORPUS}

@@ -357,8 +357,9 @@ def test_a_corrupt_scan_frame_is_caught_and_on_error_skip_serves_another(
 ) -> None:
     import shutil
 
+    from harness.damage import corrupt_scan
+
     from packer.errors import InputFileError
-    from packer.tools.image_demo import corrupt_scan
 
     src = Path(shutil.copytree(frames_tree.root, tmp_path / "src"))
     frame = sorted((src / "class_00" / "video_000").glob("*.jpg"))[2]
