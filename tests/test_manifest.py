@@ -10,8 +10,8 @@ import pytest
 
 import packer
 from packer.errors import FormatError, PackerError
-from packer.handles import HandleCache
 from packer.formats import FORMATS
+from packer.handles import HandleCache
 from packer.manifest import (
     INDEX_NAME,
     KEYS_NAME,
