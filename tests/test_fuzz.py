@@ -2,8 +2,10 @@
 
 Small real outputs of every format (images) and one video output are copied and damaged:
 crafted manifest edits (every field set to null, a wrong type, a negative or huge number, or
-removed; ``classes: 5``, ``options: null``, ...) and random mutations with a fixed seed (bit flips,
-flips in the ``.npy`` headers, truncations, values swapped in the JSON) of ``packer.json``,
+removed; ``classes: 5``, ``options: null``, ...), crafted tables and keys (negative labels,
+records moved to another shard, offsets near 2**63, keys leaving the folder, ...) and random
+mutations with a fixed seed (bit flips, flips in the ``.npy`` headers, truncations, a table field
+or a manifest value set to an out-of-range one, a file removed) of ``packer.json``,
 ``index.npy``, ``records.npy`` and ``keys.txt``. Nothing binary is committed: the corpus is
 generated from the seed. For every damaged copy:
 
@@ -284,15 +286,17 @@ def test_crafted_manifests(originals: dict[str, Original], tmp_path: Path) -> No
 
 def mutate(rng: np.random.Generator, data: bytes, name: str) -> tuple[str, bytes | None]:
     """One random mutation of a file's bytes (tables: most aimed at the 128-byte npy header)."""
-    op = rng.choice(["flip", "header flip", "header byte", "truncate", "remove", "json value"])
-    if name != MANIFEST_NAME and op == "json value":
+    op = rng.choice(["flip", "header flip", "header byte", "truncate", "remove", "value"])
+    if op == "value" and name in (INDEX_NAME, RECORDS_NAME):
+        return table_value(rng, data)
+    if op == "value" and name == KEYS_NAME:
         op = "header flip"
     if op == "remove":
         return op, None
     if op == "truncate":
         at = int(rng.integers(0, max(1, len(data))))
         return f"truncated to {at} bytes", data[:at]
-    if op == "json value":
+    if op == "value":
         manifest = json.loads(data)
         path = str(rng.choice(field_paths(manifest)))
         label = str(rng.choice([*BAD_VALUES, "removed"]))
@@ -317,6 +321,19 @@ def mutate(rng: np.random.Generator, data: bytes, name: str) -> tuple[str, bytes
     for pos, bit in flips:
         buf[pos] ^= 1 << bit
     return f"bits flipped at {flips}", bytes(buf)
+
+
+def table_value(rng: np.random.Generator, data: bytes) -> tuple[str, bytes]:
+    """The table with one field of one row set to a value that is often out of range."""
+    table = np.load(io.BytesIO(data)).copy()
+    row, column = int(rng.integers(0, len(table))), str(rng.choice(table.dtype.names))
+    info = np.iinfo(table.dtype[column])
+    value = int(rng.choice([-1, 0, 1, 2, info.max, info.min, int(rng.integers(-99, 99))]))
+    value = min(max(value, info.min), info.max)
+    table[column][row] = value
+    out = io.BytesIO()
+    np.save(out, table)
+    return f"row {row} {column} set to {value}", out.getvalue()
 
 
 def test_random_mutations(originals: dict[str, Original], tmp_path: Path) -> None:
@@ -364,12 +381,11 @@ def set_row(column: str, value: int, row: int = 0) -> Callable[[np.ndarray], Non
     return edit
 
 
-def header_quote_flipped(root: Path, name: str = INDEX_NAME) -> bytes:
-    """``name`` with one bit flipped in its npy header's first quote: numpy's header parser
-    then raises SyntaxError."""
+def header_brace_flipped(root: Path, name: str = INDEX_NAME) -> bytes:
+    """``name`` with one bit flipped in its npy header's closing brace: numpy's header parser
+    then raises tokenize.TokenError (neither OSError nor ValueError)."""
     data = bytearray((root / name).read_bytes())
-    at = data.index(b"{") + 1
-    data[at] ^= 0x01  # "'" -> "&"
+    data[data.index(b"}")] ^= 0x01  # "}" -> "|"
     return bytes(data)
 
 
@@ -384,10 +400,10 @@ TABLE_EDITS: dict[str, tuple[str, Callable[[Path], bytes | None]]] = {
     "an index of int64": (INDEX_NAME, edit_table(INDEX_NAME, lambda t: t["label"].astype("<i8"))),
     "a 2-D index": (INDEX_NAME, edit_table(INDEX_NAME, lambda t: np.stack([t, t]))),
     "an index of objects": (INDEX_NAME, edit_table(INDEX_NAME, lambda t: t.astype(object))),
-    "an index header with a bit flipped": (INDEX_NAME, header_quote_flipped),
+    "an index header with a bit flipped": (INDEX_NAME, header_brace_flipped),
     "a records header with a bit flipped": (
         RECORDS_NAME,
-        lambda root: header_quote_flipped(root, RECORDS_NAME),
+        lambda root: header_brace_flipped(root, RECORDS_NAME),
     ),
     "files of two records swapped": (RECORDS_NAME, edit_table(RECORDS_NAME, swap_files)),
     "a negative file": (RECORDS_NAME, edit_table(RECORDS_NAME, set_row("file", -1))),
@@ -468,7 +484,7 @@ ESCAPES: dict[str, tuple[str, str, Callable[[Path], bytes | None], str]] = {
     "one bit of the index header": (
         "images.h5",
         INDEX_NAME,
-        header_quote_flipped,
+        header_brace_flipped,
         "cannot read index",
     ),
     "a negative label": (
