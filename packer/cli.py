@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from packer import __version__
-from packer.cliutil import CONTEXT, friendly
+from packer.cliutil import CONTEXT, friendly, safe_output
 from packer.sizes import format_size
 
 
@@ -19,6 +19,7 @@ from packer.sizes import format_size
 @click.version_option(__version__, "-V", "--version", prog_name="packer")
 def main() -> None:
     """packer: pack image folders into LMDB, HDF5, NPY or BMP and read them fast in PyTorch."""
+    safe_output()
 
 
 @main.command(context_settings=CONTEXT)

@@ -1,9 +1,10 @@
-"""What every packer command shares: context settings and turning PackerError into a message."""
+"""What every packer command shares: context settings and turning errors into one-line messages."""
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -12,9 +13,20 @@ import click
 
 from packer.errors import PackerError
 
-__all__ = ["CONTEXT", "failure", "friendly"]
+__all__ = ["CONTEXT", "INTERNAL_ERROR", "failure", "friendly", "safe_output"]
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+INTERNAL_ERROR = 2  # the exit status of a bug: not 1, so a test expecting a refusal catches it
+_CLICK = (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort)
+
+
+def safe_output() -> None:
+    """Let stdout and stderr print any name: a file name that is not UTF-8 (held as lone
+    surrogates) prints with backslash escapes instead of failing with UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
 
 
 def failure(exc: BaseException) -> dict[str, Any]:
@@ -29,6 +41,10 @@ def friendly(func: Callable[..., Any]) -> Callable[..., Any]:
     A command run with the ``--json`` flag (its ``as_json`` parameter true) also prints the
     failure as one JSON object on stdout (:func:`failure`), so a script always has something
     to parse; the message still goes to stderr for a human.
+
+    Any other exception is a packer bug (every expected failure is a PackerError): it prints one
+    line, ``internal error: <type>: <message> (please report it ...)``, and exits with status 2
+    instead of a traceback; with ``PACKER_DEBUG=1`` in the environment the traceback is shown.
     """
 
     @functools.wraps(func)
@@ -44,5 +60,17 @@ def friendly(func: Callable[..., Any]) -> Callable[..., Any]:
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
+        except _CLICK:
+            raise
+        except Exception as exc:
+            if os.environ.get("PACKER_DEBUG"):
+                raise
+            message = " ".join(str(exc).split())
+            click.echo(
+                f"internal error: {type(exc).__name__}: {message} (please report it; "
+                "PACKER_DEBUG=1 shows the traceback)",
+                err=True,
+            )
+            sys.exit(INTERNAL_ERROR)
 
     return wrapper

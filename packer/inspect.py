@@ -1,4 +1,9 @@
-"""Describe a packed dataset for ``packer inspect``: returns text, never prints."""
+"""Describe a packed dataset for ``packer inspect``: returns text, never prints.
+
+The tables are opened as readers open them (``store.open_packed``, data files left alone), so a
+damaged or crafted table is refused with the same :class:`~packer.errors.FormatError` a reader
+would raise, never counted or shown.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +13,24 @@ from typing import Any
 
 import numpy as np
 
-from packer.manifest import load_index, load_keys, load_manifest
+from packer.manifest import load_manifest
 from packer.sizes import format_size
+from packer.store import Packed, open_packed
 
-__all__ = ["describe", "inspect_dict"]
+__all__ = ["describe", "inspect_dict", "per_class"]
+
+
+def per_class(packed: Packed) -> list[int]:
+    """Samples per class (``open_packed`` checked every label lies in the class range)."""
+    return np.bincount(packed.labels, minlength=len(packed.manifest.classes)).tolist()
 
 
 def describe(path: str | os.PathLike[str], show_skipped: bool = False, num_keys: int = 5) -> str:
     """A human-readable description of the packed dataset at ``path``."""
     root = Path(path)
-    m = load_manifest(root)
-    index = load_index(root, m)
-    counts: Any = np.bincount(index["label"], minlength=len(m.classes)) if len(index) else []
+    packed = open_packed(root, check_files=False)
+    m = packed.manifest
+    counts = per_class(packed)
     storage = m.options.get("storage", {})
     lines = [
         f"{root}: packer {m.format} dataset (layout v{m.layout_version}, {m.kind}s)",
@@ -41,7 +52,7 @@ def describe(path: str | os.PathLike[str], show_skipped: bool = False, num_keys:
     else:
         lines.append(f"files: one per sample ({m.num_samples})")
     if num_keys > 0:
-        keys = load_keys(root)
+        keys = packed.reader.keys
         lines.append(
             "keys: " + ", ".join(keys[:num_keys]) + (" ..." if len(keys) > num_keys else "")
         )
@@ -73,6 +84,8 @@ def inspect_dict(path: str | os.PathLike[str]) -> dict[str, Any]:
     """What ``packer inspect --json`` prints: the manifest's facts, counts per class and split."""
     root = Path(path)
     m = load_manifest(root)
+    packed = None if m.kind == "splits" else open_packed(root, check_files=False)
+    m = packed.manifest if packed is not None else m
     out: dict[str, Any] = {
         "path": str(root),
         "format": m.format,
@@ -87,11 +100,10 @@ def inspect_dict(path: str | os.PathLike[str]) -> dict[str, Any]:
         "shards": [{"name": s.name, "records": s.samples, "bytes": s.bytes} for s in m.shards],
         "skipped": m.skipped,
     }
-    if m.kind == "splits":
-        out["splits"] = {name: inspect_dict(root / name) for name in m.options.get("splits", {})}
+    if packed is None:
+        out["splits"] = {name: inspect_dict(root / name) for name in m.options["splits"]}
         return out
-    index = load_index(root, m)
-    out["per_class"] = np.bincount(index["label"], minlength=len(m.classes)).tolist()
+    out["per_class"] = per_class(packed)
     if m.kind == "video":
-        out["frames"] = int(index["count"].sum())
+        out["frames"] = int(packed.counts.sum())
     return out

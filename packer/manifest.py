@@ -33,7 +33,7 @@ import json
 import os
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ import xxhash
 from packer._version import __version__
 from packer.errors import FormatError
 from packer.keytable import escape_key, unescape_key
+from packer.manifest_schema import Invalid, check_manifest
 
 __all__ = [
     "INDEX_NAME",
@@ -151,11 +152,28 @@ class Manifest:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Manifest:
-        """Build from parsed JSON (raises KeyError/TypeError on missing fields)."""
-        data = dict(data)
-        data["shards"] = [ShardInfo(**s) for s in data["shards"]]
+    def from_dict(cls, data: Any, where: str = "manifest") -> Manifest:
+        """Build from parsed JSON, every field checked (:mod:`packer.manifest_schema`); fields
+        this packer does not know are dropped.
+
+        Raises:
+            FormatError: a field is missing, of the wrong type or out of range, naming
+                ``where`` (the file), the field, the value found and what was expected.
+        """
+        try:
+            check_manifest(data)
+        except Invalid as exc:
+            raise FormatError(
+                f"{where} is not a valid packer manifest: {exc}. It was damaged or edited; "
+                "convert the source again (packer convert SRC DST --overwrite)"
+            ) from None
+        known = {f.name for f in fields(cls)}
+        data = {k: v for k, v in data.items() if k in known}
+        data["shards"] = [ShardInfo(**{f: s[f] for f in _SHARD_FIELDS}) for s in data["shards"]]
         return cls(**data)
+
+
+_SHARD_FIELDS = ("name", "samples", "bytes", "xxh3_64")
 
 
 def fsync_dir(path: Path) -> None:
@@ -207,25 +225,30 @@ def load_manifest(root: str | os.PathLike[str]) -> Manifest:
             f"{str(root)!r} is not a complete packer dataset: no {MANIFEST_NAME}{hint}"
         )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        version = data.get("layout_version")
-        if not isinstance(version, int) or version > LAYOUT_VERSION:
-            raise FormatError(
-                f"{str(path)!r} has layout version {version!r}; this packer reads up to "
-                f"version {LAYOUT_VERSION}: upgrade packer"
-            )
-        if version < LAYOUT_VERSION:
-            src = (data.get("source") or {}).get("root") or "SRC"
-            raise FormatError(
-                f"{str(root)!r} was written by an older packer (layout version {version}); this "
-                f"packer reads version {LAYOUT_VERSION}. Convert it again: packer convert "
-                f"{src} {str(root)} --overwrite"
-            )
-        return Manifest.from_dict(data)
-    except FormatError:
-        raise
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise FormatError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # not UTF-8, not JSON, a number of over 4,300 digits
         raise FormatError(f"{str(path)!r} is not a valid packer manifest: {exc}") from exc
+    except RecursionError as exc:
+        raise FormatError(f"{str(path)!r} is not a valid packer manifest: nested too deep") from exc
+    version = data.get("layout_version") if isinstance(data, dict) else None
+    if isinstance(version, bool) or not isinstance(version, int):  # from_dict says what is wrong
+        return Manifest.from_dict(data, repr(str(path)))
+    if version > LAYOUT_VERSION:
+        raise FormatError(
+            f"{str(path)!r} has layout version {version!r}; this packer reads up to "
+            f"version {LAYOUT_VERSION}: upgrade packer"
+        )
+    if version < LAYOUT_VERSION:
+        source = data.get("source")
+        src = (source.get("root") if isinstance(source, dict) else None) or "SRC"
+        raise FormatError(
+            f"{str(root)!r} was written by an older packer (layout version {version}); this "
+            f"packer reads version {LAYOUT_VERSION}. Convert it again: packer convert "
+            f"{src} {str(root)} --overwrite"
+        )
+    return Manifest.from_dict(data, repr(str(path)))
 
 
 def _write_table(path: Path, table: np.ndarray, dtype: np.dtype) -> str:
@@ -246,8 +269,11 @@ def _load_table(path: Path, dtype: np.dtype, what: str, mmap: bool) -> np.ndarra
             table = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
         except ValueError:  # an empty table cannot be mapped (or a malformed one: load says)
             table = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise FormatError(f"cannot read {what} {str(path)!r}: {exc}") from exc
+    except Exception as exc:  # a damaged header raises SyntaxError, OverflowError, EOFError...
+        raise FormatError(
+            f"cannot read {what} {str(path)!r}: {type(exc).__name__}: {exc}; the dataset is "
+            "damaged, convert the source again"
+        ) from exc
     if table.dtype != dtype or table.ndim != 1:
         raise FormatError(f"{what} {str(path)!r} has dtype {table.dtype}; expected {dtype}")
     return table

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 import subprocess
@@ -9,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from packer.tools.image_demo import DemoTree
+from packer.tools.image_demo import DemoTree, make_image_tree
 from packer.verify import verify
 
 
@@ -86,3 +87,57 @@ def test_ctrl_c_prints_the_resume_command(tree: DemoTree, tmp_path: Path) -> Non
     )
     assert finish.returncode == 0, finish.stderr
     assert verify(dst, progress=False).ok
+
+
+BUGGY_CLI = """
+import sys
+import packer.inspect
+def broken(*args, **kwargs):
+    raise RuntimeError("boom\\nsecond line")
+packer.inspect.describe = broken
+from packer.cli import main
+sys.argv = ["packer", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_bug_is_one_line_and_status_2(tree: DemoTree, tmp_path: Path) -> None:
+    dst = tmp_path / "o.npy"
+    converted = subprocess.run(
+        [sys.executable, "-m", "packer", "convert", str(tree.root), str(dst), "-q"],
+        capture_output=True,
+    )
+    assert converted.returncode == 0, converted.stderr
+    done = subprocess.run(
+        [sys.executable, "-c", BUGGY_CLI, "inspect", str(dst)], capture_output=True, text=True
+    )
+    assert done.returncode == 2  # not 1: a test expecting a refusal still sees the bug
+    assert done.stderr == (
+        "internal error: RuntimeError: boom second line (please report it; PACKER_DEBUG=1 "
+        "shows the traceback)\n"
+    )
+    debug = subprocess.run(
+        [sys.executable, "-c", BUGGY_CLI, "inspect", str(dst)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PACKER_DEBUG": "1"},
+    )
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "boom" in debug.stderr
+
+
+def test_names_that_are_not_utf8_print(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    make_image_tree(src, classes=1, per_class=2, size=(64, 48), bad=0)
+    folder = next(p for p in src.iterdir() if p.is_dir())
+    first = sorted(folder.iterdir())[0]
+    os.rename(first, os.path.join(os.fsencode(folder), b"caf\xe9.jpg"))
+    dst = tmp_path / "o.lmdb"
+    for args in (["convert", str(src), str(dst), "-q"], ["inspect", str(dst)]):
+        done = subprocess.run(
+            [sys.executable, "-m", "packer", *args],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONIOENCODING": "utf-8"},
+        )
+        assert done.returncode == 0, done.stderr
+    assert "caf\\udce9" in done.stdout  # the undecodable byte, escaped

@@ -196,7 +196,18 @@ def _pread(handle: OpenFile, start: int, size: int) -> bytes:
 
 def _prefetch(handle: OpenFile, runs: list[tuple[int, int, int, int]]) -> None:
     """Put every run's read in flight at once (``POSIX_FADV_WILLNEED``) before the ``pread``s
-    that wait for them: a cold clip then costs about one disk round trip, not one per frame."""
+    that wait for them: a cold clip then costs about one disk round trip, not one per frame.
+
+    Raises:
+        FormatError: a run ends past the file (a crafted offset such as 2**63 - 10 would make
+            the kernel refuse the call with EINVAL).
+    """
+    stop = max(run[1] for run in runs) if runs else 0
+    if stop > handle.size:
+        raise FormatError(
+            f"{str(handle.path)!r} ends before byte {stop} (it has {handle.size}): the file is "
+            "truncated or the record table damaged"
+        )
     if len(runs) > 1 and hasattr(os, "posix_fadvise"):
         for start, stop, _, _ in runs:
             os.posix_fadvise(handle.fd, start, stop - start, os.POSIX_FADV_WILLNEED)

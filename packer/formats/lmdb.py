@@ -250,8 +250,8 @@ class Reader(ReaderBase):
         self.readahead = manifest.kind != "video" if readahead is None else bool(readahead)
         # A record's LMDB key is its number within its shard: the shards' records are contiguous
         # runs in shard order, so it is the record's number less its shard's first record's.
-        counts = np.array([s.samples for s in manifest.shards], dtype=np.int64)
-        self.shard_first = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+        self.shard_counts = np.array([s.samples for s in manifest.shards], dtype=np.int64)
+        self.shard_first = np.concatenate(([0], np.cumsum(self.shard_counts)[:-1])).astype(np.int64)
 
     def _shard(self, shard: int) -> Handle:
         def opener() -> Handle:
@@ -265,6 +265,12 @@ class Reader(ReaderBase):
         if not self.readahead and len(records) > 1 and starts[0] >= 0:
             handle.prefetch(starts, lengths)
         numbers = np.asarray(records, dtype=np.int64) - self.shard_first[file]
+        outside = (numbers < 0) | (numbers >= self.shard_counts[file])
+        if outside.any():  # a record table whose file column was changed: not in shard order
+            raise FormatError(
+                f"{str(self.root)!r} is damaged or crafted: record {records[int(outside.argmax())]} "
+                f"is not in shard {self.shard_names[file]!r}; convert the source again"
+            )
         keys = [n.to_bytes(8, "big") for n in numbers.tolist()]
         try:
             pairs = handle.cursor.getmulti(keys)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from packer.manifest import load_index, load_manifest
 from packer.sizes import format_size
+from packer.store import open_packed
 
 __all__ = ["describe_video"]
 
@@ -16,13 +16,11 @@ def describe_video(path: str | os.PathLike[str]) -> str:
 
     Meant to follow :func:`packer.inspect.describe` for a manifest whose ``kind`` is ``"video"``.
     """
-    root = Path(path)
-    manifest = load_manifest(root)
-    index = load_index(root, manifest)
-    counts = index["count"]
+    packed = open_packed(Path(path), kind="video", check_files=False)  # tables checked
+    manifest, counts = packed.manifest, packed.counts
     storage = manifest.options.get("storage", {})
     lines = [
-        f"videos: {len(index)}    frames: {int(counts.sum())}    frames per video: "
+        f"videos: {len(counts)}    frames: {int(counts.sum())}    frames per video: "
         f"mean {float(counts.mean()) if len(counts) else 0.0:.1f}, "
         f"min {int(counts.min()) if len(counts) else 0}, max {int(counts.max()) if len(counts) else 0}",
         f"frame bytes: {format_size(storage.get('frame_bytes', 0))}    on disk: "
