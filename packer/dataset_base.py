@@ -72,6 +72,16 @@ class SampleDataset(Dataset):
     def __len__(self) -> int:
         return len(self.targets)
 
+    def close(self) -> None:
+        """Release the files and maps this process holds open for the dataset (none for a plain
+        folder). The dataset stays usable: a later read opens what it needs again."""
+
+    def __enter__(self) -> SampleDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _or_replacement(
         self, i: int, make: Callable[[int], Any], first: Callable[[], Any] | None = None
     ) -> Any:
@@ -149,6 +159,12 @@ class PackedSamples:
         self.reader = packed.reader
         self.first = packed.first
         self.counts = packed.counts
+
+    def close(self) -> None:
+        """Close this process's shard and per-sample file handles, maps and LMDB environments
+        (they reopen on the next read). The tables (``index.npy``, ``records.npy``,
+        ``keys.txt``) stay mapped while the dataset object lives: they are its index."""
+        self.reader.close()
 
     def stored_bytes(self, indices: Sequence[int]) -> int:
         """Bytes the samples' records occupy (every frame of a video, read or not)."""

@@ -4,6 +4,8 @@ catches or calls are the real classes and functions (not modules of the same nam
 from __future__ import annotations
 
 import inspect
+import os
+from pathlib import Path
 
 import pytest
 
@@ -34,3 +36,34 @@ def test_errors_are_public_and_one_family() -> None:
 def test_merge_and_verify_are_functions() -> None:
     assert inspect.isfunction(packer.merge) and inspect.isfunction(packer.verify)
     assert inspect.isclass(packer.VerifyReport) and inspect.isclass(packer.Problem)
+
+
+TABLES = ("index.npy", "records.npy", "keys.txt")  # the dataset's own index: mapped while it lives
+
+
+def _held(root: Path) -> list[str]:
+    """Data files under ``root`` this process holds (open descriptors and memory maps): shards
+    and per-sample files, not the tables."""
+    root_s = str(root.resolve())
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(root_s):
+            held.append(target)
+    with open("/proc/self/maps") as maps:
+        held += [line.split()[-1] for line in maps if root_s in line]
+    return [path for path in held if os.path.basename(path) not in TABLES]
+
+
+def test_close_and_with_release_every_file(packed: dict[str, Path], suffix: str) -> None:
+    root = packed[suffix]
+    with packer.open_dataset(root, output="bytes") as dataset:
+        data = [dataset[i][0] for i in range(len(dataset))]
+        assert _held(root), "reading held no file: the test would prove nothing"
+    assert _held(root) == []
+    assert dataset[0][0] == data[0]  # still usable: it reopens what it needs
+    dataset.close()
+    assert _held(root) == []
