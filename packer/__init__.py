@@ -27,6 +27,7 @@ _EXPORTS = {
     "FolderDataset": "packer.datasets",
     "HDF5Dataset": "packer.datasets",
     "LMDBDataset": "packer.datasets",
+    "NPYDataset": "packer.datasets",
     "NpyDataset": "packer.datasets",
     "open_dataset": "packer.datasets",
     "collate_bytes": "packer.collate",
@@ -38,7 +39,9 @@ _EXPORTS = {
     "BMPVideoDataset": "packer.video.datasets",
     "HDF5VideoDataset": "packer.video.datasets",
     "LMDBVideoDataset": "packer.video.datasets",
+    "NPYVideoDataset": "packer.video.datasets",
     "NpyVideoDataset": "packer.video.datasets",
+    "FolderVideoDataset": "packer.video.datasets",
     "VideoFolderDataset": "packer.video.datasets",
     "open_video_dataset": "packer.video.datasets",
 }
@@ -49,6 +52,7 @@ __all__ = [
     "ConvertResult",
     "DestinationError",
     "FolderDataset",
+    "FolderVideoDataset",
     "FormatError",
     "HDF5Dataset",
     "HDF5VideoDataset",
@@ -56,6 +60,8 @@ __all__ = [
     "LMDBDataset",
     "LMDBVideoDataset",
     "LoaderReport",
+    "NPYDataset",
+    "NPYVideoDataset",
     "NpyDataset",
     "NpyVideoDataset",
     "PackerError",
@@ -83,6 +89,7 @@ if TYPE_CHECKING:
         FolderDataset,
         HDF5Dataset,
         LMDBDataset,
+        NPYDataset,
         NpyDataset,
         open_dataset,
     )
@@ -91,8 +98,10 @@ if TYPE_CHECKING:
     from packer.tools.worker_threads import worker_init_fn
     from packer.video.datasets import (
         BMPVideoDataset,
+        FolderVideoDataset,
         HDF5VideoDataset,
         LMDBVideoDataset,
+        NPYVideoDataset,
         NpyVideoDataset,
         VideoFolderDataset,
         open_video_dataset,

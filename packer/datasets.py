@@ -34,6 +34,7 @@ __all__ = [
     "HDF5Dataset",
     "ImageDataset",
     "LMDBDataset",
+    "NPYDataset",
     "NpyDataset",
     "open_dataset",
 ]
@@ -158,7 +159,7 @@ class HDF5Dataset(PackedDataset):
     FORMAT = "hdf5"
 
 
-class NpyDataset(PackedDataset):
+class NPYDataset(PackedDataset):
     """Images from a packer ``.npy`` output (memory-mapped shards)."""
 
     FORMAT = "npy"
@@ -209,8 +210,10 @@ class FolderDataset(ImageDataset):
         return out
 
 
+NpyDataset = NPYDataset  # the name before one scheme: <FORMAT>Dataset, <FORMAT>VideoDataset
+
 _CLASSES: dict[str, type[PackedDataset]] = {
-    cls.FORMAT: cls for cls in (LMDBDataset, HDF5Dataset, NpyDataset, BMPDataset)
+    cls.FORMAT: cls for cls in (LMDBDataset, HDF5Dataset, NPYDataset, BMPDataset)
 }
 
 

@@ -67,3 +67,14 @@ def test_close_and_with_release_every_file(packed: dict[str, Path], suffix: str)
     assert dataset[0][0] == data[0]  # still usable: it reopens what it needs
     dataset.close()
     assert _held(root) == []
+
+
+def test_one_naming_scheme_with_the_old_names_kept() -> None:
+    """<FORMAT>Dataset for images, <FORMAT>VideoDataset for clips, Folder being a format."""
+    for fmt in ("LMDB", "HDF5", "NPY", "BMP", "Folder"):
+        for kind in ("", "Video"):
+            cls = getattr(packer, f"{fmt}{kind}Dataset")
+            assert cls.__name__ == f"{fmt}{kind}Dataset"
+    assert packer.NpyDataset is packer.NPYDataset
+    assert packer.NpyVideoDataset is packer.NPYVideoDataset
+    assert packer.VideoFolderDataset is packer.FolderVideoDataset

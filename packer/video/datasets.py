@@ -38,6 +38,8 @@ __all__ = [
     "BMPVideoDataset",
     "HDF5VideoDataset",
     "LMDBVideoDataset",
+    "FolderVideoDataset",
+    "NPYVideoDataset",
     "NpyVideoDataset",
     "VideoDataset",
     "VideoFolderDataset",
@@ -172,7 +174,7 @@ class PackedVideoDataset(PackedSamples, VideoDataset):
         return self.reader.read_many(int(self.first[i]) + np.asarray(frames, dtype=np.int64))
 
 
-class NpyVideoDataset(PackedVideoDataset):
+class NPYVideoDataset(PackedVideoDataset):
     """Clips from a packer ``.npy`` video output: only the sampled rows' true bytes are read."""
 
     FORMAT = "npy"
@@ -196,7 +198,7 @@ class BMPVideoDataset(PackedVideoDataset):
     FORMAT = "bmp"
 
 
-class VideoFolderDataset(VideoDataset):
+class FolderVideoDataset(VideoDataset):
     """Clips from a plain ``<class>/<video>/<frame>`` tree of JPEG frames (the baseline)."""
 
     def __init__(self, root: str | os.PathLike[str], num_frames: int = 8, **kwargs: Any) -> None:
@@ -219,9 +221,13 @@ class VideoFolderDataset(VideoDataset):
         return out
 
 
+# The names before one scheme (<FORMAT>Dataset, <FORMAT>VideoDataset, Folder as a format):
+NpyVideoDataset = NPYVideoDataset
+VideoFolderDataset = FolderVideoDataset
+
 _CLASSES: dict[str, type[PackedVideoDataset]] = {
     cls.FORMAT: cls
-    for cls in (NpyVideoDataset, HDF5VideoDataset, LMDBVideoDataset, BMPVideoDataset)
+    for cls in (NPYVideoDataset, HDF5VideoDataset, LMDBVideoDataset, BMPVideoDataset)
 }
 
 
@@ -233,4 +239,4 @@ def open_video_dataset(root: str | os.PathLike[str], **kwargs: Any) -> VideoData
     path = Path(root)
     if (path / MANIFEST_NAME).is_file():
         return _CLASSES[load_manifest(path).format](path, **kwargs)
-    return VideoFolderDataset(path, **kwargs)
+    return FolderVideoDataset(path, **kwargs)
