@@ -20,6 +20,7 @@ from packer.check import DEFAULT_CHECK, DEFAULT_MAX_PIXELS
 from packer.destination import (
     DestinationLock,
     check_destination,
+    clear_leftovers,
     disk_full_error,
     partial_path,
     publish,
@@ -27,6 +28,7 @@ from packer.destination import (
 from packer.detect import detect
 from packer.distributed import check_part, part_path, run_distributed
 from packer.errors import DestinationError, InputFileError, PackerError
+from packer.finish import Found, find_finished, publish_finished
 from packer.formats import by_name, default_layout, format_for
 from packer.loading import DEFAULT_MAX_FILE_SIZE, default_workers
 from packer.manifest import Manifest
@@ -116,7 +118,7 @@ def _run(
 ) -> Manifest:
     progress = Progress(partial)
     if resume and partial.is_dir():
-        done = progress.resume(fp)
+        done = progress.resume(fp, job.source)
     else:
         if partial.exists():
             shutil.rmtree(partial)
@@ -277,10 +279,9 @@ def convert(
     start = time.perf_counter()
     with DestinationLock(dst_path):
         check_destination(dst_path, overwrite, src_path, resume)  # again, now that we hold it
-        resumed = resume and partial.is_dir()
-        fp = fingerprint(source, fmt.NAME, options)
-        manifest = _run(job, partial, fp, resumed, options, executor, part)
-        publish(partial, dst_path)
+        manifest, found, resumed = _finish(
+            job, dst_path, fmt.NAME, options, resume, overwrite, executor, part
+        )
     skipped = [SkippedInput(s["path"], s["reason"]) for s in manifest.skipped]
     result = ConvertResult(
         dst=dst_path,
@@ -291,9 +292,42 @@ def convert(
         skipped=skipped,
     )
     result.notes.insert(0, _what_was_found(kind, how, source))
-    if resume and not resumed:
+    if found is not None:
+        result.notes.append(_FOUND[found.published].format(dst=str(dst_path)))
+    elif resume and not resumed:
         result.notes.append(f"nothing to resume in {str(partial)!r}: converted from the start")
     return result
+
+
+_FOUND = {
+    True: "{dst!r} is already complete (same source and options): nothing to do",
+    False: "{dst!r}: a finished conversion interrupted before publication was published",
+}
+
+
+def _finish(
+    job: Job,
+    dst: Path,
+    fmt_name: str,
+    options: dict,
+    resume: bool,
+    overwrite: bool,
+    executor: Any,
+    part: tuple[int, int] | None,
+) -> tuple[Manifest, Found | None, bool]:
+    """Under the lock: publish a finished conversion a kill left (or say it is complete), else
+    run the pipeline and publish. Returns the manifest, what was found, whether it resumed."""
+    partial = job.partial
+    clear_leftovers(dst)
+    fp = fingerprint(job.source, fmt_name, options)
+    found = find_finished(dst, fp, job.source, resume, overwrite) if part is None else None
+    if found is not None:
+        publish_finished(found, dst)
+        return found.manifest, found, False
+    resumed = resume and partial.is_dir()
+    manifest = _run(job, partial, fp, resumed, options, executor, part)
+    publish(partial, dst)
+    return manifest, None, resumed
 
 
 def _what_was_found(kind: str, how: str, source: Any) -> str:
