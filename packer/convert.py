@@ -133,7 +133,7 @@ def _run(
             manifest = run_distributed(job, done, progress, options, fp, executor, part)
     except OSError as exc:
         if exc.errno == errno.ENOSPC or shutil.disk_usage(partial.parent).free < (1 << 20):
-            raise disk_full_error(partial, job.source.total_bytes) from exc
+            raise disk_full_error(partial, job.source) from exc
         raise DestinationError(f"writing {str(partial)!r} failed: {exc}") from exc
     if part is None:  # a part keeps its checkpoints for packer merge
         progress.remove()

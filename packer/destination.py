@@ -27,9 +27,11 @@ import shutil
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from packer.errors import DestinationError
 from packer.manifest import MANIFEST_NAME, fsync_dir
+from packer.resume import Progress
 from packer.sizes import format_size
 
 __all__ = [
@@ -98,11 +100,28 @@ def _old_copies(dst: Path) -> list[Path]:
 
 
 def clear_leftovers(dst: Path) -> None:
-    """Delete what a dead writer of ``dst`` left: old outputs set aside by :func:`publish`.
-    Call with ``dst``'s lock held (only a lock holder creates them)."""
+    """Delete what a dead writer of ``dst`` left: old outputs set aside by :func:`publish`
+    (a packer output, or the empty folder a kill left at the end of its removal). Call with
+    ``dst``'s lock held (only a lock holder creates them)."""
     for old in _old_copies(dst):
-        if is_packer_output(old) and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
+        if old.is_symlink() or not old.is_dir():
+            continue
+        if is_packer_output(old) or not any(old.iterdir()):
+            remove_output(old)
+
+
+def remove_output(path: Path) -> None:
+    """Delete a packer output, its manifest last: until the folder is gone it stays
+    recognisable as ours (then empty)."""
+    for root, dirs, files in os.walk(path, topdown=False):
+        for name in files:
+            if not (name == MANIFEST_NAME and root == str(path)):
+                os.unlink(os.path.join(root, name))
+        for name in dirs:
+            full = os.path.join(root, name)
+            os.unlink(full) if os.path.islink(full) else os.rmdir(full)
+    (path / MANIFEST_NAME).unlink(missing_ok=True)
+    os.rmdir(path)
 
 
 def _sweep(dst: Path) -> None:
@@ -275,18 +294,71 @@ def publish(partial: Path, dst: Path) -> None:
     fsync_dir(dst.parent if str(dst.parent) else Path("."))
     if old is not None:
         if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old)
+            remove_output(old)
         else:
             old.unlink()
 
 
-def disk_full_error(partial: Path, total_bytes: int) -> DestinationError:
-    """The error for a full disk: how much more is needed, what is free, how to go on."""
+def _written(partial: Path) -> tuple[int, int]:
+    """Bytes on disk in ``partial``: (data files, tables and manifest); progress not counted."""
+    data = tables = 0
+    for root, dirs, files in os.walk(partial):
+        if Path(root) == partial:
+            dirs[:] = [d for d in dirs if d != "_progress"]
+        for name in files:
+            try:
+                size = os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+            if Path(root) == partial and name.split(".")[0] in _TABLE_STEMS:
+                tables += size
+            else:
+                data += size
+    return data, tables
+
+
+_TABLE_STEMS = {"index", "records", "keys", "packer"}
+
+
+def estimate_need(partial: Path, source: Any) -> tuple[int, str]:
+    """How many more bytes ``partial`` needs to be complete, and how that was estimated: the
+    data still to write at the ratio of bytes written per input byte in the finished shards
+    (BMP writes pixels: ~10× its JPEG inputs), plus the tables (16 bytes a sample, 24 a
+    record, the keys, ~4 kB of manifest) not yet written. Without a finished shard, the source's
+    size stands for the data (said so: a transcoding format needs more)."""
+    done = Progress(partial).finished()
+    keys = {k for c in done for k in c.keys}
+    dropped = {s["path"] for c in done for s in c.skipped}
+    inputs_done = sum(s.size for s in source.samples if s.key in keys or s.path in dropped)
+    records = sum(len(c.records) for c in done)
+    per_sample = records / len(keys) if keys else 1.0
+    n = len(source.samples)
+    key_bytes = sum(len(os.fsencode(s.key)) + 1 for s in source.samples)
+    data, tables_written = _written(partial)
+    manifest = 4096 + sum(len(c) + 8 for c in source.classes) + 256 * len(source.skipped)
+    tables = 16 * n + int(24 * per_sample * n) + key_bytes + manifest
+    tables_left = max(tables - tables_written, 0)
+    if inputs_done == 0:
+        need = max(source.total_bytes - data, 0) + tables_left
+        return need, (
+            "an estimate from the inputs' size: no shard is finished yet, and a format that "
+            "transcodes (bmp, npy with --size) writes more than it reads"
+        )
+    ratio = data / inputs_done
+    need = max(int(ratio * source.total_bytes) - data, 0) + tables_left
+    return need, (
+        f"an estimate: {ratio:.2f} bytes written per input byte so far, plus "
+        f"{format_size(tables_left)} of tables"
+    )
+
+
+def disk_full_error(partial: Path, source: Any) -> DestinationError:
+    """The error for a full disk: how much more is needed (an estimate, said so), what is free,
+    how to go on."""
     free = shutil.disk_usage(partial.parent).free
-    written = sum(f.stat().st_size for f in partial.rglob("*") if f.is_file())
-    needed = max(total_bytes - written, 0)
+    need, how = estimate_need(partial, source)
     return DestinationError(
-        f"disk full while writing {str(partial)!r}: about {format_size(needed)} more is needed "
-        f"and {format_size(free)} is free. The finished shards are kept: free space, then run "
-        "the same command with --resume"
+        f"disk full while writing {str(partial)!r}: about {format_size(need)} more is needed "
+        f"({how}) and {format_size(free)} is free. The finished shards are kept: free space, "
+        "then run the same command with --resume"
     )

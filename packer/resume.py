@@ -262,6 +262,18 @@ class Progress:
             done.append(checkpoint)
         return done
 
+    def finished(self) -> list[Checkpoint]:
+        """Every complete checkpoint present, in any order (for estimates; not a resume)."""
+        found = []
+        for path in sorted(self.dir.glob("shard-*.json")):
+            try:
+                checkpoint = self.load(int(path.name[6:11]))
+            except (ValueError, KeyError, TypeError, PackerError):
+                continue
+            if checkpoint is not None:
+                found.append(checkpoint)
+        return found
+
     def _path(self, number: int, suffix: str) -> Path:
         return self.dir / f"shard-{number:05d}.{suffix}"
 
