@@ -20,12 +20,13 @@ from packer.check import DEFAULT_CHECK, DEFAULT_MAX_PIXELS
 from packer.destination import (
     DestinationLock,
     check_destination,
+    check_reach,
     clear_leftovers,
-    disk_full_error,
     partial_path,
     publish,
 )
 from packer.detect import detect
+from packer.disk_full import disk_full_error
 from packer.distributed import check_part, part_path, run_distributed
 from packer.errors import DestinationError, InputFileError, PackerError
 from packer.finish import Found, find_finished, publish_finished
@@ -33,7 +34,7 @@ from packer.formats import by_name, default_layout, format_for
 from packer.loading import DEFAULT_MAX_FILE_SIZE, default_workers
 from packer.manifest import Manifest
 from packer.prepare import prepare
-from packer.resume import Progress, fingerprint
+from packer.resume import Progress, fingerprint, sample_folders
 from packer.sizes import format_size, parse_size
 from packer.sources import SkippedInput, class_dirs
 from packer.splits import convert_splits, find_splits
@@ -246,7 +247,7 @@ def convert(
     limits = {"max_file_size": parse_size(max_file_size), "max_pixels": int(max_pixels)}
     if limits["max_pixels"] < 1:
         raise PackerError(f"invalid max_pixels {max_pixels}; expected 1 or more")
-    check_destination(dst_path, overwrite, src_path, resume)
+    check_destination(dst_path, overwrite, src_path, resume, published_ok=resume)
     how = "given" if kind else ("a labels file" if labels is not None else "detected")
     if kind is None and labels is None:
         detection = detect(src_path, class_dirs(src_path))
@@ -256,6 +257,7 @@ def convert(
         kind, src_path, fmt, check, limits, video_options, classes, labels, allow_empty
     )
     source = prepared.source
+    check_reach(src_path, sample_folders(source), dst_path)
     if strict and source.skipped:
         raise InputFileError(f"{source.skipped[0].path}: {source.skipped[0].reason} (--strict)")
     layout = default_layout(fmt, kind)
@@ -278,7 +280,7 @@ def convert(
     )
     start = time.perf_counter()
     with DestinationLock(dst_path):
-        check_destination(dst_path, overwrite, src_path, resume)  # again, now that we hold it
+        check_destination(dst_path, overwrite, src_path, resume, published_ok=resume)  # again
         manifest, found, resumed = _finish(
             job, dst_path, fmt.NAME, options, resume, overwrite, executor, part
         )

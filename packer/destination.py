@@ -1,5 +1,5 @@
 """Where a conversion writes: destination checks, one writer per destination, atomic
-publication, disk-full reports.
+publication, the recognition of a dead writer's leftovers.
 
 The source is sacred: a destination equal to, inside or containing the source is refused
 before any work, and ``--overwrite`` only ever deletes a packer output (a folder with our
@@ -23,21 +23,18 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from packer.errors import DestinationError
 from packer.manifest import MANIFEST_NAME, fsync_dir
-from packer.resume import Progress
-from packer.sizes import format_size
 
 __all__ = [
     "DestinationLock",
     "check_destination",
-    "disk_full_error",
+    "check_reach",
     "is_packer_output",
     "lock_holder",
     "partial_path",
@@ -160,6 +157,33 @@ def _check_apart(src: Path, dst: Path) -> None:
             )
 
 
+def _link_on_the_way(src: Path, folder: str) -> tuple[str, str]:
+    """The first symlink on the path from ``src`` down to ``folder``, and where it points."""
+    here = src
+    for part in Path(os.path.relpath(folder, src)).parts:
+        here = here / part
+        if here.is_symlink():
+            return str(here), os.path.realpath(here)
+    return str(src), os.path.realpath(src)
+
+
+def check_reach(src: Path, folders: Iterable[str], dst: Path) -> None:
+    """Refuse a destination the scan reaches through a followed symlink: ``DST`` (or its
+    ``.partial``) is, contains or is inside a folder ``folders`` (where the scan found
+    samples) resolves to. Its files would be packed as data, then deleted by ``--overwrite``."""
+    places = [Path(os.path.realpath(p)) for p in (dst, partial_path(dst))]
+    for folder in folders:
+        real = Path(os.path.realpath(folder))
+        for place in places:
+            if real == place or place in real.parents or real in place.parents:
+                link, target = _link_on_the_way(src, folder)
+                raise DestinationError(
+                    f"destination {str(dst)!r} is reached by the scan of {str(src)!r} through "
+                    f"the symlink {link!r} -> {target!r}: its files would be read as data "
+                    f"(and deleted by --overwrite); choose a destination outside {target!r}"
+                )
+
+
 def _check_replaceable(path: Path, what: str) -> None:
     if path.is_symlink() or not path.is_dir():
         raise DestinationError(
@@ -174,14 +198,19 @@ def _check_replaceable(path: Path, what: str) -> None:
 
 
 def check_destination(
-    dst: Path, overwrite: bool, src: Path | None = None, resume: bool = False
+    dst: Path,
+    overwrite: bool,
+    src: Path | None = None,
+    resume: bool = False,
+    published_ok: bool = False,
 ) -> None:
     """Refuse a destination that would harm the source, that a live process is writing (naming
     it), that exists (without ``overwrite``, and then only if packer wrote it), whose
     interrupted conversion would be silently discarded, or that cannot be created.
 
-    A complete output (``DST`` with ``resume``, or a complete ``DST.partial``) passes: whether
-    it is the same conversion is decided once the lock is held (:mod:`packer.finish`)."""
+    ``resume`` lets an existing ``DST.partial`` through. A complete output (``DST`` with
+    ``published_ok`` and no ``DST.partial``, or a complete ``DST.partial``) passes: whether it is
+    the same conversion is decided once the lock is held (:mod:`packer.finish`)."""
     if src is not None:
         _check_apart(src, dst)
     holder = lock_holder(dst)
@@ -189,7 +218,7 @@ def check_destination(
         raise busy_error(dst, holder)
     _sweep(dst)
     try:
-        _check_existing(dst, overwrite, resume)
+        _check_existing(dst, overwrite, resume, published_ok)
     except DestinationError:
         holder = lock_holder(dst)  # a writer that started meanwhile explains what was seen
         if holder is not None:
@@ -197,11 +226,11 @@ def check_destination(
         raise
 
 
-def _check_existing(dst: Path, overwrite: bool, resume: bool) -> None:
+def _check_existing(dst: Path, overwrite: bool, resume: bool, published_ok: bool) -> None:
     partial = partial_path(dst)
     has_partial = partial.exists() or partial.is_symlink()
     if dst.exists() or dst.is_symlink():
-        if not overwrite and not (resume and not has_partial and is_packer_output(dst)):
+        if not overwrite and not (published_ok and not has_partial and is_packer_output(dst)):
             raise DestinationError(
                 f"destination {str(dst)!r} exists; pass --overwrite to replace it"
             )
@@ -297,68 +326,3 @@ def publish(partial: Path, dst: Path) -> None:
             remove_output(old)
         else:
             old.unlink()
-
-
-def _written(partial: Path) -> tuple[int, int]:
-    """Bytes on disk in ``partial``: (data files, tables and manifest); progress not counted."""
-    data = tables = 0
-    for root, dirs, files in os.walk(partial):
-        if Path(root) == partial:
-            dirs[:] = [d for d in dirs if d != "_progress"]
-        for name in files:
-            try:
-                size = os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                continue
-            if Path(root) == partial and name.split(".")[0] in _TABLE_STEMS:
-                tables += size
-            else:
-                data += size
-    return data, tables
-
-
-_TABLE_STEMS = {"index", "records", "keys", "packer"}
-
-
-def estimate_need(partial: Path, source: Any) -> tuple[int, str]:
-    """How many more bytes ``partial`` needs to be complete, and how that was estimated: the
-    data still to write at the ratio of bytes written per input byte in the finished shards
-    (BMP writes pixels: ~10× its JPEG inputs), plus the tables (16 bytes a sample, 24 a
-    record, the keys, ~4 kB of manifest) not yet written. Without a finished shard, the source's
-    size stands for the data (said so: a transcoding format needs more)."""
-    done = Progress(partial).finished()
-    keys = {k for c in done for k in c.keys}
-    dropped = {s["path"] for c in done for s in c.skipped}
-    inputs_done = sum(s.size for s in source.samples if s.key in keys or s.path in dropped)
-    records = sum(len(c.records) for c in done)
-    per_sample = records / len(keys) if keys else 1.0
-    n = len(source.samples)
-    key_bytes = sum(len(os.fsencode(s.key)) + 1 for s in source.samples)
-    data, tables_written = _written(partial)
-    manifest = 4096 + sum(len(c) + 8 for c in source.classes) + 256 * len(source.skipped)
-    tables = 16 * n + int(24 * per_sample * n) + key_bytes + manifest
-    tables_left = max(tables - tables_written, 0)
-    if inputs_done == 0:
-        need = max(source.total_bytes - data, 0) + tables_left
-        return need, (
-            "an estimate from the inputs' size: no shard is finished yet, and a format that "
-            "transcodes (bmp, npy with --size) writes more than it reads"
-        )
-    ratio = data / inputs_done
-    need = max(int(ratio * source.total_bytes) - data, 0) + tables_left
-    return need, (
-        f"an estimate: {ratio:.2f} bytes written per input byte so far, plus "
-        f"{format_size(tables_left)} of tables"
-    )
-
-
-def disk_full_error(partial: Path, source: Any) -> DestinationError:
-    """The error for a full disk: how much more is needed (an estimate, said so), what is free,
-    how to go on."""
-    free = shutil.disk_usage(partial.parent).free
-    need, how = estimate_need(partial, source)
-    return DestinationError(
-        f"disk full while writing {str(partial)!r}: about {format_size(need)} more is needed "
-        f"({how}) and {format_size(free)} is free. The finished shards are kept: free space, "
-        "then run the same command with --resume"
-    )

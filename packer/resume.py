@@ -46,6 +46,7 @@ __all__ = [
     "Rows",
     "changed_inputs",
     "fingerprint",
+    "sample_folders",
     "skipped_dicts",
 ]
 
@@ -58,6 +59,11 @@ _TABLES = ("samples.npy", "records.npy", "keys.txt")  # a checkpoint's files bes
 def _files(sample: Any) -> tuple[str, ...]:
     """The source files of a sample: its frames (a frame folder), else its own path."""
     return getattr(sample, "frames", None) or (sample.path,)
+
+
+def sample_folders(source: Any) -> set[str]:
+    """The folders the scan found samples in (a frame folder, or a file's folder)."""
+    return {os.path.dirname(_files(s)[0]) for s in source.samples}
 
 
 def _mtimes(sample: Any) -> list[int]:

@@ -122,3 +122,30 @@ def test_resume_refuses_changed_options_or_source(tree: DemoTree, tmp_path: Path
     extra.unlink()
     packer.convert(src, dst, shard_size="15kB", resume=True, progress=False)
     assert (dst / MANIFEST_NAME).is_file()
+
+
+def test_resume_refuses_a_file_rewritten_in_place_with_its_size(
+    tree_files: Any, tree: DemoTree, tmp_path: Path
+) -> None:
+    src = Path(shutil.copytree(tree.root, tmp_path / "src"))
+    dst = tmp_path / "out.lmdb"
+    assert kill_at(src, dst, "shard", 0, "15kB", "image") == -9
+    first = scan(src).samples[0]  # in shard 0, already written
+    data = bytearray(Path(first.path).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    Path(first.path).write_bytes(bytes(data))  # same size, new content and mtime
+    assert Path(first.path).stat().st_size == first.size
+    result = resume_cli(src, dst, "15kB")
+    assert result.returncode == 1
+    assert f"input {first.path!r} was modified after the interrupted conversion" in result.stderr
+    assert not dst.exists()
+    again = subprocess.run(  # start over, as the message says: the same as a fresh conversion
+        [sys.executable, "-m", "packer", "convert", str(src), str(dst), "-q", "--overwrite"]
+        + ["--shard-size", "15kB"],
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode == 0, again.stderr
+    fresh = tmp_path / "fresh.lmdb"
+    packer.convert(src, fresh, shard_size="15kB", workers=1, progress=False)
+    assert tree_files(dst) == tree_files(fresh)

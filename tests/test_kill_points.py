@@ -1,8 +1,9 @@
 """Deterministic kill points at every step of a conversion's end, with no hook in the product.
 
 ``strace --inject=SYSCALL:signal=KILL:when=N`` kills the real ``packer convert`` process at its
-N-th ``rename``/``unlink``/``unlinkat``/``rmdir``/``fsync``. A first traced run lists the calls
-made from the first table write on (finalization: tables, manifest, ``_progress/`` removal,
+N-th ``rename``/``unlink``/``unlinkat``/``rmdir``/``fsync`` (counted per thread: the main
+thread's, which does the end; a decoder library probe runs a compiler in child processes). A
+first traced run lists the calls made from the first table write on (finalization: tables, manifest, ``_progress/`` removal,
 publication, lock removal); then, for each of them, a run is killed there and both ``--resume``
 and a plain rerun (on a copy of what the kill left) must give an output identical to an
 uninterrupted conversion, with no leftover (``.partial``, ``.partial.lock``, ``.old-<pid>``).
@@ -39,7 +40,7 @@ def cli(src: Path, dst: Path, *extra: str, trace: list[str] | None = None) -> An
     cmd += ["--workers", "1", "--shard-size", "6kB", *extra]
     if trace is not None:
         cmd = [str(STRACE), "-f", "-qq", *trace, *cmd]
-    env = {"PYTHONPATH": ROOT, "PATH": "/usr/bin:/bin"}
+    env = {"PYTHONPATH": ROOT, "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
     return subprocess.run(cmd, capture_output=True, text=True, cwd=dst.parent, env=env)
 
 
@@ -51,13 +52,15 @@ def kill_points(src: Path, work: Path, name: str, extra: tuple[str, ...]) -> lis
     calls = ",".join(("openat", *CALLS))
     done = cli(src, work / name, *extra, trace=["-o", str(log), "-e", f"trace={calls}"])
     assert done.returncode == 0, done.stderr
+    lines = log.read_text().splitlines()
+    main = lines[0].split()[0]  # strace counts calls per thread: only the main one's matter
     counts: Counter[str] = Counter()
     points, started = [], False
-    for line in log.read_text().splitlines():
-        match = re.match(r"\d+\s+(\w+)\(", line)
-        if match is None:
+    for line in lines:
+        match = re.match(r"(\d+)\s+(\w+)\(", line)
+        if match is None or match.group(1) != main:
             continue
-        call = match.group(1)
+        call = match.group(2)
         started = started or (call == "openat" and f"{name}.partial/index" in line)
         if call in CALLS:
             counts[call] += 1
@@ -90,7 +93,9 @@ def check_kill_point(
     if extra:
         assert cli(src, dst).returncode == 0
     call, n = point
-    killed = cli(src, dst, *extra, trace=["-o", "/dev/null", f"--inject={call}:signal=KILL:when={n}"])
+    killed = cli(
+        src, dst, *extra, trace=["-o", "/dev/null", f"--inject={call}:signal=KILL:when={n}"]
+    )
     assert killed.returncode in (-9, 137), (point, killed.returncode, killed.stderr)
     plain = work.with_name(work.name + "-plain")
     shutil.copytree(work, plain, symlinks=True)

@@ -212,9 +212,7 @@ def test_disk_full_during_finalization_states_the_tables_need(
 
     dst = small_disk / "out.lmdb"
     with pytest.raises(DestinationError, match="disk full") as caught:
-        packer.convert(
-            tree.root, dst, shard_size="1MB", workers=1, progress=False, on_event=fill
-        )
+        packer.convert(tree.root, dst, shard_size="1MB", workers=1, progress=False, on_event=fill)
     manifest = (reference / MANIFEST_NAME).stat().st_size
     assert _needed(str(caught.value)) >= manifest  # at least what is left: the manifest
     filler.unlink()
