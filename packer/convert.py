@@ -281,7 +281,7 @@ def convert(
     start = time.perf_counter()
     with DestinationLock(dst_path):
         check_destination(dst_path, overwrite, src_path, resume, published_ok=resume)  # again
-        manifest, found, resumed = _finish(
+        manifest, finished, resumed = _finish(
             job, dst_path, fmt.NAME, options, resume, overwrite, executor, part
         )
     skipped = [SkippedInput(s["path"], s["reason"]) for s in manifest.skipped]
@@ -294,8 +294,8 @@ def convert(
         skipped=skipped,
     )
     result.notes.insert(0, _what_was_found(kind, how, source))
-    if found is not None:
-        result.notes.append(_FOUND[found.published].format(dst=str(dst_path)))
+    if finished is not None:
+        result.notes.append(_FOUND[finished.published].format(dst=str(dst_path)))
     elif resume and not resumed:
         result.notes.append(f"nothing to resume in {str(partial)!r}: converted from the start")
     return result

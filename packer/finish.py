@@ -98,11 +98,11 @@ def find_finished(
                 f"other inputs or options ({change}); pass --overwrite to start over"
             )
     if resume and not overwrite and not partial.exists() and dst.is_dir():
-        manifest = complete_output(dst)
-        change = "it is not a complete packer output" if manifest is None else None
-        change = change or _difference(dst, manifest, fp, source)  # type: ignore[arg-type]
-        if change is None:
-            return Found(manifest, published=True)  # type: ignore[arg-type]
+        published = complete_output(dst)
+        if published is None:
+            change = "it is not a complete packer output (packer verify says why)"
+        elif (change := _difference(dst, published, fp, source)) is None:
+            return Found(published, published=True)
         raise DestinationError(
             f"destination {str(dst)!r} exists and there is nothing to resume: {change}; pass "
             "--overwrite to replace it"
