@@ -116,7 +116,10 @@ def remove_output(path: Path) -> None:
                 os.unlink(os.path.join(root, name))
         for name in dirs:
             full = os.path.join(root, name)
-            os.unlink(full) if os.path.islink(full) else os.rmdir(full)
+            if os.path.islink(full):
+                os.unlink(full)
+            else:
+                os.rmdir(full)
     (path / MANIFEST_NAME).unlink(missing_ok=True)
     os.rmdir(path)
 
