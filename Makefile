@@ -7,7 +7,7 @@ STAMP   = $(VENV)/.installed
 
 DEMO_DIR ?= demo-data
 
-.PHONY: install demo test lint bench clean
+.PHONY: install tools demo test lint bench clean
 
 install: $(STAMP)
 
@@ -21,7 +21,12 @@ $(STAMP): pyproject.toml
 demo: install
 	$(VENV)/bin/packer demo $(DEMO_DIR)
 
-test: install
+# System tools the tests drive for real: strace kills a conversion at its N-th rename/fsync.
+tools:
+	@command -v strace >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	  apt-get install -y -qq strace >/dev/null; } || { echo "install strace (apt-get install strace)"; exit 1; }
+
+test: install tools
 	$(PY) -m pytest -q
 
 lint: install

@@ -14,29 +14,32 @@ import os
 import shutil
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from packer.check import DEFAULT_CHECK, DEFAULT_MAX_PIXELS
+from packer.convert_result import ConvertResult
 from packer.cpus import available_cpus
 from packer.destination import (
     DestinationLock,
     check_destination,
-    disk_full_error,
+    check_reach,
+    clear_leftovers,
     partial_path,
     publish,
 )
 from packer.detect import detect
+from packer.disk_full import disk_full_error
 from packer.distributed import check_part, part_path, run_distributed
 from packer.errors import DestinationError, InputFileError, PackerError
+from packer.finish import Found, find_finished, publish_finished
 from packer.formats import by_name, default_layout, format_for
 from packer.labels import Labels, class_index_of, one_labels_file
 from packer.loading import DEFAULT_MAX_FILE_SIZE
 from packer.manifest import Manifest
 from packer.prepare import prepare, prepare_split
-from packer.resume import Progress, fingerprint
-from packer.sizes import format_size, parse_size
+from packer.resume import Progress, fingerprint, sample_folders
+from packer.sizes import parse_size
 from packer.sources import SkippedInput, class_dirs
 from packer.splits import SplitPlan, convert_splits, find_splits, plan_splits
 from packer.write import Event, Job, Prepared, finalize, plan_shards, write_shards
@@ -44,77 +47,6 @@ from packer.write import Event, Job, Prepared, finalize, plan_shards, write_shar
 __all__ = ["DEFAULT_SHARD_SIZE", "ConvertResult", "convert", "convert_video", "plan_shards"]
 
 DEFAULT_SHARD_SIZE = 1 << 30
-
-
-@dataclass
-class ConvertResult:
-    """What a conversion did: the manifest written and the numbers for the summary."""
-
-    dst: Path
-    manifest: Manifest
-    seconds: float
-    bytes_in: int
-    bytes_out: int
-    skipped: list[SkippedInput] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    class_index: dict[str, Any] = field(default_factory=dict)  # where the index came from
-    warnings: list[dict[str, str]] = field(default_factory=list)  # {"code", "message"}
-
-    def to_dict(self) -> dict[str, Any]:
-        """The machine-readable summary (``packer convert --json``): what :meth:`summary` says."""
-        m = self.manifest
-        return {
-            "ok": True,
-            "dst": str(self.dst),
-            "format": m.format,
-            "kind": m.kind,
-            "samples": m.num_samples,
-            "classes": len(m.classes),
-            "splits": m.options.get("splits") if m.kind == "splits" else None,
-            "files": len(m.shards) or m.num_samples,
-            "bytes_in": self.bytes_in,
-            "bytes_out": self.bytes_out,
-            "seconds": round(self.seconds, 3),
-            "storage": m.options.get("storage", {}),
-            "notes": self.notes,
-            "class_index": self.class_index,
-            "warnings": self.warnings,
-            "skipped": [{"path": s.path, "reason": s.reason} for s in self.skipped],
-        }
-
-    def summary(self) -> str:
-        """A few human-readable lines: counts, sizes, time, skipped inputs."""
-        m = self.manifest
-        rate = self.bytes_in / self.seconds if self.seconds > 0 else 0.0
-        what = "videos" if m.kind == "video" else "samples"
-        files = (
-            f"{len(m.options.get('splits', {}))} splits"
-            if m.kind == "splits"
-            else f"{len(m.shards) or m.num_samples} file(s)"
-        )
-        lines = [
-            f"wrote {self.dst} ({m.format}): {m.num_samples} {what}, {len(m.classes)} classes, "
-            f"{files}",
-            f"read {format_size(self.bytes_in)}, wrote {format_size(self.bytes_out)} "
-            f"in {self.seconds:.1f} s ({format_size(rate)}/s)",
-        ]
-        storage = m.options.get("storage", {})
-        if m.kind == "video":
-            lines.append(
-                f"frames: {storage.get('frames', 0)} (mean {storage.get('mean_frames', 0):.1f}, "
-                f"max {storage.get('max_frames', 0)} per video); padding overhead "
-                f"{storage.get('padding_overhead', 1.0):.3f}× (bytes on disk / bytes of frames)"
-            )
-        lines += self.notes
-        if self.class_index.get("source") in ("splits", "given", "labels-file"):
-            lines.append(f"class index: {self.class_index['detail']}")
-        lines += [w["message"] for w in self.warnings]
-        if self.skipped:
-            lines.append(f"skipped {len(self.skipped)} input(s) (listed in the manifest):")
-            lines += [f"  {s.path}: {s.reason}" for s in self.skipped[:10]]
-            if len(self.skipped) > 10:
-                lines.append(f"  ... and {len(self.skipped) - 10} more (packer inspect --skipped)")
-        return "\n".join(lines)
 
 
 def _run(
@@ -128,7 +60,7 @@ def _run(
 ) -> Manifest:
     progress = Progress(partial)
     if resume and partial.is_dir():
-        done = progress.resume(fp)
+        done = progress.resume(fp, job.source)
     else:
         if partial.exists():
             shutil.rmtree(partial)
@@ -143,7 +75,7 @@ def _run(
             manifest = run_distributed(job, done, progress, options, fp, executor, part)
     except OSError as exc:
         if exc.errno == errno.ENOSPC or shutil.disk_usage(partial.parent).free < (1 << 20):
-            raise disk_full_error(partial, job.source.total_bytes) from exc
+            raise disk_full_error(partial, job.source) from exc
         raise DestinationError(f"writing {str(partial)!r} failed: {exc}") from exc
     if part is None:  # a part keeps its checkpoints for packer merge
         progress.remove()
@@ -270,7 +202,7 @@ def convert(
     if part is not None:
         check_part(part)
         dst_path = part_path(dst_path, part[0])
-    check_destination(dst_path, overwrite, src_path, resume)
+    check_destination(dst_path, overwrite, src_path, resume, published_ok=resume)
     how = "given" if kind else ("a labels file" if file is not None else "detected")
     if kind is None and file is None and prepared is None:
         detection = detect(src_path, class_dirs(src_path))
@@ -280,6 +212,7 @@ def convert(
         kind, src_path, fmt, check, limits, video_options, classes, file, allow_empty
     )
     source = prepared.source
+    check_reach(src_path, sample_folders(source), dst_path)
     if strict and source.skipped:
         raise InputFileError(f"{source.skipped[0].path}: {source.skipped[0].reason} (--strict)")
     layout = default_layout(fmt, kind)
@@ -302,11 +235,10 @@ def convert(
     )
     start = time.perf_counter()
     with DestinationLock(dst_path):
-        check_destination(dst_path, overwrite, src_path, resume)  # again, now that we hold it
-        resumed = resume and partial.is_dir()
-        fp = fingerprint(source, fmt.NAME, options)
-        manifest = _run(job, partial, fp, resumed, options, executor, part)
-        publish(partial, dst_path)
+        check_destination(dst_path, overwrite, src_path, resume, published_ok=resume)  # again
+        manifest, finished, resumed = _finish(
+            job, dst_path, fmt.NAME, options, resume, overwrite, executor, part
+        )
     skipped = [SkippedInput(s["path"], s["reason"]) for s in manifest.skipped]
     result = ConvertResult(
         dst=dst_path,
@@ -321,9 +253,42 @@ def convert(
     result.class_index, result.warnings = class_index_of(
         len(source.classes), file, given, kind == "image"
     )
-    if resume and not resumed:
+    if finished is not None:
+        result.notes.append(_FOUND[finished.published].format(dst=str(dst_path)))
+    elif resume and not resumed:
         result.notes.append(f"nothing to resume in {str(partial)!r}: converted from the start")
     return result
+
+
+_FOUND = {
+    True: "{dst!r} is already complete (same source and options): nothing to do",
+    False: "{dst!r}: a finished conversion interrupted before publication was published",
+}
+
+
+def _finish(
+    job: Job,
+    dst: Path,
+    fmt_name: str,
+    options: dict,
+    resume: bool,
+    overwrite: bool,
+    executor: Any,
+    part: tuple[int, int] | None,
+) -> tuple[Manifest, Found | None, bool]:
+    """Under the lock: publish a finished conversion a kill left (or say it is complete), else
+    run the pipeline and publish. Returns the manifest, what was found, whether it resumed."""
+    partial = job.partial
+    clear_leftovers(dst)
+    fp = fingerprint(job.source, fmt_name, options)
+    found = find_finished(dst, fp, job.source, resume, overwrite) if part is None else None
+    if found is not None:
+        publish_finished(found, dst)
+        return found.manifest, found, False
+    resumed = resume and partial.is_dir()
+    manifest = _run(job, partial, fp, resumed, options, executor, part)
+    publish(partial, dst)
+    return manifest, None, resumed
 
 
 def _what_was_found(kind: str, how: str, source: Any) -> str:

@@ -1,12 +1,13 @@
 """Durable progress of a conversion, so ``--resume`` continues from the last complete shard.
 
 Inside ``DST.partial/_progress/``: ``fingerprint.json`` (what the output depends on: format,
-options, the source's keys and sizes) and a checkpoint per finished shard: its sample rows
+options, the source's keys, sizes and modification times) and a checkpoint per finished shard: its sample rows
 (``shard-NNNNN.samples.npy``), record rows (``shard-NNNNN.records.npy``) and keys
 (``shard-NNNNN.keys.txt``, escaped as in ``keys.txt``), then — last, the mark that the shard is
 complete — ``shard-NNNNN.json``: its manifest entry, skipped inputs and the checksums of the
 three. Each file is written to a temp name, fsync'd and renamed. The folder is removed before
-the output is published. Images and video share it: a checkpoint holds sample rows and record
+the output is published, ``fingerprint.json`` last (so a run killed meanwhile still knows what
+the finished output was made from). Images and video share it: a checkpoint holds sample rows and record
 rows alike.
 
 A shard's rows are held compactly from its first sample on (:class:`Rows`: machine integers,
@@ -38,7 +39,16 @@ from packer.manifest import (
 )
 from packer.sources import SkippedInput
 
-__all__ = ["ROW_DTYPE", "Checkpoint", "Progress", "Rows", "fingerprint", "skipped_dicts"]
+__all__ = [
+    "ROW_DTYPE",
+    "Checkpoint",
+    "Progress",
+    "Rows",
+    "changed_inputs",
+    "fingerprint",
+    "sample_folders",
+    "skipped_dicts",
+]
 
 PROGRESS_DIR = "_progress"
 CHECKPOINT_VERSION = 2  # version 1: the rows as JSON lists in shard-NNNNN.json (still read)
@@ -46,11 +56,38 @@ ROW_DTYPE = np.dtype([("label", "<i4"), ("count", "<i4")])  # a checkpoint's sam
 _TABLES = ("samples.npy", "records.npy", "keys.txt")  # a checkpoint's files besides its JSON
 
 
+def _files(sample: Any) -> tuple[str, ...]:
+    """The source files of a sample: its frames (a frame folder), else its own path."""
+    return getattr(sample, "frames", None) or (sample.path,)
+
+
+def sample_folders(source: Any) -> set[str]:
+    """The folders the scan found samples in (a frame folder, or a file's folder)."""
+    return {os.path.dirname(_files(s)[0]) for s in source.samples}
+
+
+def _mtimes(sample: Any) -> list[int]:
+    stamps = []
+    for path in _files(sample):
+        try:
+            stamps.append(os.stat(path).st_mtime_ns)
+        except OSError:
+            stamps.append(-1)
+    return stamps
+
+
 def fingerprint(source: Any, fmt_name: str, options: dict[str, Any]) -> dict[str, Any]:
-    """What the output bytes depend on: the format, options and every input's key and size."""
+    """What the output bytes depend on: the format, options and every input's key, size and
+    modification time (``mtime_ns``: a file rewritten in place with the same size differs).
+    ``newest_mtime_ns`` is the latest of those times (an output written before it may be
+    stale). Costs one ``stat`` per input file."""
     digest = xxhash.xxh3_64()
+    newest = 0
     for s in source.samples:
-        digest.update(f"{s.key}\t{s.label}\t{s.size}\n".encode("utf-8", "surrogateescape"))
+        stamps = _mtimes(s)
+        newest = max(newest, *stamps)
+        line = f"{s.key}\t{s.label}\t{s.size}\t{','.join(map(str, stamps))}\n"
+        digest.update(line.encode("utf-8", "surrogateescape"))
     return {
         "format": fmt_name,
         "options": options,
@@ -59,7 +96,28 @@ def fingerprint(source: Any, fmt_name: str, options: dict[str, Any]) -> dict[str
         "files": len(source.samples),
         "bytes": source.total_bytes,
         "inputs_xxh3_64": digest.hexdigest(),
+        "newest_mtime_ns": newest,
     }
+
+
+def changed_inputs(source: Any, since_ns: int) -> list[str]:
+    """The inputs of ``source`` with a file modified after ``since_ns`` (in source order)."""
+    return [s.path for s in source.samples if max(_mtimes(s)) > since_ns]
+
+
+def name_change(change: str | None, source: Any, since_ns: int) -> str | None:
+    """``change`` with the input files modified after ``since_ns`` named, when the only
+    change found is in the inputs' digest."""
+    if change != INPUTS_CHANGED or source is None:
+        return change
+    paths = changed_inputs(source, since_ns)
+    if not paths:
+        return change
+    more = f" (and {len(paths) - 1} more)" if len(paths) > 1 else ""
+    return f"input {paths[0]!r}{more} was modified after the interrupted conversion began"
+
+
+INPUTS_CHANGED = "some input files were renamed, replaced, or changed size or modification time"
 
 
 def describe_change(old: dict[str, Any], new: dict[str, Any]) -> str | None:
@@ -73,7 +131,7 @@ def describe_change(old: dict[str, Any], new: dict[str, Any]) -> str | None:
         if before != after:
             changes.append(f"option {name} {before!r} → {after!r}")
     if not changes and old.get("inputs_xxh3_64") != new.get("inputs_xxh3_64"):
-        changes.append("some input files were renamed, replaced or changed size")
+        changes.append(INPUTS_CHANGED)
     return "; ".join(changes) or None
 
 
@@ -183,14 +241,23 @@ class Progress:
         self.dir.mkdir(parents=True, exist_ok=True)
         _write_json(self.dir / "fingerprint.json", fp)
 
-    def resume(self, fp: dict[str, Any]) -> list[Checkpoint]:
-        """Load the finished shards, refusing if the source or options changed since."""
+    def fingerprint(self) -> tuple[dict[str, Any], int] | None:
+        """The recorded fingerprint and when it was written (``mtime_ns``), or None."""
         path = self.dir / "fingerprint.json"
-        if not path.is_file():
+        try:
+            return json.loads(path.read_text()), path.stat().st_mtime_ns
+        except (OSError, ValueError):
+            return None
+
+    def resume(self, fp: dict[str, Any], source: Any = None) -> list[Checkpoint]:
+        """Load the finished shards, refusing if the source or options changed since (naming
+        the input files modified since, when ``source`` is given)."""
+        recorded = self.fingerprint()
+        if recorded is None:
             raise PackerError(
                 f"{str(self.dir.parent)!r} holds no resumable progress; convert without --resume"
             )
-        change = describe_change(json.loads(path.read_text()), fp)
+        change = name_change(describe_change(recorded[0], fp), source, recorded[1])
         if change:
             raise PackerError(
                 f"cannot resume {str(self.dir.parent)!r}: {change}. Convert again without "
@@ -200,6 +267,18 @@ class Progress:
         while (checkpoint := self.load(len(done))) is not None:
             done.append(checkpoint)
         return done
+
+    def finished(self) -> list[Checkpoint]:
+        """Every complete checkpoint present, in any order (for estimates; not a resume)."""
+        found = []
+        for path in sorted(self.dir.glob("shard-*.json")):
+            try:
+                checkpoint = self.load(int(path.name[6:11]))
+            except (ValueError, KeyError, TypeError, PackerError):
+                continue
+            if checkpoint is not None:
+                found.append(checkpoint)
+        return found
 
     def _path(self, number: int, suffix: str) -> Path:
         return self.dir / f"shard-{number:05d}.{suffix}"
@@ -257,8 +336,19 @@ class Progress:
         _write_json(self._path(number, "json"), data)
 
     def remove(self) -> None:
-        """Delete the progress folder (before publishing the output)."""
-        shutil.rmtree(self.dir, ignore_errors=True)
+        """Delete the progress folder (before publishing the output): every checkpoint, then
+        ``fingerprint.json``, then the folder, so a kill meanwhile leaves the fingerprint or
+        nothing to compare with."""
+        try:
+            entries = sorted(os.scandir(self.dir), key=lambda e: e.name == "fingerprint.json")
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+        os.rmdir(self.dir)
 
 
 def skipped_dicts(items: list[SkippedInput]) -> list[dict[str, str]]:

@@ -321,8 +321,8 @@ def convert_splits(
                 "kind": first.kind,
             },
         )
-        Progress(partial).remove()
-        write_manifest(partial, manifest)
+        write_manifest(partial, manifest)  # before the progress goes: a kill between the two
+        Progress(partial).remove()  # leaves a resumable .partial, never one with neither
         publish(partial, dst)
     return manifest, results
 

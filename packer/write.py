@@ -283,6 +283,10 @@ def _storage(job: Job, index: np.ndarray, records: np.ndarray, shard_bytes: int)
     return storage
 
 
+# The temp names manifest.py writes the tables and manifest through (then renames).
+_TEMP_NAMES = ("index.tmp.npy", "records.tmp.npy", f"{KEYS_NAME}.tmp", f"{MANIFEST_NAME}.tmp")
+
+
 def finalize(
     job: Job, done: list[Checkpoint], options: dict[str, Any]
 ) -> tuple[Manifest, list[SkippedInput]]:
@@ -295,6 +299,8 @@ def finalize(
             "skipped (see the reasons with --strict)"
         )
     skipped = skipped_dicts(source.skipped) + [s for c in done for s in c.skipped]
+    for stale in _TEMP_NAMES:  # a run killed while writing its tables left one
+        (job.partial / stale).unlink(missing_ok=True)
     files = {
         INDEX_NAME: write_index(job.partial, index),
         RECORDS_NAME: write_records(job.partial, records),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -138,3 +139,74 @@ def test_a_dead_writers_lock_is_taken_over(tree: DemoTree, tmp_path: Path) -> No
     assert (tmp_path / "out.lmdb.partial.lock").exists()  # left by the killed process
     packer.convert(tree.root, dst, shard_size="15kB", resume=True, progress=False)
     assert verify(dst, progress=False).ok
+
+
+STOPPER = """
+import os, signal, sys, packer
+def on_event(name, n):
+    if name == "shard" and n == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)  # a live conversion, paused mid-way
+packer.convert(sys.argv[1], sys.argv[2], shard_size="15kB", workers=1, progress=False,
+               on_event=on_event)
+print("done")
+"""
+
+
+def test_a_live_writer_is_named_and_its_folder_never_offered(
+    tree_files: Any, tree: DemoTree, tmp_path: Path
+) -> None:
+    dst = tmp_path / "out.npy"
+    first = subprocess.Popen(
+        [sys.executable, "-c", STOPPER, str(tree.root), str(dst)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait until it stops itself after shard 0
+            with open(f"/proc/{first.pid}/stat") as fh:
+                if fh.read().split(") ")[1][0] == "T":
+                    break
+            time.sleep(0.05)
+        assert (tmp_path / "out.npy.partial" / "_progress" / "shard-00000.json").is_file()
+        for extra in ([], ["--overwrite"], ["--resume"], ["--overwrite", "--resume"]):
+            second = subprocess.run(
+                [sys.executable, "-m", "packer", "convert", str(tree.root), str(dst), "-q"]
+                + ["--shard-size", "15kB", *extra],
+                capture_output=True,
+                text=True,
+            )
+            said = second.stderr + second.stdout
+            assert second.returncode == 1, (extra, said)
+            assert f"being written by another conversion (process {first.pid})" in said, extra
+            assert "add --resume" not in said and "Remove it yourself" not in said, extra
+    finally:
+        first.send_signal(signal.SIGCONT)
+    out, _ = first.communicate(timeout=120)
+    assert first.returncode == 0 and "done" in out
+    assert verify(dst, progress=False).ok
+    reference = tmp_path / "ref.npy"
+    packer.convert(tree.root, reference, shard_size="15kB", workers=1, progress=False)
+    assert tree_files(dst) == tree_files(reference)
+    assert not (tmp_path / "out.npy.partial.lock").exists()
+
+
+def test_a_destination_reached_through_a_followed_symlink_is_refused(
+    tree: DemoTree, tmp_path: Path
+) -> None:
+    """``src/cls -> outdir``: converting into ``outdir/o.bmp`` would pack its own output."""
+    src, outdir = tmp_path / "src", tmp_path / "outdir"
+    shutil.copytree(tree.root, src)
+    outdir.mkdir()
+    dst = outdir / "o.bmp"
+    packer.convert(tree.root, dst, progress=False)  # an earlier output, there before the link
+    (src / "cls").symlink_to(outdir, target_is_directory=True)
+    before = snapshot(outdir)
+    for how in ({"overwrite": True}, {"resume": True}):
+        with pytest.raises(DestinationError, match="through the symlink .*src/cls' -> .*outdir'"):
+            packer.convert(src, dst, progress=False, **how)
+    assert snapshot(outdir) == before
+    assert not (outdir / "o.bmp.partial").exists()
+    fresh = outdir / "new.npy"  # inside the followed folder too: a rerun would pack it
+    (outdir / "photo.jpg").write_bytes(tree.good[0].read_bytes())
+    with pytest.raises(DestinationError, match="reached by the scan"):
+        packer.convert(src, fresh, progress=False)
+    assert not fresh.exists()

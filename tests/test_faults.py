@@ -122,3 +122,68 @@ def test_resume_refuses_changed_options_or_source(tree: DemoTree, tmp_path: Path
     extra.unlink()
     packer.convert(src, dst, shard_size="15kB", resume=True, progress=False)
     assert (dst / MANIFEST_NAME).is_file()
+
+
+def test_resume_refuses_a_file_rewritten_in_place_with_its_size(
+    tree_files: Any, tree: DemoTree, tmp_path: Path
+) -> None:
+    src = Path(shutil.copytree(tree.root, tmp_path / "src"))
+    dst = tmp_path / "out.lmdb"
+    assert kill_at(src, dst, "shard", 0, "15kB", "image") == -9
+    first = next(s for s in scan(src).samples if "broken" not in s.path)  # in shard 0, written
+    data = bytearray(Path(first.path).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    Path(first.path).write_bytes(bytes(data))  # same size, new content and mtime
+    assert Path(first.path).stat().st_size == first.size
+    result = resume_cli(src, dst, "15kB")
+    assert result.returncode == 1
+    assert f"input {first.path!r} was modified after the interrupted conversion" in result.stderr
+    assert not dst.exists()
+    again = subprocess.run(  # start over, as the message says: the same as a fresh conversion
+        [sys.executable, "-m", "packer", "convert", str(src), str(dst), "-q", "--overwrite"]
+        + ["--shard-size", "15kB"],
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode == 0, again.stderr
+    fresh = tmp_path / "fresh.lmdb"
+    packer.convert(src, fresh, shard_size="15kB", workers=1, progress=False)
+    assert tree_files(dst) == tree_files(fresh)
+
+
+def test_a_finished_but_unpublished_conversion_is_published_not_discarded(
+    tree_files: Any, tree: DemoTree, tmp_path: Path
+) -> None:
+    """Killed after its manifest: a plain rerun with the same options publishes it as it is
+    (the shard files keep their inode: nothing rewritten); other options are refused."""
+    reference = tmp_path / "ref.lmdb"
+    packer.convert(tree.root, reference, shard_size="15kB", workers=1, progress=False)
+    dst = tmp_path / "out.lmdb"
+    assert kill_at(tree.root, dst, "manifest", 0, "15kB", "image") == -9
+    partial = tmp_path / "out.lmdb.partial"
+    inode = (partial / "shard-00000.mdb").stat().st_ino
+    other = subprocess.run(
+        [sys.executable, "-m", "packer", "convert", str(tree.root), str(dst), "-q"]
+        + ["--shard-size", "30kB", "--resume"],
+        capture_output=True,
+        text=True,
+    )
+    assert other.returncode == 1
+    assert "holds a finished conversion" in other.stderr
+    assert "option shard_size 15000 → 30000" in other.stderr
+    plain = subprocess.run(
+        [sys.executable, "-m", "packer", "convert", str(tree.root), str(dst)]
+        + ["--shard-size", "15kB"],
+        capture_output=True,
+        text=True,
+    )
+    assert plain.returncode == 0, plain.stderr
+    assert "interrupted before publication was published" in plain.stdout
+    assert (dst / "shard-00000.mdb").stat().st_ino == inode
+    assert tree_files(dst) == tree_files(reference)
+    again = resume_cli(tree.root, dst, "15kB")  # and once published, --resume says complete
+    assert again.returncode == 0, again.stderr
+    assert not (tmp_path / "out.lmdb.partial.lock").exists()
+    done = packer.convert(tree.root, dst, shard_size="15kB", resume=True, progress=False)
+    assert "already complete" in done.summary()
+    assert (dst / "shard-00000.mdb").stat().st_ino == inode

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ from torch.utils.data import DataLoader
 import packer
 from packer.errors import DestinationError
 from packer.manifest import MANIFEST_NAME
+from packer.sizes import parse_size
 from packer.tools.image_demo import DemoTree, photo_like
 
 
@@ -154,3 +157,64 @@ def test_twenty_epochs_of_fresh_workers_leak_nothing(packed: dict[str, Path], fm
     # workers shut down asynchronously, so a pipe may linger at one sample; a leak never shrinks
     assert min(fds[-5:]) <= min(fds[:5])
     assert rss[-1] - rss[1] < 20_000
+
+
+def _du(folder: Path) -> int:
+    return sum(p.lstat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _needed(message: str) -> int:
+    match = re.search(r"about (\S+ \S+) more is needed \((an estimate[^)]*)\)", message)
+    assert match, message
+    return parse_size(match.group(1).replace(" ", ""))
+
+
+def test_disk_full_states_a_need_that_covers_the_real_one(
+    tree: DemoTree, tmp_path: Path, small_disk: Path
+) -> None:
+    """BMP writes decoded pixels (~4× its JPEGs here): the need is estimated from the bytes
+    written per input byte, not from the inputs' size."""
+    reference = tmp_path / "ref.bmp"
+    packer.convert(tree.root, reference, shard_size="10kB", workers=1, progress=False)
+    subprocess.run(["mount", "-o", "remount,size=80k", str(small_disk)], check=True)
+    dst = small_disk / "out.bmp"
+    with pytest.raises(DestinationError, match="disk full") as caught:
+        packer.convert(tree.root, dst, shard_size="10kB", workers=1, progress=False)
+    partial = small_disk / "out.bmp.partial"
+    real = _du(reference) - sum(
+        p.lstat().st_size for p in partial.rglob("*") if p.is_file() and "_progress" not in p.parts
+    )
+    need = _needed(str(caught.value))
+    print(f"BMP disk full: stated {need} B, really {real} B, source {tree_bytes(tree)} B")
+    assert real <= need <= 2 * real + 8192
+
+
+def tree_bytes(tree: DemoTree) -> int:
+    return sum(p.stat().st_size for p in tree.root.rglob("*") if p.is_file())
+
+
+def test_disk_full_during_finalization_states_the_tables_need(
+    tree_files: Any, tree: DemoTree, tmp_path: Path, small_disk: Path
+) -> None:
+    """Every shard is written, then the disk fills: the need is the tables', never 0 B."""
+    reference = tmp_path / "ref.lmdb"
+    packer.convert(tree.root, reference, shard_size="1MB", workers=1, progress=False)
+    subprocess.run(["mount", "-o", "remount,size=400k", str(small_disk)], check=True)
+    filler = small_disk / "filler"
+
+    def fill(name: str, number: int) -> None:
+        if name == "tables":  # the tables are written, the manifest not yet: fill the disk
+            with open(filler, "wb") as fh:
+                with contextlib.suppress(OSError):
+                    while True:
+                        fh.write(b"\0" * 4096)
+                        fh.flush()
+
+    dst = small_disk / "out.lmdb"
+    with pytest.raises(DestinationError, match="disk full") as caught:
+        packer.convert(tree.root, dst, shard_size="1MB", workers=1, progress=False, on_event=fill)
+    manifest = (reference / MANIFEST_NAME).stat().st_size
+    assert _needed(str(caught.value)) >= manifest  # at least what is left: the manifest
+    filler.unlink()
+    packer.convert(tree.root, dst, shard_size="1MB", workers=1, resume=True, progress=False)
+    assert tree_files(dst) == tree_files(reference)

@@ -1,0 +1,174 @@
+"""Deterministic kill points at every step of a conversion's end, with no hook in the product.
+
+``strace --inject=SYSCALL:signal=KILL:when=N`` kills the real ``packer convert`` process at its
+N-th ``rename``/``unlink``/``unlinkat``/``rmdir``/``fsync`` (counted per thread: the main
+thread's, which does the end; a decoder library probe runs a compiler in child processes). A
+first traced run lists the calls made from the first table write on (finalization: tables, manifest, ``_progress/`` removal,
+publication, lock removal); then, for each of them, a run is killed there and both ``--resume``
+and a plain rerun (on a copy of what the kill left) must give an output identical to an
+uninterrupted conversion, with no leftover (``.partial``, ``.partial.lock``, ``.old-<pid>``).
+LMDB goes through every kill point; when ``--overwrite`` replaces an old output, and for the
+other formats and video, every rename (each a step of the sequence) and the first, middle and
+last call of each other kind (runtime: ~3 s a kill point, ~3 minutes in all).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import packer
+from packer.tools.image_demo import make_image_tree
+from packer.tools.video_demo import make_video_tree
+from packer.verify import verify
+
+STRACE = shutil.which("strace")
+
+
+@pytest.fixture(autouse=True)
+def _strace() -> None:
+    """These tests never skip: `make test` installs strace (the Makefile's `tools` step)."""
+    assert STRACE is not None, "strace is not installed: run `make test`, or apt-get install strace"
+CALLS = ("rename", "unlink", "unlinkat", "rmdir", "fsync")
+ROOT = str(Path(__file__).resolve().parents[1])
+
+
+def cli(src: Path, dst: Path, *extra: str, trace: list[str] | None = None) -> Any:
+    cmd = [sys.executable, "-m", "packer", "convert", str(src), str(dst), "-q"]
+    cmd += ["--workers", "1", "--shard-size", "6kB", *extra]
+    if trace is not None:
+        cmd = [str(STRACE), "-f", "-qq", *trace, *cmd]
+    env = {"PYTHONPATH": ROOT, "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=dst.parent, env=env)
+
+
+def kill_points(src: Path, work: Path, name: str, extra: tuple[str, ...]) -> list[tuple[str, int]]:
+    """(syscall, N) for every call of ``CALLS`` a conversion makes from its first table on."""
+    log = work / "trace.log"
+    if extra:  # --overwrite: the end replaces an existing output
+        assert cli(src, work / name).returncode == 0
+    calls = ",".join(("openat", *CALLS))
+    done = cli(src, work / name, *extra, trace=["-o", str(log), "-e", f"trace={calls}"])
+    assert done.returncode == 0, done.stderr
+    lines = log.read_text().splitlines()
+    main = lines[0].split()[0]  # strace counts calls per thread: only the main one's matter
+    counts: Counter[str] = Counter()
+    points, started = [], False
+    for line in lines:
+        match = re.match(r"(\d+)\s+(\w+)\(", line)
+        if match is None or match.group(1) != main:
+            continue
+        call = match.group(2)
+        started = started or (call == "openat" and f"{name}.partial/index" in line)
+        if call in CALLS:
+            counts[call] += 1
+            if started:
+                points.append((call, counts[call]))
+    assert started and len(points) > 10, "the trace must see the finalization"
+    shutil.rmtree(work)
+    return points
+
+
+def sample(points: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """Every rename (a step of the sequence each: tables, manifest, publication) and the first,
+    middle and last kill point of each other syscall."""
+    chosen = []
+    for call in CALLS:
+        mine = [p for p in points if p[0] == call]
+        if call == "rename":
+            chosen += mine
+        elif mine:
+            chosen += sorted({mine[0], mine[len(mine) // 2], mine[-1]}, key=lambda p: p[1])
+    return chosen
+
+
+def leftovers(folder: Path, name: str) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name != name and p.name.startswith(name))
+
+
+def check_kill_point(
+    files: Any, src: Path, ref: Path, work: Path, name: str, point: tuple[str, int], extra: tuple
+) -> None:
+    work.mkdir()
+    dst = work / name
+    if extra:
+        assert cli(src, dst).returncode == 0
+    call, n = point
+    killed = cli(
+        src, dst, *extra, trace=["-o", "/dev/null", f"--inject={call}:signal=KILL:when={n}"]
+    )
+    assert killed.returncode in (-9, 137), (point, killed.returncode, killed.stderr)
+    plain = work.with_name(work.name + "-plain")
+    shutil.copytree(work, plain, symlinks=True)
+    resumed = cli(src, dst, *extra, "--resume")
+    assert resumed.returncode == 0, (point, resumed.stderr)
+    assert files(dst) == files(ref), point
+    assert leftovers(work, name) == [], point
+    pdst = plain / name
+    complete = (plain / f"{name}.partial" / "packer.json").is_file()
+    published = pdst.is_dir() and not (plain / f"{name}.partial").exists()
+    again = cli(src, pdst, *extra)
+    if complete or extra:
+        assert again.returncode == 0, (point, again.stderr)
+        assert files(pdst) == files(ref), point
+        assert leftovers(plain, name) == [], point
+    elif published:
+        assert "exists; pass --overwrite" in again.stderr, (point, again.stderr)
+        assert files(pdst) == files(ref), point
+        assert leftovers(plain, name) == [], point  # the dead writer's lock swept even so
+    else:  # interrupted before the manifest: only --resume (or --overwrite) goes on
+        assert "add --resume" in again.stderr, (point, again.stderr)
+    shutil.rmtree(work)
+    shutil.rmtree(plain)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2 classes × 2 small JPEGs: two planned shards at 6 kB."""
+    root = tmp_path_factory.mktemp("kill") / "images"
+    return make_image_tree(root, classes=2, per_class=2, size=(64, 48), bad=0).root
+
+
+@pytest.mark.parametrize("extra", [(), ("--overwrite",)], ids=["fresh", "overwrite"])
+def test_every_lmdb_kill_point_recovers(
+    tree_files: Any, small: Path, tmp_path: Path, extra: tuple[str, ...]
+) -> None:
+    ref = tmp_path / "ref" / "o.lmdb"
+    ref.parent.mkdir()
+    assert cli(small, ref).returncode == 0
+    (tmp_path / "probe").mkdir()
+    points = kill_points(small, tmp_path / "probe", "o.lmdb", extra)
+    if extra:  # the replacement's end: the same calls plus the old output's; a sample of them
+        points = sample(points)
+    kinds = {call for call, _ in points}
+    assert {"rename", "unlink", "rmdir", "fsync"} <= kinds
+    print(f"lmdb {extra}: {len(points)} kill points {Counter(c for c, _ in points)}")
+    for i, point in enumerate(points):
+        check_kill_point(tree_files, small, ref, tmp_path / f"k{i}", "o.lmdb", point, extra)
+    assert verify(ref, progress=False).ok
+
+
+@pytest.mark.parametrize("suffix", [".h5", ".npy", ".bmp", "video.npy"])
+def test_sampled_kill_points_recover(
+    tree_files: Any, small: Path, tmp_path: Path, suffix: str
+) -> None:
+    src = small
+    name = "o" + suffix
+    if suffix.startswith("video"):
+        src = make_video_tree(tmp_path / "frames", classes=2, per_class=2, frames=(3, 4)).root
+        name = "o.npy"
+    ref = tmp_path / "ref" / name
+    ref.parent.mkdir()
+    assert cli(src, ref).returncode == 0
+    assert len(packer.open_dataset(ref)) == 4
+    (tmp_path / "probe").mkdir()
+    points = sample(kill_points(src, tmp_path / "probe", name, ()))
+    for i, point in enumerate(points):
+        check_kill_point(tree_files, src, ref, tmp_path / f"k{i}", name, point, ())
