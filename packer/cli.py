@@ -50,7 +50,8 @@ def main() -> None:
 @click.option(
     "--resume",
     is_flag=True,
-    help="Continue an interrupted conversion (DST.partial) from its last complete shard.",
+    help="Continue an interrupted conversion (DST.partial) from its last complete shard, "
+    "publish one that had finished, or report DST complete.",
 )
 @click.option(
     "--strict", is_flag=True, help="Fail on the first unusable input instead of skipping."
