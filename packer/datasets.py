@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
@@ -23,10 +23,13 @@ from packer.errors import FormatError, InputFileError, PackerError
 from packer.formats import FORMATS
 from packer.manifest import MANIFEST_NAME, load_manifest
 from packer.pixels import pixels_output
-from packer.sources import scan
+from packer.sources import class_dirs, scan
 from packer.splits import find_splits, split_root
 from packer.store import open_packed
 from packer.strings import StringTable
+
+if TYPE_CHECKING:
+    from packer.video.datasets import VideoDataset
 
 __all__ = [
     "BMPDataset",
@@ -175,7 +178,12 @@ class FolderDataset(ImageDataset):
     """A plain ``<class>/<image>`` folder, like torchvision's ``ImageFolder`` without torchvision.
 
     The baseline packer's benchmarks compare against, and one API for users who read folders.
-    ``is_valid_file(path)`` filters the scanned files, as in torchvision.
+    It keeps torchvision's hooks: ``is_valid_file(path)`` filters the scanned files; a subclass may
+    override :meth:`find_classes` (which class folders, with which indices) and
+    :meth:`make_dataset` (the ``(path, class_index)`` samples); ``loader(path)`` replaces
+    packer's read and decode (it returns the image the transform receives; ``output`` then
+    stays ``"pil"``, and an ``OSError``/``ValueError`` it raises is the sample's
+    :class:`~packer.errors.InputFileError`, so ``on_error="skip"`` applies).
     """
 
     def __init__(
@@ -187,27 +195,78 @@ class FolderDataset(ImageDataset):
         is_valid_file: Callable[[str], bool] | None = None,
         on_error: str = "raise",
         decoder: str = "auto",
+        loader: Callable[[str], Any] | None = None,
     ) -> None:
-        result = scan(root)
-        samples = [s for s in result.samples if is_valid_file is None or is_valid_file(s.path)]
+        if loader is not None and output != "pil":
+            raise PackerError(f"output={output!r} does not apply with loader=: it decodes itself")
+        classes, class_to_idx = self.find_classes(root)
+        samples = self.make_dataset(root, class_to_idx, is_valid_file)
         if not samples:
             raise PackerError(f"no valid image in {str(root)!r}")
-        labels = np.array([s.label for s in samples], dtype=np.int64)
+        labels = np.array([label for _, label in samples], dtype=np.int64)
+        if labels.min() < 0 or labels.max() >= len(classes):
+            raise PackerError(
+                f"make_dataset gave label {int(labels.max())} for {len(classes)} classes "
+                "(find_classes): every label must index the classes"
+            )
         super().__init__(
-            root, result.classes, labels, transform, target_transform, output, on_error, decoder
+            root, classes, labels, transform, target_transform, output, on_error, decoder
         )
-        self.paths = StringTable(s.path for s in samples)
-        self.keys = StringTable(s.key for s in samples)
+        self.class_to_idx = dict(class_to_idx)
+        self.loader = loader
+        self.paths = StringTable(path for path, _ in samples)
+        keys = self.__dict__.pop("_scanned_keys", {})
+        self.keys = StringTable(keys.get(path) or _key(root, path) for path, _ in samples)
+
+    def find_classes(self, directory: str | os.PathLike[str]) -> tuple[list[str], dict[str, int]]:
+        """The class names and their indices (torchvision's hook): the sorted class folders."""
+        classes = class_dirs(Path(directory))
+        return classes, {name: i for i, name in enumerate(classes)}
+
+    def make_dataset(
+        self,
+        directory: str | os.PathLike[str],
+        class_to_idx: dict[str, int],
+        is_valid_file: Callable[[str], bool] | None = None,
+    ) -> list[tuple[str, int]]:
+        """Every ``(path, class_index)`` sample in order (torchvision's hook): the images of the
+        class folders ``class_to_idx`` names, walked like ``ImageFolder`` (packer's scan)."""
+        result = scan(directory)
+        self._scanned_keys = {s.path: s.key for s in result.samples}
+        return [
+            (s.path, class_to_idx[result.classes[s.label]])
+            for s in result.samples
+            if result.classes[s.label] in class_to_idx
+            and (is_valid_file is None or is_valid_file(s.path))
+        ]
 
     def _describe(self, i: int) -> str:
         return f"sample {i} ({self.paths[i]!r})"
 
-    def _read_many(self, positions: Sequence[int]) -> list[bytes]:
+    def _read_many(self, positions: Sequence[int]) -> list[Any]:
+        if self.loader is not None:
+            return [self.paths[i] for i in positions]  # the loader reads them
         out = []
         for i in positions:
             with open(self.paths[i], "rb") as fh:
                 out.append(fh.read())
         return out
+
+    def _finish(self, data: Any, i: int) -> tuple[Any, Any]:
+        if self.loader is None:
+            return super()._finish(data, i)
+        try:
+            image = self.loader(data)
+        except (OSError, ValueError, SyntaxError) as exc:
+            raise InputFileError(f"{self._describe(i)} cannot be loaded: {exc}") from exc
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, self._label(i)
+
+
+def _key(root: str | os.PathLike[str], path: str) -> str:
+    """A sample's key when a custom ``make_dataset`` gave its path: relative, no suffix."""
+    return os.path.splitext(os.path.relpath(path, root))[0]
 
 
 NpyDataset = NPYDataset  # the name before one scheme: <FORMAT>Dataset, <FORMAT>VideoDataset
@@ -217,9 +276,43 @@ _CLASSES: dict[str, type[PackedDataset]] = {
 }
 
 
+@overload
 def open_dataset(
-    path: str | os.PathLike[str], split: str | None = None, **kwargs: Any
-) -> ImageDataset:
+    path: str | os.PathLike[str],
+    split: str | None = None,
+    *,
+    kind: Literal["image"],
+    **kwargs: Any,
+) -> ImageDataset: ...
+
+
+@overload
+def open_dataset(
+    path: str | os.PathLike[str],
+    split: str | None = None,
+    *,
+    kind: Literal["video"],
+    **kwargs: Any,
+) -> VideoDataset: ...
+
+
+@overload
+def open_dataset(
+    path: str | os.PathLike[str],
+    split: str | None = None,
+    *,
+    kind: None = None,
+    **kwargs: Any,
+) -> ImageDataset | VideoDataset: ...
+
+
+def open_dataset(
+    path: str | os.PathLike[str],
+    split: str | None = None,
+    *,
+    kind: str | None = None,
+    **kwargs: Any,
+) -> ImageDataset | VideoDataset:
     """Open a packer output (any format and kind, read from its manifest) or a plain folder
     (``<class>/<image>``, ``<class>/<video>/<frame>``, or a split root such as ``imagenet/``
     with ``train/`` and ``val/``).
@@ -228,23 +321,29 @@ def open_dataset(
         path: the output or folder.
         split: the split to open (``"train"``, ``"val"``, ...) of an output or folder that has
             splits.
+        kind: ``"image"`` or ``"video"`` to say what you expect (and get a precise static type:
+            :class:`ImageDataset` or :class:`~packer.video.datasets.VideoDataset`); ``None``
+            takes what the path holds.
         kwargs: go to the dataset class (``transform``, ``output``, reader options; for video
             ``num_frames``, ``sampling``, ``stride``, ``seed``).
 
     Raises:
         PackerError: the path is neither a packer output nor an image folder, or a split is
             missing or unknown.
+        FormatError: the path holds another kind than ``kind``.
     """
+    if kind not in (None, "image", "video"):
+        raise PackerError(f"unknown kind {kind!r}; expected 'image' or 'video'")
     root = Path(path)
     if not root.exists():
         raise PackerError(f"{str(root)!r} does not exist")
     if (root / MANIFEST_NAME).is_file():
         root = split_root(root, split)
         manifest = load_manifest(root)
-        if manifest.kind == "video":
+        if _expect(kind, manifest.kind, root) == "video":
             from packer.video.datasets import open_video_dataset
 
-            return open_video_dataset(root, **kwargs)  # type: ignore[return-value]
+            return open_video_dataset(root, **kwargs)
         return _CLASSES[manifest.format](root, **kwargs)
     if root.suffix.lower() in FORMATS and root.is_dir():
         raise FormatError(
@@ -261,9 +360,19 @@ def open_dataset(
                     + (f" one of them, not {split!r}" if split is not None else "")
                 )
             root = root / split
-        if detect_kind(root) == "video":
+        if _expect(kind, detect_kind(root), root) == "video":
             from packer.video.datasets import open_video_dataset
 
-            return open_video_dataset(root, **kwargs)  # type: ignore[return-value]
+            return open_video_dataset(root, **kwargs)
         return FolderDataset(root, **kwargs)
     raise PackerError(f"{str(root)!r} is neither a packer output nor an image folder")
+
+
+def _expect(kind: str | None, found: str, root: Path) -> str:
+    """``found`` ("image" or "video"), or a FormatError when the caller expected the other."""
+    if kind is not None and kind != found:
+        raise FormatError(
+            f"{str(root)!r} holds {found}s, not {kind}s: open it with kind={found!r} "
+            "(or without kind=)"
+        )
+    return found

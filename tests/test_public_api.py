@@ -11,6 +11,7 @@ import pytest
 
 import packer
 from packer import errors
+from packer.tools.image_demo import DemoTree
 
 
 @pytest.mark.parametrize("name", packer.__all__)
@@ -78,3 +79,64 @@ def test_one_naming_scheme_with_the_old_names_kept() -> None:
     assert packer.NpyDataset is packer.NPYDataset
     assert packer.NpyVideoDataset is packer.NPYVideoDataset
     assert packer.VideoFolderDataset is packer.FolderVideoDataset
+
+
+def test_open_dataset_checks_the_kind_asked_for(packed: dict[str, Path], tmp_path: Path) -> None:
+    from packer.tools.video_demo import make_video_tree
+
+    image = packer.open_dataset(packed[".lmdb"], kind="image")
+    assert isinstance(image, packer.LMDBDataset)
+    with pytest.raises(
+        packer.FormatError, match="holds images, not videos: open it with kind='image'"
+    ):
+        packer.open_dataset(packed[".lmdb"], kind="video")
+    videos = make_video_tree(tmp_path / "videos", classes=2, per_class=1, frames=(4, 5))
+    clips = packer.open_dataset(videos.root, kind="video", num_frames=2)
+    assert isinstance(clips, packer.FolderVideoDataset)
+    with pytest.raises(packer.FormatError, match="holds videos, not images"):
+        packer.open_dataset(videos.root, kind="image")
+    with pytest.raises(packer.PackerError, match="unknown kind 'clip'"):
+        packer.open_dataset(videos.root, kind="clip")
+
+
+class _Subset(packer.FolderDataset):
+    """torchvision-style hooks: the last class only, at index 0; only the first 2 images."""
+
+    def find_classes(self, directory):  # type: ignore[no-untyped-def]
+        classes, _ = super().find_classes(directory)
+        return classes[-1:], {classes[-1]: 0}
+
+    def make_dataset(self, directory, class_to_idx, is_valid_file=None):  # type: ignore[no-untyped-def]
+        return super().make_dataset(directory, class_to_idx, is_valid_file)[:2]
+
+
+def test_folder_dataset_hooks(tree: DemoTree) -> None:
+    from PIL import Image
+
+    plain = packer.FolderDataset(tree.root)
+    last = plain.classes[-1]
+    subset = _Subset(tree.root, output="pil")
+    assert subset.classes == [last] and subset.class_to_idx == {last: 0}
+    expected = [p for p in plain.paths if Path(p).parent.name == last][:2]
+    assert list(subset.paths) == expected and list(subset.targets) == [0, 0]
+    assert [k.split("/")[0] for k in subset.keys] == [last, last]
+    gray = packer.FolderDataset(tree.root, loader=lambda p: Image.open(p).convert("L"))
+    good = next(i for i, p in enumerate(plain.paths) if Path(p) not in tree.bad)
+    image, label = gray[good]
+    assert image.mode == "L" and label == plain[good][1]
+    assert image.size == plain[good][0].size
+    with pytest.raises(packer.PackerError, match="does not apply with loader="):
+        packer.FolderDataset(tree.root, output="bytes", loader=open)
+
+
+def test_folder_dataset_loader_errors_are_skippable(tree: DemoTree) -> None:
+    def picky(path: str) -> str:
+        if path == first:
+            raise OSError("cannot read")
+        return path
+
+    first = packer.FolderDataset(tree.root).paths[0]
+    with pytest.raises(packer.InputFileError, match="cannot be loaded: cannot read"):
+        packer.FolderDataset(tree.root, loader=picky)[0]
+    skipping = packer.FolderDataset(tree.root, loader=picky, on_error="skip")
+    assert skipping[0][0] != first and skipping.replaced == 1
