@@ -118,7 +118,9 @@ def _check_block(
     if module.OFFSETS == "bytes" and layout == "shards":
         sizes = np.array([s.bytes for s in manifest.shards], dtype=np.int64)
         unknown = (offset == -1) if module.NAME == "lmdb" else np.zeros(len(offset), bool)
-        outside = ((offset < 0) & ~unknown) | (offset + length > sizes[file])
+        # offset > size - length, never offset + length > size: the sum wraps for a crafted
+        # offset near 2**63, the difference cannot (0 <= size < 2**63, 0 <= length < 2**32)
+        outside = ((offset < 0) & ~unknown) | (offset > sizes[file] - length)
     elif module.OFFSETS == "numbers":
         outside = (offset < 0) | (offset >= np.repeat(counts, counts))
     else:
