@@ -212,7 +212,8 @@ def verify(
         bad_files = unreadable | (corrupt if manifest.format == "lmdb" else set())
         packed = open_packed(root, check_files=False)
         checksums = packed.checksums  # the tables were loaded and validated once, above
-        keys = packed.reader.keys  # checks keys that name files (per-sample layouts)
+        keys = packed.reader.keys
+        len(keys)  # parses the lines: checks keys that name files (per-sample layouts)
     except PackerError as exc:
         report.problems.append(Problem("tables", str(exc)))
         return report

@@ -6,7 +6,10 @@ ends in one clear outcome: a FormatError naming what is wrong, or a finding of `
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +18,30 @@ import pytest
 import packer
 from packer.errors import FormatError
 from packer.manifest import MANIFEST_NAME, file_checksum, load_index, load_manifest, load_records
+from packer.tools.video_demo import make_video_tree
+
+
+@pytest.fixture(scope="module")
+def frames(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2 classes × 2 short videos as frame folders."""
+    root = tmp_path_factory.mktemp("vsrc") / "frames"
+    return make_video_tree(root, frames=(4, 6), size=(64, 48)).root
+
+
+@pytest.fixture(scope="module")
+def videos(frames: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The videos converted into every per-sample format once (copied before any attack)."""
+    out = tmp_path_factory.mktemp("vout")
+    done = {}
+    for suffix in (".bmp", ".h5", ".npy"):
+        packer.convert(frames, out / f"v{suffix}", workers=1, progress=False)
+        done[suffix] = out / f"v{suffix}"
+    return done
+
+
+def per_sample_files(root: Path) -> list[Path]:
+    """The data files in the class folders (not the tables at the top)."""
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.parent != root)
 
 
 def copy(packed: dict[str, Path], suffix: str, tmp_path: Path) -> Path:
@@ -61,3 +88,83 @@ def test_a_record_overrunning_its_shard_by_a_few_bytes(
         packer.open_dataset(root, output="bytes")
     craft_record(root, row, size - int(records["length"][row]))  # ends at the last byte: fine
     packer.open_dataset(root, output="bytes")
+
+
+TABLES = ["index.npy", "records.npy", "keys.txt"]
+
+
+@pytest.mark.parametrize("suffix", [".bmp", ".lmdb", ".npy"])
+@pytest.mark.parametrize("name", TABLES)
+def test_one_flipped_bit_in_a_table_is_refused_at_open(
+    packed: dict[str, Path], tmp_path: Path, suffix: str, name: str
+) -> None:
+    root = copy(packed, suffix, tmp_path)
+    table = root / name
+    sound = table.read_bytes()
+    for position in (0, 9, len(sound) // 2, len(sound) - 1):  # magic, header, a row, the end
+        for bit in (0, 7):
+            raw = bytearray(sound)
+            raw[position] ^= 1 << bit
+            table.write_bytes(bytes(raw))
+            with pytest.raises(FormatError, match=f"{name}' differs from the checksum"):
+                packer.open_dataset(root, output="bytes")
+    table.write_bytes(sound)
+    assert len(packer.open_dataset(root, output="bytes")) == len(
+        load_index(root, load_manifest(root))
+    )
+
+
+OPEN_AND_READ = """
+import sys
+import packer
+try:
+    dataset = packer.open_dataset(sys.argv[1], output="bytes")
+    [dataset[i] for i in range(len(dataset))]
+except packer.PackerError as exc:
+    print(exc)
+    sys.exit(3)
+"""
+
+
+def run_briefly(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python args`` with a deadline: a hang is killed (by subprocess.run) and fails."""
+    env = {**os.environ, "PYTHONPATH": str(Path(packer.__file__).parents[1])}
+    try:
+        return subprocess.run(
+            [sys.executable, *args], capture_output=True, text=True, timeout=60, env=env
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{args} hung on a FIFO (killed after 60 s)")
+
+
+def replace_by_fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize("name", TABLES)
+def test_a_fifo_named_like_a_table_never_hangs(
+    packed: dict[str, Path], tmp_path: Path, name: str
+) -> None:
+    root = copy(packed, ".npy", tmp_path)
+    replace_by_fifo(root / name)
+    opened = run_briefly("-c", OPEN_AND_READ, str(root))
+    assert opened.returncode == 3 and "is not a regular file" in opened.stdout, opened
+    done = run_briefly("-m", "packer", "verify", str(root))
+    assert done.returncode == 1 and "not a regular file" in done.stdout + done.stderr, done
+    shown = run_briefly("-m", "packer", "inspect", str(root))  # inspect never reads records
+    if name != "records.npy":
+        assert shown.returncode == 1 and "not a regular file" in shown.stderr, shown
+
+
+@pytest.mark.parametrize("suffix", [".bmp", ".h5", ".npy"])
+def test_a_fifo_as_a_per_sample_file_never_hangs(
+    videos: dict[str, Path], tmp_path: Path, suffix: str
+) -> None:
+    root = copy(videos, suffix, tmp_path)
+    victim = per_sample_files(root)[0]
+    replace_by_fifo(victim)
+    opened = run_briefly("-c", OPEN_AND_READ, str(root))
+    assert opened.returncode == 3 and "is not a regular file" in opened.stdout, opened
+    done = run_briefly("-m", "packer", "verify", str(root))
+    assert done.returncode == 1 and "regular file" in done.stdout, done
