@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from packer.contained import check_relative
 from packer.decode import decode
 from packer.errors import PackerError
 from packer.loading import default_workers
@@ -113,6 +114,56 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport) -> tuple[
     return bad, corrupt
 
 
+_FOREIGN = "a FIFO, device or socket where only folders and regular files belong"
+
+
+def _odd_entries(folder: Path, relative: str, recurse: bool) -> list[Problem]:
+    """A finding for every symbolic link and every entry that is neither a folder nor a
+    regular file under ``folder`` (links are never followed; ``recurse`` into sub-folders)."""
+    found: list[Problem] = []
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError as exc:
+        return [Problem(relative or ".", f"cannot be listed: {exc.strerror or exc}")]
+    for entry in entries:
+        name = f"{relative}{entry.name}"
+        if entry.is_symlink():
+            target = os.readlink(entry.path)
+            found.append(
+                Problem(name, f"a symbolic link (to {target!r}) inside the dataset: never followed")
+            )
+        elif entry.is_dir(follow_symlinks=False):
+            if recurse:
+                found += _odd_entries(Path(entry.path), name + "/", recurse)
+        elif not entry.is_file(follow_symlinks=False):
+            found.append(Problem(name, _FOREIGN))
+    return found
+
+
+def _verify_splits(
+    root: Path, manifest: Manifest, full: bool, progress: bool, workers: int
+) -> VerifyReport:
+    """Each split is a complete output inside ``root``: a plain folder name, a real folder."""
+    report = VerifyReport(root)
+    report.problems += _odd_entries(root, "", recurse=False)
+    splits = manifest.options.get("splits", {})
+    for split in splits if isinstance(splits, dict) else []:
+        try:
+            if "/" in check_relative(split, "split name"):
+                raise PackerError(f"split name {split!r} is not a plain folder name")
+        except PackerError as exc:
+            report.problems.append(Problem(repr(split), f"{exc}; not verified"))
+            continue
+        if (root / split).is_symlink():
+            continue  # reported by _odd_entries above, never followed
+        part = verify(root / split, full, progress, workers)
+        report.files_checked += part.files_checked
+        report.samples_checked += part.samples_checked
+        report.decoded += part.decoded
+        report.problems += [Problem(f"{split}/{p.where}", p.what) for p in part.problems]
+    return report
+
+
 def _where(packed: Packed, sample: int, record: int, keys: Sequence[str]) -> str:
     file = int(packed.reader.file[record])
     shard = packed.reader.shard_names[file] if packed.reader.layout == "shards" else "file"
@@ -191,13 +242,8 @@ def verify(
     manifest = load_manifest(root)
     report = VerifyReport(root)
     if manifest.kind == "splits":  # each split is a complete output: verify each
-        for split in manifest.options.get("splits", {}):
-            part = verify(root / split, full, progress, workers)
-            report.files_checked += part.files_checked
-            report.samples_checked += part.samples_checked
-            report.decoded += part.decoded
-            report.problems += [Problem(f"{split}/{p.where}", p.what) for p in part.problems]
-        return report
+        return _verify_splits(root, manifest, full, progress, workers)
+    report.problems += _odd_entries(root, "", recurse=True)
     try:
         names = {s.name for s in manifest.shards} | set(manifest.files)
         unsafe = sorted(n for n in names if "/" in n or n in (".", "..") or "\0" in n)

@@ -14,11 +14,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 import packer
+from packer import contained
+from packer.cli import main
 from packer.errors import FormatError
 from packer.manifest import MANIFEST_NAME, file_checksum, load_index, load_manifest, load_records
+from packer.tools.image_demo import make_image_tree
 from packer.tools.video_demo import make_video_tree
+from packer.verify import verify
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +122,7 @@ def test_one_flipped_bit_in_a_table_is_refused_at_open(
 OPEN_AND_READ = """
 import sys
 import packer
+from packer import contained
 try:
     dataset = packer.open_dataset(sys.argv[1], output="bytes")
     [dataset[i] for i in range(len(dataset))]
@@ -168,3 +174,158 @@ def test_a_fifo_as_a_per_sample_file_never_hangs(
     assert opened.returncode == 3 and "is not a regular file" in opened.stdout, opened
     done = run_briefly("-m", "packer", "verify", str(root))
     assert done.returncode == 1 and "regular file" in done.stdout, done
+
+
+def cli_verify(root: Path) -> str:
+    """``packer verify ROOT``: it must exit 1; its output."""
+    result = CliRunner().invoke(main, ["verify", "--quiet", str(root)])
+    assert result.exit_code == 1, result.output
+    return result.output
+
+
+def read_all(root: Path, **kwargs: object) -> None:
+    dataset = packer.open_dataset(root, output="bytes", **kwargs)
+    for i in range(len(dataset)):
+        dataset[i]
+
+
+def class_folder_linked_away(root: Path, tmp_path: Path) -> Path:
+    """Replace a class folder by a link to a look-alike folder outside the dataset (same
+    names, other bytes); return the outside folder."""
+    victim = sorted(p for p in root.iterdir() if p.is_dir())[0]
+    outside = Path(shutil.copytree(victim, tmp_path / "elsewhere"))
+    for f in outside.rglob("*"):
+        if f.is_file():
+            f.write_bytes(f.read_bytes()[:-8] + b"OUTSIDE!")
+    shutil.rmtree(victim)
+    victim.symlink_to(outside, target_is_directory=True)
+    return outside
+
+
+@pytest.mark.parametrize("suffix", [".bmp", ".h5", ".npy"])
+def test_a_class_folder_linked_out_of_a_video_dataset(
+    videos: dict[str, Path], tmp_path: Path, suffix: str
+) -> None:
+    root = copy(videos, suffix, tmp_path)
+    class_folder_linked_away(root, tmp_path)
+    with pytest.raises(FormatError, match="is a symbolic link inside the dataset"):
+        read_all(root)
+    assert "a symbolic link (to " in cli_verify(root)
+
+
+def test_a_class_folder_linked_out_of_an_image_bmp_dataset(
+    packed: dict[str, Path], tmp_path: Path
+) -> None:
+    root = copy(packed, ".bmp", tmp_path)
+    class_folder_linked_away(root, tmp_path)
+    with pytest.raises(FormatError, match="is a symbolic link inside the dataset"):
+        read_all(root)
+    report = verify(root, progress=False)
+    assert not report.ok and any("symbolic link" in p.what for p in report.problems)
+    assert "a symbolic link (to " in cli_verify(root)
+
+
+@pytest.mark.parametrize("name", TABLES)
+def test_a_table_linked_to_another_datasets_identical_table(
+    packed: dict[str, Path], tmp_path: Path, name: str
+) -> None:
+    root = copy(packed, ".npy", tmp_path)
+    other = Path(shutil.copytree(root, tmp_path / "other.npy"))  # same bytes: same checksum
+    (root / name).unlink()
+    (root / name).symlink_to(other / name)
+    with pytest.raises(FormatError, match="is a symbolic link inside the dataset"):
+        packer.open_dataset(root, output="bytes")
+    assert f"{name}: a symbolic link" in cli_verify(root)
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An LMDB output of a train/val source (a ``splits`` manifest)."""
+    src = tmp_path_factory.mktemp("ssrc") / "src"
+    for split in ("train", "val"):
+        make_image_tree(src / split, classes=2, per_class=2, size=(64, 48), bad=0)
+    out = tmp_path_factory.mktemp("sout") / "s.lmdb"
+    packer.convert(src, out, workers=1, progress=False)
+    return out
+
+
+def test_a_split_folder_linked_to_another_dataset(splits: Path, tmp_path: Path) -> None:
+    root = Path(shutil.copytree(splits, tmp_path / "s.lmdb"))
+    other = Path(shutil.copytree(root / "train", tmp_path / "victim.lmdb"))
+    shutil.rmtree(root / "val")
+    (root / "val").symlink_to(other, target_is_directory=True)
+    with pytest.raises(FormatError, match="'val' is a symbolic link inside the dataset"):
+        packer.open_dataset(root, split="val")
+    assert len(packer.open_dataset(root, split="train")) == 4  # the real split still opens
+    assert "val: a symbolic link (to " in cli_verify(root)
+
+
+@pytest.mark.parametrize("name", ["../victim.lmdb", "ABSOLUTE", "val/../../victim.lmdb", ""])
+def test_split_names_that_leave_the_output(splits: Path, tmp_path: Path, name: str) -> None:
+    root = Path(shutil.copytree(splits, tmp_path / "s.lmdb"))
+    victim = Path(shutil.copytree(root / "train", tmp_path / "victim.lmdb"))
+    name = str(victim) if name == "ABSOLUTE" else name
+    data = json.loads((root / MANIFEST_NAME).read_text())
+    data["options"]["splits"] = {name: 4, "train": 4}
+    (root / MANIFEST_NAME).write_text(json.dumps(data))
+    with pytest.raises(FormatError, match="plain"):
+        packer.open_dataset(root, split=name)
+    out = cli_verify(root)
+    assert "plain" in out and "victim" not in out.replace(repr(name), "")
+
+
+@pytest.fixture(params=["openat2", "walk"])
+def opener(request: pytest.FixtureRequest) -> object:
+    """Both ways ``packer.contained`` opens: the kernel's openat2, and the per-component walk
+    used where the kernel lacks it (forced here by marking openat2 unavailable)."""
+    saved = list(contained._openat2)
+    if request.param == "walk":
+        contained._openat2[:] = [None]
+    elif contained._syscall() is None:
+        pytest.skip("no openat2 on this system")
+    yield request.param
+    contained._openat2[:] = saved
+
+
+def test_open_beneath_refuses_links_at_every_level(tmp_path: Path, opener: object) -> None:
+    root = tmp_path / "d"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "b" / "f").write_bytes(b"inside")
+    (tmp_path / "out" / "b").mkdir(parents=True)
+    (tmp_path / "out" / "b" / "f").write_bytes(b"outside")
+    (root / "link").symlink_to(tmp_path / "out", target_is_directory=True)
+    (root / "a" / "inner").symlink_to(root / "a" / "b", target_is_directory=True)  # even inside
+    (root / "a" / "b" / "g").symlink_to(root / "a" / "b" / "f")
+    os.mkfifo(root / "a" / "fifo")
+    fd = contained.open_folder(root)
+    try:
+        got = contained.open_beneath(fd, "a/b/f", root)
+        assert os.read(got, 100) == b"inside"
+        os.close(got)
+        for name, why in [
+            ("link/b/f", "'link' is a symbolic link"),
+            ("a/inner/f", "'a/inner' is a symbolic link"),
+            ("a/b/g", "'a/b/g' is a symbolic link"),
+            ("a/fifo", "not a regular file"),
+            ("a/b", "not a regular file"),
+            ("a/../a/b/f", "not a plain relative name"),
+            (str(root / "a/b/f"), "not a plain relative name"),
+            ("a//b/f", "not a plain relative name"),
+            ("a/b/f\0", "not a plain relative name"),
+        ]:
+            with pytest.raises(FormatError, match=why):
+                contained.open_beneath(fd, name, root)
+        with pytest.raises(FormatError, match="'link' is a symbolic link"):
+            contained.open_beneath(fd, "link", root, folder=True)
+        os.close(contained.open_beneath(fd, "a/b", root, folder=True))
+    finally:
+        os.close(fd)
+
+
+def test_a_linked_class_folder_is_refused_by_both_openers(
+    packed: dict[str, Path], tmp_path: Path, opener: object
+) -> None:
+    root = copy(packed, ".bmp", tmp_path)
+    class_folder_linked_away(root, tmp_path)
+    with pytest.raises(FormatError, match="is a symbolic link inside the dataset"):
+        read_all(root)
