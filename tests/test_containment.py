@@ -11,16 +11,25 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from torch.utils.data import DataLoader, Dataset
 
 import packer
 from packer import contained
 from packer.cli import main
 from packer.errors import FormatError
-from packer.manifest import MANIFEST_NAME, file_checksum, load_index, load_manifest, load_records
+from packer.manifest import (
+    MANIFEST_NAME,
+    file_checksum,
+    load_index,
+    load_keys,
+    load_manifest,
+    load_records,
+)
 from packer.tools.image_demo import make_image_tree
 from packer.tools.video_demo import make_video_tree
 from packer.verify import verify
@@ -329,3 +338,89 @@ def test_a_linked_class_folder_is_refused_by_both_openers(
     class_folder_linked_away(root, tmp_path)
     with pytest.raises(FormatError, match="is a symbolic link inside the dataset"):
         read_all(root)
+
+
+class KeyedSamples(Dataset):  # type: ignore[type-arg]
+    """Each item as its key (``keys_only``) or (key, label): what a training loop writes
+    predictions by."""
+
+    def __init__(self, dataset: Any, keys_only: bool) -> None:
+        self.dataset = dataset
+        self.keys_only = keys_only
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> Any:
+        if self.keys_only:
+            return self.dataset.keys[i]
+        return self.dataset.keys[i], int(self.dataset[i][1])
+
+
+@pytest.fixture(scope="module")
+def other_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Another image tree: other class names, so other keys (``zebra_00/...``)."""
+    root = tmp_path_factory.mktemp("other") / "images"
+    make_image_tree(root, classes=2, per_class=3, size=(64, 48), bad=0, seed=7)
+    for folder in sorted(root.iterdir()):
+        folder.rename(root / folder.name.replace("class", "zebra"))
+    return root
+
+
+def manifest_keys(root: Path) -> list[str]:
+    return load_keys(root, load_manifest(root))
+
+
+def convert_again(src: Path, dst: Path) -> None:
+    """A real ``packer convert SRC DST --overwrite`` in its own process."""
+    done = run_briefly("-m", "packer", "convert", str(src), str(dst), "--overwrite", "-q")
+    assert done.returncode == 0, done
+    assert load_manifest(dst).classes == ["zebra_00", "zebra_01"]
+
+
+def test_keys_stay_those_of_the_opened_dataset_after_an_overwrite(
+    packed: dict[str, Path], other_source: Path, tmp_path: Path, suffix: str
+) -> None:
+    root = copy(packed, suffix, tmp_path)
+    old_keys = manifest_keys(packed[suffix])  # the original's: this dataset's keys untouched
+    dataset = packer.open_dataset(root, output="bytes")
+    labels = [int(dataset[i][1]) for i in range(len(dataset))]
+    convert_again(other_source, root)
+    assert dataset.keys[0] == old_keys[0] and list(dataset.keys) == old_keys
+    try:  # the old sample, or a clear refusal: never the new output's bytes under old keys
+        assert [int(dataset[i][1]) for i in range(len(dataset))] == labels
+    except FormatError as exc:
+        assert "replaced after the dataset was opened" in str(exc)
+
+
+def load_keys_through(dataset: Any, context: str, keys_only: bool) -> list[Any]:
+    loader = DataLoader(
+        KeyedSamples(dataset, keys_only),
+        batch_size=2,
+        num_workers=2,
+        multiprocessing_context=context,
+        collate_fn=list,
+    )
+    batches = iter(loader)
+    try:
+        return [item for batch in batches for item in batch]
+    finally:  # shut the workers down now, not whenever a traceback lets the iterator go
+        del batches
+
+
+@pytest.mark.parametrize("context", ["spawn", "fork"])
+def test_workers_started_after_an_overwrite_refuse_to_mix(
+    packed: dict[str, Path], other_source: Path, tmp_path: Path, suffix: str, context: str
+) -> None:
+    root = copy(packed, suffix, tmp_path)
+    old_keys = manifest_keys(packed[suffix])
+    dataset = packer.open_dataset(root, output="bytes")
+    dataset[0]
+    convert_again(other_source, root)
+    if context == "fork":  # the keys mapped at open are inherited: the old ones
+        assert load_keys_through(dataset, context, keys_only=True) == old_keys
+    else:  # a spawned worker maps keys.txt again: the folder is not the one opened
+        with pytest.raises(FormatError, match="replaced after the dataset was opened"):
+            load_keys_through(dataset, context, keys_only=True)
+    with pytest.raises(FormatError, match="replaced after the dataset was opened"):
+        load_keys_through(dataset, context, keys_only=False)  # samples: never the new output's
