@@ -112,7 +112,9 @@ def check_relative(name: str, what: str = "name") -> str:
         FormatError: saying which name and why it is refused.
     """
     if not isinstance(name, str) or not name:
-        raise FormatError(f"{what} {name!r} is empty or not a string; expected a plain relative name")
+        raise FormatError(
+            f"{what} {name!r} is empty or not a string; expected a plain relative name"
+        )
     bad = "\0" in name or name.startswith("/") or any(p in ("", ".", "..") for p in name.split("/"))
     if bad:
         raise FormatError(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,14 @@ from packer.errors import FormatError
 from packer.formats import by_name
 from packer.formats.base import ReaderBase, shard_identities
 from packer.keytable import KeyTable
-from packer.manifest import KEYS_NAME, Manifest, load_index, load_manifest, load_records
+from packer.manifest import (
+    KEYS_NAME,
+    MANIFEST_NAME,
+    Manifest,
+    load_index,
+    load_manifest,
+    load_records,
+)
 from packer.splits import split_root
 from packer.tablefile import read_checked
 
@@ -147,6 +155,21 @@ def _same_folder(path: Path, fd: int) -> None:
         raise FormatError(f"{str(path)!r} was replaced while it was being opened; try again")
 
 
+def _plain_manifest(path: Path, fd: int) -> None:
+    """The manifest, if there, is a regular file of this folder: not a link to another
+    dataset's, not a FIFO (a missing one is ``load_manifest``'s to explain)."""
+    try:
+        st = os.stat(MANIFEST_NAME, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+        raise FormatError(
+            f"{str(path / MANIFEST_NAME)!r} is {kind}; refusing to read it (a dataset holds "
+            "only plain folders and files). Convert again"
+        )
+
+
 def _keys(path: Path, manifest: Manifest, fd: int) -> KeyTable:
     """``keys.txt``, mapped once through the folder's descriptor and checked against the
     manifest: the keys of this open dataset, whatever replaces the file later."""
@@ -203,6 +226,7 @@ def _open_in(
     check_files: bool,
     reader_options: dict[str, Any],
 ) -> Packed:
+    _plain_manifest(path, fd)
     manifest = load_manifest(path)
     _same_folder(path, fd)
     if format and manifest.format != format:

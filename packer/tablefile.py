@@ -21,7 +21,20 @@ from numpy.lib import format as npformat
 from packer.contained import Identity, fstat_identity, open_beneath, open_folder
 from packer.errors import FormatError
 
-__all__ = ["parse_table", "read_checked"]
+__all__ = ["fd_checksum", "parse_table", "read_checked"]
+
+_CHUNK = 1 << 20  # as manifest.file_checksum: 1 MiB reads
+
+
+def fd_checksum(fd: int) -> str:
+    """xxh3_64 hex digest of the whole file behind ``fd``, read from its start in chunks (a
+    shard may be larger than memory; no map, so no page fault can kill the process)."""
+    digest = xxhash.xxh3_64()
+    position = 0
+    while block := os.pread(fd, _CHUNK, position):
+        digest.update(block)
+        position += len(block)
+    return digest.hexdigest()
 
 
 def _table_buffer(fd: int, mmap_it: bool) -> Any:

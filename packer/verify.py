@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from packer.contained import check_relative
+from packer.contained import check_relative, open_beneath, open_folder
 from packer.decode import decode
 from packer.errors import PackerError
 from packer.loading import default_workers
@@ -27,11 +27,11 @@ from packer.manifest import (
     RECORDS_NAME,
     Manifest,
     bytes_checksum,
-    file_checksum,
     load_manifest,
 )
 from packer.pixels import pixels_output
 from packer.store import Packed, open_packed
+from packer.tablefile import fd_checksum
 
 __all__ = ["Problem", "VerifyReport", "verify"]
 
@@ -85,33 +85,51 @@ class VerifyReport:
 
 
 def _check_files(root: Path, manifest: Manifest, report: VerifyReport) -> tuple[set[str], set[str]]:
-    """Check every file's size and checksum; return (unreadable files, corrupt files)."""
+    """Check every file's size and checksum, each opened once beneath the dataset folder (no
+    link, never a FIFO: ``packer.contained``); return (unreadable files, corrupt files)."""
     bad: set[str] = set()
     corrupt: set[str] = set()
     named: list[tuple[str, str, int | None]] = [
         (s.name, s.xxh3_64, s.bytes) for s in manifest.shards
     ]
     named += [(name, digest, None) for name, digest in manifest.files.items()]
-    for name, digest, size in named:
-        path = root / name
-        report.files_checked += 1
-        try:
-            st = os.stat(path, follow_symlinks=False)
-        except OSError:
-            st = None
-        if st is None:
-            report.problems.append(Problem(name, "missing"))
-            bad.add(name)
-        elif not stat.S_ISREG(st.st_mode):
-            report.problems.append(Problem(name, "not a regular file (a symlink, FIFO, device?)"))
-            bad.add(name)
-        elif size is not None and st.st_size != size:
-            report.problems.append(Problem(name, f"{st.st_size} bytes, manifest records {size}"))
-            bad.add(name)
-        elif file_checksum(path) != digest:
-            report.problems.append(Problem(name, "checksum differs from the manifest"))
-            corrupt.add(name)
+    folder = open_folder(root)
+    try:
+        for name, digest, size in named:
+            report.files_checked += 1
+            found = _check_file(root, folder, name, digest, size)
+            if found is not None:
+                report.problems.append(Problem(name, found))
+                (corrupt if found == _DIFFERS else bad).add(name)
+    finally:
+        os.close(folder)
     return bad, corrupt
+
+
+_DIFFERS = "checksum differs from the manifest"
+
+
+def _check_file(root: Path, folder: int, name: str, digest: str, size: int | None) -> str | None:
+    """What is wrong with file ``name`` of the dataset, or None."""
+    try:
+        st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except OSError:
+        return "missing"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (a symlink, FIFO, device?)"
+    if size is not None and st.st_size != size:
+        return f"{st.st_size} bytes, manifest records {size}"
+    try:  # the file hashed is the file opened: a FIFO swapped in since the stat never blocks
+        fd = open_beneath(folder, name, root)
+    except PackerError as exc:
+        return str(exc)
+    try:
+        digest_found = fd_checksum(fd)
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    finally:
+        os.close(fd)
+    return _DIFFERS if digest_found != digest else None
 
 
 _FOREIGN = "a FIFO, device or socket where only folders and regular files belong"

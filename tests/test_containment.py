@@ -404,8 +404,12 @@ def load_keys_through(dataset: Any, context: str, keys_only: bool) -> list[Any]:
     batches = iter(loader)
     try:
         return [item for batch in batches for item in batch]
-    finally:  # shut the workers down now, not whenever a traceback lets the iterator go
-        del batches
+    except FormatError as exc:
+        message = str(exc)
+    # Raised anew, outside the handler: the worker's traceback (which holds the iterator) is
+    # gone, so the workers shut down now, not whenever pytest lets the traceback go.
+    del batches
+    raise FormatError(message)
 
 
 @pytest.mark.parametrize("context", ["spawn", "fork"])
@@ -424,3 +428,13 @@ def test_workers_started_after_an_overwrite_refuse_to_mix(
             load_keys_through(dataset, context, keys_only=True)
     with pytest.raises(FormatError, match="replaced after the dataset was opened"):
         load_keys_through(dataset, context, keys_only=False)  # samples: never the new output's
+
+
+def test_a_manifest_linked_to_another_datasets(packed: dict[str, Path], tmp_path: Path) -> None:
+    root = copy(packed, ".npy", tmp_path)
+    other = Path(shutil.copytree(root, tmp_path / "other.npy"))
+    (root / MANIFEST_NAME).unlink()
+    (root / MANIFEST_NAME).symlink_to(other / MANIFEST_NAME)
+    with pytest.raises(FormatError, match="packer.json' is a symbolic link"):
+        packer.open_dataset(root, output="bytes")
+    assert "packer.json: a symbolic link" in cli_verify(root)
