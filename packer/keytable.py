@@ -9,6 +9,7 @@ each, and share the file's pages with forked DataLoader workers (mapped, clean, 
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -17,6 +18,7 @@ from typing import Any, overload
 
 import numpy as np
 
+from packer.contained import Identity, fstat_identity, open_beneath, open_folder, replaced
 from packer.errors import FormatError
 
 __all__ = ["KeyTable", "escape_key", "unescape_key"]
@@ -67,27 +69,67 @@ class KeyTable(Sequence[str]):
         count: the number of keys the file must hold (the manifest's), checked on first use.
         plain: keys name files (a ``per-sample`` layout): every key must be a plain relative
             path, checked on first use for the whole file at once.
+        pinned: ``((st_dev, st_ino) of the dataset folder, identity of the file)`` seen when
+            the dataset was opened: a process that maps the file again refuses any other.
 
-    Pickling keeps only the arguments; each process maps the file again when it first reads.
+    A dataset's table is made by :meth:`loaded` from the bytes checked at open. Pickling keeps
+    only the arguments; each process maps the file again when it first reads, through the
+    dataset folder's descriptor, and refuses a folder or file replaced since the open.
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], count: int | None = None, plain: bool = False
+        self,
+        path: str | os.PathLike[str],
+        count: int | None = None,
+        plain: bool = False,
+        pinned: tuple[tuple[int, int] | None, Identity] | None = None,
     ) -> None:
         self.path = Path(path)
         self.expected = count
         self.plain = plain
+        self.pinned = pinned
         self._blob: np.ndarray | None = None
         self._starts: np.ndarray | None = None  # n + 1 line starts; key i ends at starts[i+1]-1
+
+    @classmethod
+    def loaded(
+        cls,
+        path: Path,
+        data: object,
+        count: int | None,
+        plain: bool,
+        pinned: tuple[tuple[int, int] | None, Identity],
+    ) -> KeyTable:
+        """The table over ``data``, the file's bytes already read and checked (a map)."""
+        table = cls(path, count, plain, pinned)
+        table._blob = np.frombuffer(data, np.uint8) if len(data) else np.zeros(0, np.uint8)  # type: ignore[arg-type, call-overload]
+        return table
+
+    def _map(self) -> np.ndarray:
+        folder_id, ident = self.pinned if self.pinned is not None else (None, None)
+        folder = open_folder(self.path.parent, folder_id)
+        try:
+            fd = open_beneath(folder, self.path.name, self.path.parent)
+        finally:
+            os.close(folder)
+        try:
+            if ident is not None and fstat_identity(fd) != tuple(ident):
+                raise replaced(self.path)
+            size = os.fstat(fd).st_size
+            return (
+                np.frombuffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), np.uint8)
+                if size
+                else np.zeros(0, np.uint8)
+            )
+        except (OSError, ValueError) as exc:
+            raise FormatError(f"cannot read {str(self.path)!r}: {exc}") from exc
+        finally:
+            os.close(fd)
 
     def _load(self) -> tuple[np.ndarray, np.ndarray]:
         if self._blob is not None and self._starts is not None:
             return self._blob, self._starts
-        try:
-            size = os.path.getsize(self.path)
-            blob = np.memmap(self.path, np.uint8, "r") if size else np.zeros(0, np.uint8)
-        except (OSError, ValueError) as exc:
-            raise FormatError(f"cannot read {str(self.path)!r}: {exc}") from exc
+        blob = self._blob if self._blob is not None else self._map()
         starts = _line_starts(blob)
         if self.expected is not None and len(starts) - 1 != self.expected:
             raise FormatError(
@@ -95,15 +137,15 @@ class KeyTable(Sequence[str]):
                 f"{self.expected} samples: the dataset is corrupt, convert again"
             )
         if self.plain:
-            self._check_plain(blob[: int(starts[-1])])
+            self._check_plain(blob, int(starts[-1]))
         self._blob, self._starts = blob, starts
         return blob, starts
 
-    def _check_plain(self, lines: np.ndarray) -> None:
+    def _check_plain(self, blob: np.ndarray, end: int) -> None:
         """Every key names a file inside the dataset folder: no absolute key, no empty, ``.``
         or ``..`` component, no NUL byte (escapes never make a ``/``, ``.`` or NUL)."""
-        data = lines.tobytes()[:-1]  # the last line's end is the end of the data
-        found = _NOT_PLAIN.search(data) if lines.size else None
+        data = blob[:end].tobytes()[:-1]  # the last line's end is the end of the data
+        found = _NOT_PLAIN.search(data) if end else None
         nul = data.find(b"\0")
         if found is not None and (nul < 0 or found.start() < nul):
             # the component starts after the separator matched; a line feed starts a new key
@@ -113,7 +155,7 @@ class KeyTable(Sequence[str]):
         else:
             return
         raise FormatError(
-            f"{str(self.path.parent)!r}: key {n} ({self._line(n)!r}) is not a plain relative "
+            f"{str(self.path.parent)!r}: key {n} ({self._line(blob, n)!r}) is not a plain relative "
             "name; refusing to read outside the dataset folder"
         )
 
@@ -124,9 +166,10 @@ class KeyTable(Sequence[str]):
         blob, starts = self._load()
         return self._decode(blob[int(starts[i]) : int(starts[i + 1]) - 1])
 
-    def _line(self, n: int) -> str:
+    @staticmethod
+    def _line(blob: np.ndarray, n: int) -> str:
         """Key ``n`` while the file is being checked (before the table is ready)."""
-        data = np.memmap(self.path, np.uint8, "r").tobytes()
+        data = blob.tobytes()
         return unescape_key(data.split(b"\n")[n].decode("utf-8", "surrogateescape"))
 
     @staticmethod
@@ -156,7 +199,12 @@ class KeyTable(Sequence[str]):
         return f"KeyTable([{head}{', ...' if n > 3 else ''}], {n} strings)"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "count": self.expected, "plain": self.plain}
+        return {
+            "path": self.path,
+            "count": self.expected,
+            "plain": self.plain,
+            "pinned": self.pinned,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"], state["count"], state["plain"])  # type: ignore[misc]
+        self.__init__(state["path"], state["count"], state["plain"], state.get("pinned"))  # type: ignore[misc]

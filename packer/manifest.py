@@ -44,6 +44,7 @@ from packer._version import __version__
 from packer.errors import FormatError
 from packer.keytable import escape_key, unescape_key
 from packer.manifest_schema import Invalid, check_manifest
+from packer.tablefile import parse_table, read_checked
 
 __all__ = [
     "INDEX_NAME",
@@ -64,6 +65,7 @@ __all__ = [
     "load_keys",
     "load_manifest",
     "load_records",
+    "read_checked",
     "shard_name",
     "write_index",
     "write_keys",
@@ -261,22 +263,29 @@ def _write_table(path: Path, table: np.ndarray, dtype: np.dtype) -> str:
     return file_checksum(path)
 
 
-def _load_table(path: Path, dtype: np.dtype, what: str, mmap: bool) -> np.ndarray:
-    """The table, read, or with ``mmap`` memory-mapped read-only: opening reads no row, and
-    processes opening the same output share its pages (an empty table is read: no map)."""
-    try:
-        try:
-            table = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
-        except ValueError:  # an empty table cannot be mapped (or a malformed one: load says)
-            table = np.load(path, allow_pickle=False)
-    except Exception as exc:  # a damaged header raises SyntaxError, OverflowError, EOFError...
+def _expected(manifest: Manifest | None, name: str, root: Path) -> str | None:
+    if manifest is None:
+        return None
+    digest = manifest.files.get(name) if isinstance(manifest.files, dict) else None
+    if not isinstance(digest, str):
         raise FormatError(
-            f"cannot read {what} {str(path)!r}: {type(exc).__name__}: {exc}; the dataset is "
-            "damaged, convert the source again"
-        ) from exc
-    if table.dtype != dtype or table.ndim != 1:
-        raise FormatError(f"{what} {str(path)!r} has dtype {table.dtype}; expected {dtype}")
-    return table
+            f"{str(root / MANIFEST_NAME)!r} records no checksum for {name} (found {digest!r}); "
+            "the dataset is damaged or crafted. Convert the source again"
+        )
+    return digest
+
+
+def _load_table(
+    root: Path,
+    name: str,
+    dtype: np.dtype,
+    what: str,
+    mmap: bool,
+    digest: str | None,
+    dir_fd: int | None,
+) -> np.ndarray:
+    buf, _ = read_checked(root, name, digest, mmap, dir_fd)
+    return parse_table(buf, root / name, dtype, what)
 
 
 def write_index(root: str | os.PathLike[str], index: np.ndarray) -> str:
@@ -289,32 +298,51 @@ def write_records(root: str | os.PathLike[str], records: np.ndarray) -> str:
     return _write_table(Path(root) / RECORDS_NAME, records, RECORD_DTYPE)
 
 
-def load_index(root: str | os.PathLike[str], manifest: Manifest, mmap: bool = False) -> np.ndarray:
-    """Load ``index.npy`` (``mmap``: map it read-only, as datasets do) and check it agrees with
-    the manifest.
+def load_index(
+    root: str | os.PathLike[str],
+    manifest: Manifest,
+    mmap: bool = False,
+    dir_fd: int | None = None,
+    check: bool = True,
+) -> np.ndarray:
+    """Load ``index.npy`` (``mmap``: map it read-only, as datasets do) from the dataset folder
+    (``dir_fd``, or ``root``), check its bytes against the manifest's checksum (unless not
+    ``check``) and its length against ``num_samples``.
 
     Raises:
-        FormatError: missing, unreadable, wrong dtype, or a length other than ``num_samples``.
+        FormatError: missing, a link, unreadable, damaged, wrong dtype, or a length other than
+            ``num_samples``.
     """
-    path = Path(root) / INDEX_NAME
-    index = _load_table(path, SAMPLE_DTYPE, "index", mmap)
+    root = Path(root)
+    digest = _expected(manifest, INDEX_NAME, root) if check else None
+    index = _load_table(root, INDEX_NAME, SAMPLE_DTYPE, "index", mmap, digest, dir_fd)
     if len(index) != manifest.num_samples:
         raise FormatError(
-            f"index {str(path)!r} has {len(index)} rows but the manifest says "
+            f"index {str(root / INDEX_NAME)!r} has {len(index)} rows but the manifest says "
             f"{manifest.num_samples} samples: the dataset is corrupt, convert again"
         )
     return index
 
 
-def load_records(root: str | os.PathLike[str], index: np.ndarray, mmap: bool = False) -> np.ndarray:
-    """Load ``records.npy`` (``mmap``: map it read-only) and check that the samples' runs of
-    records cover it exactly.
+def load_records(
+    root: str | os.PathLike[str],
+    index: np.ndarray,
+    mmap: bool = False,
+    manifest: Manifest | None = None,
+    dir_fd: int | None = None,
+) -> np.ndarray:
+    """Load ``records.npy`` (``mmap``: map it read-only) from the dataset folder (``dir_fd``,
+    or ``root``), check its bytes against ``manifest``'s checksum when given, and check that
+    the samples' runs of records cover it exactly.
 
     Raises:
-        FormatError: missing, unreadable, wrong dtype, or runs that do not tile the table.
+        FormatError: missing, a link, unreadable, damaged, wrong dtype, or runs that do not
+            tile the table.
     """
-    path = Path(root) / RECORDS_NAME
-    records = _load_table(path, RECORD_DTYPE, "record table", mmap)
+    root = Path(root)
+    path = root / RECORDS_NAME
+    digest = _expected(manifest, RECORDS_NAME, root)
+    records = _load_table(root, RECORDS_NAME, RECORD_DTYPE, "record table", mmap, digest, dir_fd)
     total = 0
     for a in range(0, len(index), 1 << 16):  # in blocks: a few MB of temporaries at any size
         counts = index["count"][a : a + (1 << 16)].astype(np.int64)
@@ -357,7 +385,12 @@ def write_keys(root: str | os.PathLike[str], keys: Iterable[str]) -> str:
     return file_checksum(path)
 
 
-def load_keys(root: str | os.PathLike[str]) -> list[str]:
-    """Read ``keys.txt`` back into a list of keys (datasets use a lazy
-    :class:`packer.keytable.KeyTable` instead: no ``str`` per key)."""
-    return decode_keys((Path(root) / KEYS_NAME).read_bytes())
+def load_keys(
+    root: str | os.PathLike[str], manifest: Manifest | None = None, dir_fd: int | None = None
+) -> list[str]:
+    """Read ``keys.txt`` back into a list of keys, checked against ``manifest``'s checksum
+    when given (datasets use a lazy :class:`packer.keytable.KeyTable` instead: no ``str`` per
+    key)."""
+    root = Path(root)
+    data, _ = read_checked(root, KEYS_NAME, _expected(manifest, KEYS_NAME, root), False, dir_fd)
+    return decode_keys(bytes(data))

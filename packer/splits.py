@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packer.contained import check_relative, open_beneath, open_folder
 from packer.destination import DestinationLock, check_destination, partial_path, publish
 from packer.detect import detect
 from packer.errors import FormatError, SourceError
@@ -100,6 +101,13 @@ def split_root(root: Path, split: str | None) -> Path:
         )
     if split not in names:
         raise FormatError(f"{str(root)!r} has no split {split!r}; it has {', '.join(names)}")
+    if "/" in check_relative(split, "split name"):
+        raise FormatError(f"split name {split!r} of {str(root)!r} is not a plain folder name")
+    folder = open_folder(root)
+    try:  # a real folder inside the output, never a link to another dataset
+        os.close(open_beneath(folder, split, root, folder=True, what="split"))
+    finally:
+        os.close(folder)
     return root / split
 
 

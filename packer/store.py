@@ -8,17 +8,28 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from packer.contained import open_folder
 from packer.errors import FormatError
 from packer.formats import by_name
 from packer.formats.base import ReaderBase, shard_identities
-from packer.manifest import Manifest, load_index, load_manifest, load_records
+from packer.keytable import KeyTable
+from packer.manifest import (
+    KEYS_NAME,
+    MANIFEST_NAME,
+    Manifest,
+    load_index,
+    load_manifest,
+    load_records,
+)
 from packer.splits import split_root
+from packer.tablefile import read_checked
 
 __all__ = ["Packed", "open_packed", "validate_tables"]
 
@@ -118,7 +129,9 @@ def _check_block(
     if module.OFFSETS == "bytes" and layout == "shards":
         sizes = np.array([s.bytes for s in manifest.shards], dtype=np.int64)
         unknown = (offset == -1) if module.NAME == "lmdb" else np.zeros(len(offset), bool)
-        outside = ((offset < 0) & ~unknown) | (offset + length > sizes[file])
+        # offset > size - length, never offset + length > size: the sum wraps for a crafted
+        # offset near 2**63, the difference cannot (0 <= size < 2**63, 0 <= length < 2**32)
+        outside = ((offset < 0) & ~unknown) | (offset > sizes[file] - length)
     elif module.OFFSETS == "numbers":
         outside = (offset < 0) | (offset >= np.repeat(counts, counts))
     else:
@@ -127,12 +140,49 @@ def _check_block(
         raise _bad(path, "a record lies outside its file", start, outside)
 
 
-def _folder_id(path: Path) -> tuple[int, int]:
+def _folder_id(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _same_folder(path: Path, fd: int) -> None:
+    """``path`` still names the folder ``fd`` holds (the manifest was read by path)."""
     try:
         st = os.stat(path)
     except OSError as exc:
         raise FormatError(f"cannot open {str(path)!r}: {exc.strerror or exc}") from exc
-    return st.st_dev, st.st_ino
+    if (st.st_dev, st.st_ino) != _folder_id(fd):
+        raise FormatError(f"{str(path)!r} was replaced while it was being opened; try again")
+
+
+def _plain_manifest(path: Path, fd: int) -> None:
+    """The manifest, if there, is a regular file of this folder: not a link to another
+    dataset's, not a FIFO (a missing one is ``load_manifest``'s to explain)."""
+    try:
+        st = os.stat(MANIFEST_NAME, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+        raise FormatError(
+            f"{str(path / MANIFEST_NAME)!r} is {kind}; refusing to read it (a dataset holds "
+            "only plain folders and files). Convert again"
+        )
+
+
+def _keys(path: Path, manifest: Manifest, fd: int) -> KeyTable:
+    """``keys.txt``, mapped once through the folder's descriptor and checked against the
+    manifest: the keys of this open dataset, whatever replaces the file later."""
+    digest = manifest.files.get(KEYS_NAME) if isinstance(manifest.files, dict) else None
+    if not isinstance(digest, str):
+        raise FormatError(
+            f"{str(path)!r}: the manifest records no checksum for {KEYS_NAME}; the dataset is "
+            "damaged or crafted. Convert the source again"
+        )
+    data, ident = read_checked(path, KEYS_NAME, digest, True, fd)
+    plain = manifest.options.get("layout", "shards") == "per-sample"
+    pinned = (_folder_id(fd), ident)
+    return KeyTable.loaded(path / KEYS_NAME, data, manifest.num_samples, plain, pinned)
 
 
 def open_packed(
@@ -144,6 +194,10 @@ def open_packed(
     **reader_options: Any,
 ) -> Packed:
     """Load the manifest and tables of the packed output at ``root`` and make its reader.
+
+    One snapshot: the folder is opened once and every table, ``keys.txt`` and shard identity
+    comes through that descriptor, each table checked against the manifest's xxh3; readers in
+    any process then refuse a folder, shard or keys file replaced since.
 
     Args:
         kind: refuse an output of another kind (``"image"`` or ``"video"``).
@@ -157,8 +211,24 @@ def open_packed(
         FormatError: not a complete packer output, another kind or format, or damaged tables.
     """
     path = split_root(Path(root), split)
-    before = _folder_id(path)
+    fd = open_folder(path)
+    try:
+        return _open_in(path, fd, kind, format, check_files, reader_options)
+    finally:
+        os.close(fd)
+
+
+def _open_in(
+    path: Path,
+    fd: int,
+    kind: str | None,
+    format: str | None,
+    check_files: bool,
+    reader_options: dict[str, Any],
+) -> Packed:
+    _plain_manifest(path, fd)
     manifest = load_manifest(path)
+    _same_folder(path, fd)
     if format and manifest.format != format:
         raise FormatError(
             f"{str(path)!r} holds format {manifest.format!r}, not {format!r}; "
@@ -166,15 +236,13 @@ def open_packed(
         )
     if kind and manifest.kind != kind:
         raise FormatError(f"{str(path)!r} holds {manifest.kind}s, not {kind}s")
-    index = load_index(path, manifest, mmap=True)
-    records = load_records(path, index, mmap=True)
+    index = load_index(path, manifest, mmap=True, dir_fd=fd)
+    records = load_records(path, index, mmap=True, manifest=manifest, dir_fd=fd)
     validate_tables(path, manifest, index, records)
+    keys = _keys(path, manifest, fd)
     reader = by_name(manifest.format).Reader(path, manifest, records, **reader_options)
-    if check_files:
-        shards = shard_identities(path, manifest)
-        if _folder_id(path) != before:
-            raise FormatError(f"{str(path)!r} was replaced while it was being opened; try again")
-        reader.pin(before, shards)
+    shards = shard_identities(path, manifest, fd) if check_files else None
+    reader.pin(_folder_id(fd), shards, keys)
     return Packed(
         path,
         manifest,

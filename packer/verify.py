@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from packer.contained import check_relative, open_beneath, open_folder
 from packer.cpus import available_cpus
 from packer.decode import decode
 from packer.errors import PackerError
@@ -26,11 +27,11 @@ from packer.manifest import (
     RECORDS_NAME,
     Manifest,
     bytes_checksum,
-    file_checksum,
     load_manifest,
 )
 from packer.pixels import pixels_output
 from packer.store import Packed, open_packed
+from packer.tablefile import fd_checksum
 
 __all__ = ["Problem", "VerifyReport", "verify"]
 
@@ -84,33 +85,101 @@ class VerifyReport:
 
 
 def _check_files(root: Path, manifest: Manifest, report: VerifyReport) -> tuple[set[str], set[str]]:
-    """Check every file's size and checksum; return (unreadable files, corrupt files)."""
+    """Check every file's size and checksum, each opened once beneath the dataset folder (no
+    link, never a FIFO: ``packer.contained``); return (unreadable files, corrupt files)."""
     bad: set[str] = set()
     corrupt: set[str] = set()
     named: list[tuple[str, str, int | None]] = [
         (s.name, s.xxh3_64, s.bytes) for s in manifest.shards
     ]
     named += [(name, digest, None) for name, digest in manifest.files.items()]
-    for name, digest, size in named:
-        path = root / name
-        report.files_checked += 1
-        try:
-            st = os.stat(path, follow_symlinks=False)
-        except OSError:
-            st = None
-        if st is None:
-            report.problems.append(Problem(name, "missing"))
-            bad.add(name)
-        elif not stat.S_ISREG(st.st_mode):
-            report.problems.append(Problem(name, "not a regular file (a symlink, FIFO, device?)"))
-            bad.add(name)
-        elif size is not None and st.st_size != size:
-            report.problems.append(Problem(name, f"{st.st_size} bytes, manifest records {size}"))
-            bad.add(name)
-        elif file_checksum(path) != digest:
-            report.problems.append(Problem(name, "checksum differs from the manifest"))
-            corrupt.add(name)
+    folder = open_folder(root)
+    try:
+        for name, digest, size in named:
+            report.files_checked += 1
+            found = _check_file(root, folder, name, digest, size)
+            if found is not None:
+                report.problems.append(Problem(name, found))
+                (corrupt if found == _DIFFERS else bad).add(name)
+    finally:
+        os.close(folder)
     return bad, corrupt
+
+
+_DIFFERS = "checksum differs from the manifest"
+
+
+def _check_file(root: Path, folder: int, name: str, digest: str, size: int | None) -> str | None:
+    """What is wrong with file ``name`` of the dataset, or None."""
+    try:
+        st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except OSError:
+        return "missing"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (a symlink, FIFO, device?)"
+    if size is not None and st.st_size != size:
+        return f"{st.st_size} bytes, manifest records {size}"
+    try:  # the file hashed is the file opened: a FIFO swapped in since the stat never blocks
+        fd = open_beneath(folder, name, root)
+    except PackerError as exc:
+        return str(exc)
+    try:
+        digest_found = fd_checksum(fd)
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    finally:
+        os.close(fd)
+    return _DIFFERS if digest_found != digest else None
+
+
+_FOREIGN = "a FIFO, device or socket where only folders and regular files belong"
+
+
+def _odd_entries(folder: Path, relative: str, recurse: bool) -> list[Problem]:
+    """A finding for every symbolic link and every entry that is neither a folder nor a
+    regular file under ``folder`` (links are never followed; ``recurse`` into sub-folders)."""
+    found: list[Problem] = []
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError as exc:
+        return [Problem(relative or ".", f"cannot be listed: {exc.strerror or exc}")]
+    for entry in entries:
+        name = f"{relative}{entry.name}"
+        if entry.is_symlink():
+            target = os.readlink(entry.path)
+            found.append(
+                Problem(name, f"a symbolic link (to {target!r}) inside the dataset: never followed")
+            )
+        elif entry.is_dir(follow_symlinks=False):
+            if recurse:
+                found += _odd_entries(Path(entry.path), name + "/", recurse)
+        elif not entry.is_file(follow_symlinks=False):
+            found.append(Problem(name, _FOREIGN))
+    return found
+
+
+def _verify_splits(
+    root: Path, manifest: Manifest, full: bool, progress: bool, workers: int
+) -> VerifyReport:
+    """Each split is a complete output inside ``root``: a plain folder name, a real folder."""
+    report = VerifyReport(root)
+    report.problems += _odd_entries(root, "", recurse=False)
+    splits = manifest.options.get("splits", {})
+    for split in splits if isinstance(splits, dict) else []:
+        try:
+            if "/" in check_relative(split, "split name"):
+                raise PackerError(f"split name {split!r} is not a plain folder name")
+        except PackerError as exc:
+            report.problems.append(Problem(repr(split), f"{exc}; not verified"))
+            continue
+        if (root / split).is_symlink():
+            continue  # reported by _odd_entries above, never followed
+        part = verify(root / split, full, progress, workers)
+        report.files_checked += part.files_checked
+        report.samples_checked += part.samples_checked
+        report.decoded += part.decoded
+        report.problems += [Problem(f"{split}/{p.where}", p.what) for p in part.problems]
+    return report
 
 
 def _where(packed: Packed, sample: int, record: int, keys: Sequence[str]) -> str:
@@ -191,13 +260,8 @@ def verify(
     manifest = load_manifest(root)
     report = VerifyReport(root)
     if manifest.kind == "splits":  # each split is a complete output: verify each
-        for split in manifest.options.get("splits", {}):
-            part = verify(root / split, full, progress, workers)
-            report.files_checked += part.files_checked
-            report.samples_checked += part.samples_checked
-            report.decoded += part.decoded
-            report.problems += [Problem(f"{split}/{p.where}", p.what) for p in part.problems]
-        return report
+        return _verify_splits(root, manifest, full, progress, workers)
+    report.problems += _odd_entries(root, "", recurse=True)
     try:
         names = {s.name for s in manifest.shards} | set(manifest.files)
         unsafe = sorted(n for n in names if "/" in n or n in (".", "..") or "\0" in n)
@@ -212,7 +276,8 @@ def verify(
         bad_files = unreadable | (corrupt if manifest.format == "lmdb" else set())
         packed = open_packed(root, check_files=False)
         checksums = packed.checksums  # the tables were loaded and validated once, above
-        keys = packed.reader.keys  # checks keys that name files (per-sample layouts)
+        keys = packed.reader.keys
+        len(keys)  # parses the lines: checks keys that name files (per-sample layouts)
     except PackerError as exc:
         report.problems.append(Problem("tables", str(exc)))
         return report

@@ -17,6 +17,7 @@ from packer.manifest import (
     KEYS_NAME,
     MANIFEST_NAME,
     RECORDS_NAME,
+    file_checksum,
     load_index,
     load_manifest,
     load_records,
@@ -65,6 +66,11 @@ def test_index_length_mismatch_refused(packed: dict[str, Path], tmp_path: Path) 
     manifest = load_manifest(root)
     index = load_index(root, manifest)
     np.save(root / INDEX_NAME, index[:-1])
+    with pytest.raises(FormatError, match="differs from the checksum"):
+        packer.open_dataset(root)
+    data = json.loads((root / MANIFEST_NAME).read_text())  # crafted: checksum updated too
+    data["files"][INDEX_NAME] = file_checksum(root / INDEX_NAME)
+    (root / MANIFEST_NAME).write_text(json.dumps(data))
     with pytest.raises(FormatError, match="rows but the manifest says"):
         packer.open_dataset(root)
 

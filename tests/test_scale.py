@@ -90,7 +90,7 @@ def test_open_reads_no_shard_and_makes_no_object_per_sample(big: Path) -> None:
 def test_keys_are_lazy_compact_and_exact(big: Path) -> None:
     dataset = packer.open_dataset(big)
     keys = dataset.keys
-    assert isinstance(keys, KeyTable) and keys._blob is None  # nothing read yet
+    assert isinstance(keys, KeyTable) and keys._starts is None  # mapped and checked, not parsed
     tracemalloc.start()
     assert len(keys) == SAMPLES
     _, peak = tracemalloc.get_traced_memory()

@@ -22,6 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
+from packer.contained import check_relative, open_folder
 from packer.errors import FormatError
 from packer.formats.files import (
     Folder,
@@ -91,32 +92,42 @@ class Reader(Protocol):
         ...
 
 
-def shard_identities(root: Path, manifest: Manifest) -> list[Identity]:
-    """Stat every shard the manifest names (no open): each must be a regular file of the
-    recorded size inside ``root``. Returns their identities, so readers open exactly them.
+def shard_identities(root: Path, manifest: Manifest, dir_fd: int | None = None) -> list[Identity]:
+    """Stat every shard the manifest names (no open) in the dataset folder (``dir_fd``, or
+    ``root``): each must be a regular file of the recorded size, not a link. Returns their
+    identities, so readers open exactly them.
 
     Raises:
         FormatError: a shard is missing, not a regular file (a symlink, a FIFO), or of the wrong
             size.
     """
     out = []
-    for shard in manifest.shards:
-        path = root / shard.name
-        try:
-            st = os.stat(path, follow_symlinks=False)
-        except OSError as exc:
-            raise FormatError(
-                f"shard {str(path)!r} of {str(root)!r} cannot be opened: {exc.strerror}"
-            ) from exc
-        if not stat.S_ISREG(st.st_mode):
-            raise FormatError(f"shard {str(path)!r} is not a regular file (a symlink?)")
-        if st.st_size != shard.bytes:
-            raise FormatError(
-                f"shard {str(path)!r} has {st.st_size} bytes but the manifest records "
-                f"{shard.bytes}: it is truncated or was modified; convert again"
-            )
-        out.append(identity(st))
+    folder = open_folder(root) if dir_fd is None else dir_fd
+    try:
+        for shard in manifest.shards:
+            out.append(_shard_identity(root, folder, shard))
+    finally:
+        if dir_fd is None:
+            os.close(folder)
     return out
+
+
+def _shard_identity(root: Path, folder: int, shard: ShardInfo) -> Identity:
+    path = root / shard.name
+    try:
+        st = os.stat(check_relative(shard.name, "shard"), dir_fd=folder, follow_symlinks=False)
+    except OSError as exc:
+        raise FormatError(
+            f"shard {str(path)!r} of {str(root)!r} cannot be opened: {exc.strerror}"
+        ) from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise FormatError(f"shard {str(path)!r} is not a regular file (a symlink?)")
+    if st.st_size != shard.bytes:
+        raise FormatError(
+            f"shard {str(path)!r} has {st.st_size} bytes but the manifest records "
+            f"{shard.bytes}: it is truncated or was modified; convert again"
+        )
+    return identity(st)
 
 
 def check_shard_files(root: Path, manifest: Manifest) -> None:
@@ -161,10 +172,18 @@ class ReaderBase:
         self.root_id: tuple[int, int] | None = None
         self.shard_ids: list[Identity] | None = None
 
-    def pin(self, root_id: tuple[int, int], shard_ids: list[Identity]) -> None:
-        """Read only the folder and shards seen when the dataset was opened: a folder or shard
-        replaced since (``--overwrite``) is refused, never read under this index."""
+    def pin(
+        self,
+        root_id: tuple[int, int],
+        shard_ids: list[Identity] | None,
+        keys: KeyTable | None = None,
+    ) -> None:
+        """Read only the folder, shards and keys seen when the dataset was opened: a folder,
+        shard or ``keys.txt`` replaced since (``--overwrite``) is refused, never read under
+        this index (``keys``: the table loaded and checked at open)."""
         self.root_id, self.shard_ids = root_id, shard_ids
+        if keys is not None:
+            self._keys = keys
 
     def folder(self) -> Folder:
         """This process's descriptor of the dataset folder."""

@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import mmap
 import os
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 
+from packer.contained import (
+    Identity,
+    fstat_identity,
+    open_beneath,
+    open_folder,
+    replaced,
+)
 from packer.errors import FormatError
 from packer.manifest import fsync_dir
 
@@ -33,24 +39,15 @@ __all__ = [
 PAGE = 4096
 
 
-Identity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
-
-
 def identity(st: os.stat_result) -> Identity:
     """What identifies a file's content in place: device, inode, size and modification time."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def replaced(path: Path) -> FormatError:
-    return FormatError(
-        f"{str(path)!r} was replaced after the dataset was opened (converted again with "
-        "--overwrite?); open the dataset again"
-    )
-
-
 class Folder:
     """One process's descriptor of a dataset folder (a handle-cache entry): every data file is
-    opened relative to it, so a reader never reads a folder that replaced the one it opened.
+    opened relative to it (``packer.contained``: no link at any level, never a FIFO), so a
+    reader never reads a folder that replaced the one it opened, nor anything outside it.
 
     Args:
         path: the folder.
@@ -59,37 +56,20 @@ class Folder:
 
     def __init__(self, path: Path, expected: tuple[int, int] | None = None) -> None:
         self.path = path
-        try:
-            self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise FormatError(f"cannot open {str(path)!r}: {exc.strerror or exc}") from exc
-        st = os.fstat(self.fd)
-        if expected is not None and (st.st_dev, st.st_ino) != tuple(expected):
-            self.close()
-            raise replaced(path)
+        self.fd = open_folder(path, expected)
 
     def open(self, name: str, expected: Identity | None = None) -> int:
-        """A descriptor of the regular file ``name`` in this folder (never a FIFO, a device or,
-        as the last component, a symlink); with ``expected``, the very file seen at open time."""
-        path = self.path / name
+        """A descriptor of the regular file ``name`` (a plain relative path) under this folder;
+        with ``expected``, the very file seen at open time."""
         try:
-            fd = os.open(
-                name,
-                os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW,
-                dir_fd=self.fd,
-            )
-        except OSError as exc:
+            fd = open_beneath(self.fd, name, self.path)
+        except FormatError:
             if os.fstat(self.fd).st_nlink == 0:  # the folder itself was deleted or replaced
-                raise replaced(self.path) from exc
-            raise FormatError(f"cannot open {str(path)!r}: {exc.strerror or exc}") from exc
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+                raise replaced(self.path) from None
+            raise
+        if expected is not None and fstat_identity(fd) != tuple(expected):
             os.close(fd)
-            raise FormatError(f"{str(path)!r} is not a regular file")
-        if expected is not None and identity(st) != tuple(expected):
-            os.close(fd)
-            raise replaced(path)
-        os.set_blocking(fd, True)
+            raise replaced(self.path / name)
         return fd
 
     def path_of(self, name: str) -> str:
