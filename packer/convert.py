@@ -28,7 +28,7 @@ from packer.destination import (
     partial_path,
     publish,
 )
-from packer.detect import detect
+from packer.detect import detect, find_splits
 from packer.disk_full import disk_full_error
 from packer.distributed import check_part, part_path, run_distributed
 from packer.errors import DestinationError, InputFileError, PackerError
@@ -41,7 +41,7 @@ from packer.prepare import prepare, prepare_split
 from packer.resume import Progress, fingerprint, sample_folders
 from packer.sizes import parse_size
 from packer.sources import SkippedInput, class_dirs
-from packer.splits import SplitPlan, convert_splits, find_splits, plan_splits
+from packer.splits import SplitPlan, convert_splits, plan_splits
 from packer.write import Event, Job, Prepared, finalize, plan_shards, write_shards
 
 __all__ = ["DEFAULT_SHARD_SIZE", "ConvertResult", "convert", "convert_video", "plan_shards"]

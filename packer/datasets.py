@@ -19,13 +19,13 @@ import numpy as np
 from packer.collate import BytesBatch, empty_bytes
 from packer.dataset_base import PackedSamples, SampleDataset, Transform
 from packer.decode import decode
+from packer.detect import find_splits
 from packer.errors import FormatError, InputFileError, PackerError
 from packer.formats import FORMATS
 from packer.manifest import MANIFEST_NAME, load_manifest
 from packer.pixels import pixels_output
 from packer.sources import class_dirs, scan
-from packer.splits import find_splits, split_root
-from packer.store import open_packed
+from packer.store import open_packed, split_root
 from packer.strings import StringTable
 
 if TYPE_CHECKING:

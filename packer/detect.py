@@ -30,7 +30,7 @@ from pathlib import Path
 from packer.errors import SourceError
 from packer.sources import class_dirs, is_image_name, is_video_name
 
-__all__ = ["Detection", "class_shape", "detect", "detect_kind"]
+__all__ = ["SPLIT_NAMES", "Detection", "class_shape", "detect", "detect_kind", "find_splits"]
 
 SAMPLED_SUBFOLDERS = 3  # sub-folders listed per class to tell frame folders from nested images
 _DIGITS = re.compile(r"\d+")
@@ -153,3 +153,36 @@ def detect_kind(root: str | os.PathLike[str]) -> str:
         SourceError: a missing source or one without class folders, or :func:`detect`'s errors.
     """
     return detect(root, class_dirs(Path(root))).kind
+
+
+SPLIT_NAMES = ("train", "val", "validation", "test")
+
+
+def _folders(root: Path) -> list[str]:
+    try:
+        return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    except OSError as exc:
+        raise SourceError(f"source {str(root)!r} cannot be listed: {exc.strerror}") from exc
+
+
+def find_splits(root: str | os.PathLike[str]) -> list[str]:
+    """The split folders of ``root`` in order (train first), or [] if it is not a split root.
+
+    Raises:
+        SourceError: split folders side by side with other folders (which is which is unclear).
+    """
+    path = Path(root)
+    if not path.is_dir():
+        return []
+    folders = _folders(path)
+    named = [f for f in folders if f.lower() in SPLIT_NAMES]
+    if not named:
+        return []
+    others = [f for f in folders if f not in named]
+    if others:
+        raise SourceError(
+            f"{str(path)!r} holds split folders ({', '.join(named)}) next to other folders "
+            f"({', '.join(others[:3])}{' ...' if len(others) > 3 else ''}): convert one split "
+            f"with --split {named[0]}, or move the others out"
+        )
+    return sorted(named, key=lambda f: (SPLIT_NAMES.index(f.lower()), f))

@@ -30,85 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packer.contained import check_relative, open_beneath, open_folder
 from packer.destination import DestinationLock, check_destination, partial_path, publish
-from packer.detect import detect
-from packer.errors import FormatError, SourceError
+from packer.detect import detect, find_splits
+from packer.errors import SourceError
 from packer.manifest import MANIFEST_NAME, Manifest, load_manifest, write_manifest
 from packer.resume import Progress
 from packer.sources import is_image_name
 
-__all__ = [
-    "SPLIT_NAMES",
-    "SplitPlan",
-    "convert_splits",
-    "describe_splits",
-    "find_splits",
-    "plan_splits",
-    "split_root",
-]
-
-SPLIT_NAMES = ("train", "val", "validation", "test")
-
-
-def _folders(root: Path) -> list[str]:
-    try:
-        return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-    except OSError as exc:
-        raise SourceError(f"source {str(root)!r} cannot be listed: {exc.strerror}") from exc
-
-
-def find_splits(root: str | os.PathLike[str]) -> list[str]:
-    """The split folders of ``root`` in order (train first), or [] if it is not a split root.
-
-    Raises:
-        SourceError: split folders side by side with other folders (which is which is unclear).
-    """
-    path = Path(root)
-    if not path.is_dir():
-        return []
-    folders = _folders(path)
-    named = [f for f in folders if f.lower() in SPLIT_NAMES]
-    if not named:
-        return []
-    others = [f for f in folders if f not in named]
-    if others:
-        raise SourceError(
-            f"{str(path)!r} holds split folders ({', '.join(named)}) next to other folders "
-            f"({', '.join(others[:3])}{' ...' if len(others) > 3 else ''}): convert one split "
-            f"with --split {named[0]}, or move the others out"
-        )
-    return sorted(named, key=lambda f: (SPLIT_NAMES.index(f.lower()), f))
-
-
-def split_root(root: Path, split: str | None) -> Path:
-    """The folder of ``split`` in the packed output ``root`` (``root`` itself if it has no
-    splits and none is asked).
-
-    Raises:
-        FormatError: a split output opened without ``split``, an unknown split, or ``split``
-            asked of an output without splits.
-    """
-    manifest = load_manifest(root)
-    names = list(manifest.options.get("splits", {})) if manifest.kind == "splits" else []
-    if not names:
-        if split is not None:
-            raise FormatError(f"{str(root)!r} has no splits; open it without split=")
-        return root
-    if split is None:
-        raise FormatError(
-            f"{str(root)!r} holds splits {', '.join(names)}: pass split= (e.g. split={names[0]!r})"
-        )
-    if split not in names:
-        raise FormatError(f"{str(root)!r} has no split {split!r}; it has {', '.join(names)}")
-    if "/" in check_relative(split, "split name"):
-        raise FormatError(f"split name {split!r} of {str(root)!r} is not a plain folder name")
-    folder = open_folder(root)
-    try:  # a real folder inside the output, never a link to another dataset
-        os.close(open_beneath(folder, split, root, folder=True, what="split"))
-    finally:
-        os.close(folder)
-    return root / split
+__all__ = ["SplitPlan", "convert_splits", "describe_splits", "plan_splits"]
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.contained import open_folder
+from packer.contained import check_relative, open_beneath, open_folder
 from packer.errors import FormatError
 from packer.formats import by_name
 from packer.formats.base import ReaderBase, shard_identities
@@ -28,10 +28,9 @@ from packer.manifest import (
     load_manifest,
     load_records,
 )
-from packer.splits import split_root
 from packer.tablefile import read_checked
 
-__all__ = ["Packed", "open_packed", "validate_tables"]
+__all__ = ["Packed", "open_packed", "split_root", "validate_tables"]
 
 
 @dataclass
@@ -252,3 +251,33 @@ def _open_in(
         reader,
         records["checksum"],
     )
+
+
+def split_root(root: Path, split: str | None) -> Path:
+    """The folder of ``split`` in the packed output ``root`` (``root`` itself if it has no
+    splits and none is asked).
+
+    Raises:
+        FormatError: a split output opened without ``split``, an unknown split, or ``split``
+            asked of an output without splits.
+    """
+    manifest = load_manifest(root)
+    names = list(manifest.options.get("splits", {})) if manifest.kind == "splits" else []
+    if not names:
+        if split is not None:
+            raise FormatError(f"{str(root)!r} has no splits; open it without split=")
+        return root
+    if split is None:
+        raise FormatError(
+            f"{str(root)!r} holds splits {', '.join(names)}: pass split= (e.g. split={names[0]!r})"
+        )
+    if split not in names:
+        raise FormatError(f"{str(root)!r} has no split {split!r}; it has {', '.join(names)}")
+    if "/" in check_relative(split, "split name"):
+        raise FormatError(f"split name {split!r} of {str(root)!r} is not a plain folder name")
+    folder = open_folder(root)
+    try:  # a real folder inside the output, never a link to another dataset
+        os.close(open_beneath(folder, split, root, folder=True, what="split"))
+    finally:
+        os.close(folder)
+    return root / split
