@@ -136,3 +136,11 @@ def test_every_module_has_a_floor() -> None:
         and not any(m == f or m.startswith(f + ".") for f in placed)
     ]
     assert unplaced == []
+
+
+def test_architecture_md_lists_the_checked_floors() -> None:
+    """The floors ARCHITECTURE.md shows a reader are the contract import-linter checks."""
+    text = (PACKAGE.parent / "ARCHITECTURE.md").read_text()
+    block = text.split("```floors\n", 1)[1].split("```", 1)[0]
+    written = [[f"packer.{m.strip()}" for m in line.split(":")] for line in block.splitlines()]
+    assert written == _floors()
