@@ -11,12 +11,15 @@ mutation of the product code (the test failed, the mutation was reverted).
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import shutil
 import struct
 import subprocess
 import sys
+import warnings
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +29,11 @@ from click.testing import CliRunner
 from PIL import Image
 
 import packer
+from packer.check import check_image
 from packer.cli import main
-from packer.errors import FormatError
+from packer.errors import FormatError, InputFileError
 from packer.labels import read_labels
-from packer.tools.image_demo import DemoTree
+from packer.tools.image_demo import DemoTree, corrupted_scan
 
 STRACE_INSTALL = "apt-get install -y strace"
 
@@ -100,6 +104,80 @@ def test_max_pixels_is_a_limit_on_the_jpeg_header(
     assert code == 0, output
     assert "over the" not in output
     assert sorted(packer.open_dataset(at).keys) == ["cls/img0", "cls/img1"]
+
+
+def png_declaring(width: int, height: int) -> bytes:
+    """A PNG whose header declares ``width`` × ``height`` (its data is a few bytes: only the
+    header is ever read by a size check)."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = zlib.crc32(kind + body)
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    data = zlib.compress(b"\0" * 64)
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", data) + chunk(b"IEND", b"")
+    )
+
+
+EPS = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n0 0 moveto\n%%EOF\n"
+FORMATS = "JPEG, PNG, WEBP, BMP, GIF, TIFF, PPM"
+
+
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        (b"", "empty file (0 bytes)"),
+        (
+            png_declaring(10_000, 10_000),
+            "10000×10000 is 100 Mpx, over the 90 Mpx limit (--max-pixels)",
+        ),
+        (
+            png_declaring(30_000, 30_000),
+            "decompression bomb refused by Pillow: Image size (900000000",
+        ),
+        (EPS, f"not an image Pillow can identify (of {FORMATS})"),
+    ],
+    ids=["empty", "png-100Mpx", "png-900Mpx", "eps"],
+)
+@pytest.mark.parametrize("check", ["fast", "scan", "decode"])
+def test_bounded_inputs_of_every_format(data: bytes, reason: str, check: str) -> None:
+    with pytest.raises(InputFileError) as refused:
+        check_image(data, check)
+    assert str(refused.value).startswith(reason)
+
+
+def test_a_png_within_the_limits_passes_every_check_without_a_warning(tree: DemoTree) -> None:
+    out = io.BytesIO()
+    with Image.open(sorted(tree.good)[0]) as image:
+        image.save(out, format="PNG")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Pillow's bomb warning is silenced below the limit
+        for check in ("fast", "scan", "decode"):
+            check_image(out.getvalue(), check)
+        check_image(png_declaring(10_000, 10_000), "fast", max_pixels=100_000_000)
+
+
+def test_check_decode_and_scan_walk_the_scan(tree: DemoTree) -> None:
+    damaged = corrupted_scan(sorted(tree.good)[0].read_bytes())
+    check_image(damaged, "fast")  # the header and end marker are intact
+    for check in ("scan", "decode"):
+        with pytest.raises(InputFileError, match="broken image"):
+            check_image(damaged, check)
+
+
+def test_a_jpeg_packer_cannot_walk_is_still_checked_as_a_jpeg(tree: DemoTree) -> None:
+    """Junk bytes between two segments: packer's marker walk gives up, Pillow reads it as a
+    JPEG — and it is still held to the JPEG rules (end marker, --max-pixels)."""
+    data = sorted(tree.good)[0].read_bytes()
+    (app0,) = struct.unpack(">H", data[4:6])
+    junk = data[: 4 + app0] + b"\0\0" + data[4 + app0 :]
+    check_image(junk, "fast")
+    with pytest.raises(InputFileError, match="truncated JPEG"):
+        check_image(junk[: len(junk) // 2], "fast")
+    with pytest.raises(InputFileError, match="10000×10000 is 100 Mpx, over the 90 Mpx limit"):
+        check_image(with_frame_size(junk, 10_000, 10_000), "fast")
 
 
 # --- a record overrunning its shard by a few bytes -------------------------------------------
