@@ -197,6 +197,15 @@ def craft_records(root: Path, change) -> None:  # type: ignore[no-untyped-def]
     (root / "packer.json").write_text(json.dumps(manifest))
 
 
+def setting(column: str, where, value: int):  # type: ignore[no-untyped-def]
+    """A change for :func:`craft_records`: ``records[column][where] = value``."""
+
+    def change(records: np.ndarray, sizes: list[int]) -> None:
+        records[column][where(records) if callable(where) else where] = value
+
+    return change
+
+
 def last_of_shard(records: np.ndarray, shard: int) -> int:
     """The row of the record of ``shard`` that ends furthest into its file."""
     rows = np.flatnonzero(records["file"] == shard)
@@ -230,6 +239,53 @@ def test_a_record_overrunning_its_shard_by_a_few_bytes(
         return
     with pytest.raises(FormatError, match="outside"):
         packer.open_dataset(root, output="bytes")
+
+
+def test_an_lmdb_offset_may_be_unknown_and_no_other(
+    packed: dict[str, Path], tmp_path: Path
+) -> None:
+    """LMDB records ``-1`` where a value's offset could not be told (no ``/proc``): the dataset
+    opens and reads as before. In NPY and HDF5 shards a ``-1`` offset is outside the file."""
+    lmdb = Path(shutil.copytree(packed[".lmdb"], tmp_path / "x.lmdb"))
+    craft_records(lmdb, setting("offset", slice(None), -1))
+    before, after = (
+        packer.open_dataset(packed[".lmdb"], output="bytes"),
+        packer.open_dataset(lmdb, output="bytes"),
+    )
+    assert [after[i][0] for i in range(len(after))] == [before[i][0] for i in range(len(before))]
+    for suffix in (".npy", ".h5"):
+        root = Path(shutil.copytree(packed[suffix], tmp_path / f"x{suffix}"))
+        craft_records(root, setting("offset", 4, -1))
+        with pytest.raises(FormatError, match="outside"):
+            packer.open_dataset(root)
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".lmdb"])
+def test_a_record_naming_a_shard_the_dataset_lacks(
+    packed: dict[str, Path], tmp_path: Path, suffix: str
+) -> None:
+    source = packed[suffix]
+    shards = len(manifest_of(source)["shards"])
+    assert shards >= 2
+    for n, file in enumerate((shards, -1)):
+        root = Path(shutil.copytree(source, tmp_path / f"{n}{suffix}"))
+        craft_records(root, setting("file", 5, file))
+        with pytest.raises(FormatError) as refused:
+            packer.open_dataset(root)
+        message = str(refused.value)
+        assert str(root) in message and "names a file" in message and "row 5" in message
+        assert message.endswith("Convert the source again")
+
+
+def test_a_shard_left_without_records(tree: DemoTree, tmp_path: Path) -> None:
+    """The records of the last of three shards moved to the first: the counts disagree."""
+    root = tmp_path / "three.npy"
+    packer.convert(tree.root, root, shard_size="8kB", progress=False)
+    shards = len(manifest_of(root)["shards"])
+    assert shards >= 3
+    craft_records(root, setting("file", lambda records: records["file"] == shards - 1, 0))
+    with pytest.raises(FormatError):
+        packer.open_dataset(root)
 
 
 # --- the header row of a labels CSV ----------------------------------------------------------
