@@ -288,6 +288,64 @@ def test_a_shard_left_without_records(tree: DemoTree, tmp_path: Path) -> None:
         packer.open_dataset(root)
 
 
+def edit(root: Path, change) -> Path:  # type: ignore[no-untyped-def]
+    manifest = manifest_of(root)
+    change(manifest)
+    (root / "packer.json").write_text(json.dumps(manifest))
+    return root
+
+
+def test_table_refusals_name_the_dataset_and_the_fix(
+    packed: dict[str, Path], tmp_path: Path
+) -> None:
+    def copy(suffix: str, name: str) -> Path:
+        return Path(shutil.copytree(packed[suffix], tmp_path / f"{name}{suffix}"))
+
+    def refusal(root: Path, *opening) -> str:  # type: ignore[no-untyped-def]
+        with pytest.raises(FormatError) as refused:
+            (opening[0] if opening else packer.open_dataset)(root)
+        assert str(root) in str(refused.value)
+        return str(refused.value)
+
+    unknown = edit(copy(".npy", "zip"), lambda m: m["options"].update(layout="zip"))
+    assert "layout 'zip' is not one of npy's" in refusal(unknown)
+    label = copy(".npy", "label")
+    index = np.load(label / "index.npy")
+    index["label"][3] = 3
+    np.save(label / "index.npy", index)
+    assert refusal(label).endswith(
+        "label outside the 3 classes (row 3); refusing to read it. Convert the source again"
+    )
+    counts = edit(
+        copy(".npy", "counts"),
+        lambda m: m["shards"][0].update(samples=m["shards"][0]["samples"] + 1),
+    )
+    assert refusal(counts).endswith(
+        "record counts disagree; refusing to read it. Convert the source again"
+    )
+    name = edit(copy(".npy", "name"), lambda m: m["shards"][0].update(name="../shard-00000.npy"))
+    assert refusal(name).endswith(
+        "is not a plain shard file name in the dataset folder; refusing to read outside it"
+    )
+    assert refusal(packed[".npy"], packer.LMDBDataset).endswith(
+        "holds format 'npy', not 'lmdb'; use packer.open_dataset() to pick the right class"
+    )
+    assert refusal(packed[".npy"], packer.NpyVideoDataset).endswith("holds images, not videos")
+
+
+def test_the_bounds_of_a_record(packed: dict[str, Path], tmp_path: Path) -> None:
+    """A byte offset of 0 is inside a shard; a per-sample file's record number must be below
+    the sample's count of records (1 for an image)."""
+    root = Path(shutil.copytree(packed[".npy"], tmp_path / "zero.npy"))
+    craft_records(root, setting("offset", 2, 0))
+    assert len(packer.open_dataset(root)) == len(packer.open_dataset(packed[".npy"]))
+    for number, name in ((1, "one"), (-1, "minus")):
+        root = Path(shutil.copytree(packed[".bmp"], tmp_path / f"{name}.bmp"))
+        craft_records(root, setting("offset", 4, number))
+        with pytest.raises(FormatError, match=r"record lies outside its file \(row 4\)"):
+            packer.open_dataset(root)
+
+
 # --- the header row of a labels CSV ----------------------------------------------------------
 
 
