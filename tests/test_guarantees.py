@@ -342,8 +342,9 @@ def test_the_bounds_of_a_record(packed: dict[str, Path], tmp_path: Path) -> None
     for number, name in ((1, "one"), (-1, "minus")):
         root = Path(shutil.copytree(packed[".bmp"], tmp_path / f"{name}.bmp"))
         craft_records(root, setting("offset", 4, number))
-        with pytest.raises(FormatError, match=r"record lies outside its file \(row 4\)"):
+        with pytest.raises(FormatError, match=r"record lies outside its file \(row 4\)") as refused:
             packer.open_dataset(root)
+        assert str(root) in str(refused.value)
 
 
 # --- the header row of a labels CSV ----------------------------------------------------------
