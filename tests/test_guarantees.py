@@ -523,3 +523,35 @@ def test_every_file_and_folder_is_fsyncd_before_publishing(
     assert len(packer.open_dataset(dst)) == len(tree.good)
     assert any(e[0] == "fsync" for e in events), "strace saw no fsync at all"
     assert unsynced(events, dst) == []
+
+
+# --- refusals of a destination name both places (mutation testing found their paths unguarded) --
+
+
+def test_destination_refusals_name_the_paths(tree: DemoTree, tmp_path: Path) -> None:
+    src = Path(shutil.copytree(tree.root, tmp_path / "src"))
+    stranger = tmp_path / "mine.lmdb"
+    stranger.mkdir()
+    (stranger / "notes.txt").write_text("someone else's")  # an empty folder may be replaced
+    (tmp_path / "file.npy").write_bytes(b"not a folder")
+    cases = [
+        (src / "inside.lmdb", False, [src / "inside.lmdb", src]),
+        (tmp_path / "src.lmdb", False, []),  # fine: beside the source
+        (stranger, True, [stranger]),
+        (tmp_path / "file.npy", True, [tmp_path / "file.npy"]),
+    ]
+    for dst, overwrite, named in cases:
+        if not named:
+            packer.convert(src, dst, progress=False)
+            with pytest.raises(packer.DestinationError) as refused:
+                packer.convert(src, dst, progress=False)
+            assert str(dst) in str(refused.value) and "--overwrite" in str(refused.value)
+            continue
+        with pytest.raises(packer.DestinationError) as refused:
+            packer.convert(src, dst, overwrite=overwrite, progress=False)
+        assert all(repr(str(p)) in str(refused.value) for p in named), refused.value
+    partial = tmp_path / "cut.npy.partial"
+    partial.mkdir()
+    with pytest.raises(packer.DestinationError) as refused:
+        packer.convert(src, tmp_path / "cut.npy", progress=False)
+    assert str(partial) in str(refused.value) and "--resume" in str(refused.value)
