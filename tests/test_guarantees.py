@@ -458,10 +458,12 @@ def traced_convert(src: Path, dst: Path, *options: str) -> list[tuple[str, Path,
     command = [strace, "-f", "-qq", "-y", "-o", str(log)]
     command += ["-e", "trace=fsync,fdatasync,rename,renameat,renameat2,mkdir,mkdirat"]
     command += [sys.executable, "-m", "packer", "convert", str(src), str(dst), "-q", *options]
-    run = subprocess.run(command, cwd=dst.parent, capture_output=True, text=True, timeout=300)
+    elsewhere = dst.parent / "cwd"  # not DST's folder: an fsync of "." is not one of it
+    elsewhere.mkdir()
+    run = subprocess.run(command, cwd=elsewhere, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr + run.stdout
     events: list[tuple[str, Path, Path | None]] = []
-    here = dst.parent
+    here = elsewhere
     for line in joined_lines(log.read_text()):
         if match := SYNC.match(line):
             events.append(("fsync", Path(match[2]), None))
