@@ -11,6 +11,7 @@ from click.testing import CliRunner
 import packer
 from packer.cli import main
 from packer.errors import SourceError
+from packer.labels import classes_from, read_classes, read_labels, scan_flat
 from packer.tools.image_demo import DemoTree
 
 
@@ -83,3 +84,76 @@ def test_name_label_lines_with_indices_and_unknown_classes(tmp_path: Path, tree:
         SourceError, match="1 image.s. have a label that is not a class of the index .*'zebra'"
     ):
         packer.convert(folder, tmp_path / "b.npy", labels=labels, classes=["cat"], progress=False)
+
+
+# --- read_labels, read_classes and scan_flat on their own (the cases mutation testing found
+# unguarded: `make mutants`) ---
+
+
+def test_labels_files_read_as_written(tmp_path: Path) -> None:
+    lines = tmp_path / "bom.txt"  # a byte-order mark, extra tokens after the label
+    lines.write_text("\ufeffimg0 cat 10 20\nimg1.JPEG dog\n", encoding="utf-8")
+    assert read_labels(lines) == {"img0": "cat", "img1": "dog"}
+    empty = tmp_path / "empty.csv"
+    empty.write_text("\n  \n")
+    with pytest.raises(SourceError, match=f"labels file {str(empty)!r} is empty"):
+        read_labels(empty)
+    missing = tmp_path / "missing.csv"
+    with pytest.raises(SourceError, match=f"cannot read labels file {str(missing)!r}: "):
+        read_labels(missing)
+    broken = tmp_path / "broken.txt"
+    broken.write_text("img0 cat\nimg1\n")
+    with pytest.raises(SourceError, match=f"{str(broken)!r} line 2: expected a name and a label"):
+        read_labels(broken)
+
+
+def test_classes_files(tmp_path: Path, packed: dict[str, Path]) -> None:
+    good = tmp_path / "classes.txt"
+    good.write_text(" cat \n\ndog\nbird\n")
+    assert read_classes(good) == ["cat", "dog", "bird"]
+    for text in ("", "cat\ndog\ncat\n"):
+        good.write_text(text)
+        with pytest.raises(SourceError, match=f"classes file {str(good)!r} is empty or names"):
+            read_classes(good)
+    with pytest.raises(SourceError, match=f"cannot read classes file {str(tmp_path)!r}: "):
+        read_classes(tmp_path)
+    assert classes_from(packed[".lmdb"]) == ["class_00", "class_01", "class_02"]
+
+
+def test_scan_flat_lists_what_it_leaves_out(tree: DemoTree, tmp_path: Path) -> None:
+    folder = tmp_path / "flat"
+    folder.mkdir()
+    for n, path in enumerate(sorted(tree.good)[:3]):
+        shutil.copy(path, folder / f"img{n}.jpg")
+    (folder / "README.txt").write_text("sorts first, not an image")
+    (folder / "sub.jpg").mkdir()  # named like an image, a folder
+    shutil.copy(sorted(tree.good)[3], folder / ".hidden.jpg")
+    labels = {"img0": "cat", "img1": "1", "ghost": "dog"}
+    scan = scan_flat(folder, labels)
+    assert scan.root == str(folder.resolve()) and scan.kind == "image"
+    assert scan.classes == ["cat", "dog"]
+    assert [(s.key, s.label) for s in scan.samples] == [("img0", 0), ("img1", 1)]
+    assert scan.ignored == 2  # README.txt and sub.jpg; hidden files are not counted
+    assert [(s.path, s.reason) for s in scan.skipped] == [
+        (str(folder / "img2.jpg"), "no label in labels"),
+        ("labels:ghost", "label without an image"),
+    ]
+
+
+def test_scan_flat_errors_name_what_is_wrong(tree: DemoTree, tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    with pytest.raises(SourceError, match=f"source {str(missing)!r} is not a folder"):
+        scan_flat(missing, {})
+    folder = tmp_path / "flat"
+    folder.mkdir()
+    shutil.copy(sorted(tree.good)[0], folder / "img0.jpg")
+    with pytest.raises(SourceError, match=f"no image of {str(folder)!r} has a label in x.csv"):
+        scan_flat(folder, {"other": "cat"}, labels_name="x.csv")
+    expected = (
+        r"x.csv: 1 image\(s\) have a label that is not a class of the index \(2 classes, the given "
+        r"index\) nor an index below 2: '2' \(e.g. 'img0.jpg'\); fix the labels file, or pin the "
+        r"index with --classes FILE or --classes-from OUTPUT"
+    )
+    with pytest.raises(SourceError, match=expected):
+        scan_flat(folder, {"img0": "2"}, classes=["cat", "dog"], labels_name="x.csv")
+    assert scan_flat(folder, {"img0": "1"}, classes=["cat", "dog"]).samples[0].label == 1
