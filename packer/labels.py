@@ -48,8 +48,9 @@ def _stem(name: str) -> str:
 
 
 def read_labels(path: str | os.PathLike[str]) -> dict[str, str]:
-    """``{image name without extension: label token}`` from a CSV with a header or from
-    ``name label`` lines.
+    """``{image name without extension: label token}`` from a CSV or from ``name label`` lines.
+    A CSV's first row is its header unless its first field names an image file
+    (``img_001.jpg,cat``): a CSV without a header keeps its first row.
 
     Raises:
         SourceError: unreadable, empty, or a line without a label.
@@ -62,12 +63,16 @@ def read_labels(path: str | os.PathLike[str]) -> dict[str, str]:
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         raise SourceError(f"labels file {str(file)!r} is empty")
+    header = 0
     if "," in lines[0]:
-        rows = list(csv.reader(lines))[1:]  # the first row is the header
+        rows = list(csv.reader(lines))
+        # the first row is a header (ImageId,PredictionString) unless it names an image file
+        header = 0 if rows[0] and is_image_name(rows[0][0].strip()) else 1
+        rows = rows[header:]
     else:
         rows = [line.split(None, 1) for line in lines]
     out: dict[str, str] = {}
-    for number, row in enumerate(rows, start=2 if "," in lines[0] else 1):
+    for number, row in enumerate(rows, start=1 + header):
         if len(row) < 2 or not row[1].strip():
             raise SourceError(f"{str(file)!r} line {number}: expected a name and a label")
         out[_stem(row[0])] = row[1].split()[0]  # LOC_val_solution: the wnid leads the boxes

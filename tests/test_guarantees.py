@@ -562,3 +562,15 @@ def test_destination_refusals_name_the_paths(tree: DemoTree, tmp_path: Path) -> 
     with pytest.raises(packer.DestinationError) as refused:
         packer.convert(src, tmp_path / "cut.npy", progress=False)
     assert str(partial) in str(refused.value) and "--resume" in str(refused.value)
+
+
+def test_a_csv_without_header_keeps_its_first_row(tmp_path: Path) -> None:
+    """A headerless CSV whose rows name image files loses no row; a header row is still skipped."""
+    from packer.labels import read_labels
+
+    bare = tmp_path / "bare.csv"
+    bare.write_text("img_00000.JPEG,cat\nimg_00001.JPEG,dog\n")
+    assert read_labels(bare) == {"img_00000": "cat", "img_00001": "dog"}
+    headed = tmp_path / "headed.csv"
+    headed.write_text("filename,label\nimg_00000.JPEG,cat\n")
+    assert read_labels(headed) == {"img_00000": "cat"}
