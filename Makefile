@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e ".[dev,plot,fast,dask]"
+	$(PY) -m pip install -q --no-deps "torchdata==0.11.0"  # StatefulDataLoader; --no-deps keeps this torch
 	touch $(STAMP)
 
 demo: install

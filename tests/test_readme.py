@@ -66,6 +66,7 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     "ignore:This DataLoader will create:UserWarning"
 )  # num_workers=8 on 2 CPUs
 @pytest.mark.filterwarnings("ignore:'pin_memory' argument:UserWarning")  # no GPU here
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")  # torchdata
 def test_readme_python_blocks_run(workspace: Path) -> None:
     namespace: dict[str, Any] = dict(USER_NAMES)
     dist.init_process_group(
