@@ -34,7 +34,7 @@ import torch
 from packer.decode import decode
 from packer.fast_decoders import available
 from packer.tools.image_demo import photo_like
-from packer.tools.train_transform import RandomResizedCrop as PillowCrop
+from packer.tools.train_transform import DecodedRandomResizedCrop as PillowCrop
 from packer.transforms import RandomResizedCrop
 
 PILLOW_CROP = "pillow decode + RandomResizedCrop"
