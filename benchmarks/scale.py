@@ -47,6 +47,7 @@ from torch.utils.data import DataLoader
 
 import packer
 from packer.sources import scan
+from packer.tools.bench_report import markdown_table
 
 MB = 1e6
 
@@ -175,12 +176,8 @@ def report(figures: dict[str, Any]) -> str:
                 f"private dirty {w['dirty_start_mb']:.1f} → {w['dirty_end_mb']:.1f} MB",
             )
         )
-    lines = [
-        f"\n{n:,} samples ({figures['format']})\n",
-        "| step | time | figures |",
-        "|---|---|---|",
-    ]
-    return "\n".join(lines + [f"| {a} | {b} | {c} |" for a, b, c in rows])
+    table = markdown_table(["step", "time", "figures"], "lll", rows)
+    return f"\n{n:,} samples ({figures['format']})\n\n{table}"
 
 
 def main(args: argparse.Namespace) -> int:
