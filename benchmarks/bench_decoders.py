@@ -33,8 +33,9 @@ import torch
 
 from packer.decode import decode
 from packer.fast_decoders import available
+from packer.tools.bench_report import markdown_table
 from packer.tools.image_demo import photo_like
-from packer.tools.train_transform import RandomResizedCrop as PillowCrop
+from packer.tools.train_transform import DecodedRandomResizedCrop as PillowCrop
 from packer.transforms import RandomResizedCrop
 
 PILLOW_CROP = "pillow decode + RandomResizedCrop"
@@ -91,11 +92,11 @@ def main(args: argparse.Namespace) -> int:
             times[case].append(len(data) / (time.perf_counter() - start))
     rates = {case: statistics.median(runs) for case, runs in times.items()}
     print(f"{len(data)} JPEGs of {args.sizes}, quality {args.quality}, one process")
-    print("| case | images/s | vs Pillow |")
-    print("|---|--:|--:|")
-    for case, rate in rates.items():
-        base = rates["decode pillow" if case.startswith("decode") else PILLOW_CROP]
-        print(f"| {case} | {rate:.0f} | {rate / base:.2f}× |")
+    base = {
+        case: rates["decode pillow" if case.startswith("decode") else PILLOW_CROP] for case in rates
+    }
+    cells = [[case, f"{rate:.0f}", f"{rate / base[case]:.2f}×"] for case, rate in rates.items()]
+    print(markdown_table(["case", "images/s", "vs Pillow"], "lrr", cells))
     report = {
         "machine": platform.platform(),
         "python": sys.version.split()[0],

@@ -32,10 +32,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -51,6 +48,7 @@ from harness.decode_bench import (
 )
 from harness.decode_report import markdown_table, summarise
 from harness.host_load import QuietWaiter
+from harness.record import report_head, run_costs, save_report, stamped_log
 from harness.throughput_report import machine_info
 
 from packer.fast_decoders import available
@@ -110,9 +108,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(args: argparse.Namespace) -> int:
     """Prepare the data, run every row, print the table, write the JSON."""
     started = time.perf_counter()
-
-    def log(message: str) -> None:
-        print(f"[{time.perf_counter() - started:7.1f}s] {message}", file=sys.stderr, flush=True)
+    log = stamped_log(started)
 
     info = machine_info()
     info["fast_decoders"] = list(available())  # "auto" tries them in this order
@@ -153,11 +149,7 @@ def main(args: argparse.Namespace) -> int:
         for store, note in variant.notes.items():
             print(f"\n{variant.name}: no {store} row: {note}")
     report: dict[str, Any] = {
-        "benchmark": "decode",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([sys.executable, *sys.argv]),
-        "machine": info,
-        "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        **report_head("decode", info, args),
         "cache": "warm: every file of the row read once (mincore-checked) before each pass",
         "variants": [
             {
@@ -169,15 +161,10 @@ def main(args: argparse.Namespace) -> int:
             }
             for v in variants
         ],
-        "seconds_total": time.perf_counter() - started,
-        "seconds_waiting_for_quiet": waiter.waited if waiter is not None else 0.0,
-        "loadavg_before": load_before,
-        "loadavg_after": load_after,
+        **run_costs(started, waiter.waited if waiter else 0.0, load_before, load_after),
         "results": results,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "decode.json"
-    path.write_text(json.dumps(report, indent=1) + "\n")
+    path = save_report(args.out / "decode.json", report)
     log(f"wrote {path} (total {time.perf_counter() - started:.0f} s)")
     return 0
 

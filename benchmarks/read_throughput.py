@@ -38,10 +38,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -49,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.host_load import QuietWaiter
+from harness.record import report_head, run_costs, save_report, stamped_log
 from harness.throughput import (
     CLASSES,
     FOLDER,
@@ -139,9 +137,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(args: argparse.Namespace) -> int:
     """Prepare the data, run every configuration, print the tables, write the JSON."""
     started = time.perf_counter()
-
-    def log(message: str) -> None:
-        print(f"[{time.perf_counter() - started:7.1f}s] {message}", file=sys.stderr, flush=True)
+    log = stamped_log(started)
 
     info = machine_info()
     log(f"{info['platform']}, {info['cpu_count']} CPUs, torch {info['torch']}")
@@ -171,24 +167,16 @@ def main(args: argparse.Namespace) -> int:
     if cold and max(cold) > 0.01:
         log(f"WARNING: up to {100 * max(cold):.1f}% of a dataset stayed cached before a cold pass")
     print(markdown_table(rows), "", targets_table(checks), sep="\n")
+    load_after = os.getloadavg() if hasattr(os, "getloadavg") else None
     report: dict[str, Any] = {
-        "benchmark": "read_throughput",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([sys.executable, *sys.argv]),
-        "machine": info,
-        "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        **report_head("read_throughput", info, args),
         "images": args.images,
         "disk_bytes": {FOLDER: disk_bytes(src), **{n: disk_bytes(p) for n, p in outputs.items()}},
-        "seconds_total": time.perf_counter() - started,
-        "seconds_waiting_for_quiet": waiter.waited if waiter is not None else 0.0,
-        "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        **run_costs(started, waiter.waited if waiter else 0.0, load_before, load_after),
         "results": rows,
         "targets": checks,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "read_throughput.json"
-    path.write_text(json.dumps(report, indent=1) + "\n")
+    path = save_report(args.out / "read_throughput.json", report)
     log(f"wrote {path} (total {time.perf_counter() - started:.0f} s)")
     return 0
 

@@ -16,13 +16,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from harness.record import report_head, save_report
 from harness.throughput_report import machine_info
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
@@ -116,16 +115,8 @@ def main(args: argparse.Namespace) -> int:
         runs = ", ".join(f"{r:.0f}" for r in row["images_per_s"])
         median = statistics.median(row["images_per_s"])
         print(f"| {row['sampler']} | {row['cache']} | {median:.0f} | {runs} |")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    report = {
-        "command": sys.argv,
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": machine_info(),
-        "options": {k: str(v) for k, v in vars(args).items()},
-        "shards": shards,
-        "results": rows,
-    }
-    args.out.write_text(json.dumps(report, indent=2))
+    report = {**report_head("sampler_reads", machine_info(), args), "shards": shards}
+    save_report(args.out, {**report, "results": rows}, indent=2)
     return 0
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import resource
 import shutil
 import statistics
@@ -41,12 +40,14 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+from harness.record import report_head, save_report
 from harness.scale import MemoryProbe, index_bytes, make_linked_tree, private_bytes
 from harness.throughput_report import machine_info
 from torch.utils.data import DataLoader
 
 import packer
 from packer.sources import scan
+from packer.tools.bench_report import markdown_table
 
 MB = 1e6
 
@@ -175,12 +176,8 @@ def report(figures: dict[str, Any]) -> str:
                 f"private dirty {w['dirty_start_mb']:.1f} → {w['dirty_end_mb']:.1f} MB",
             )
         )
-    lines = [
-        f"\n{n:,} samples ({figures['format']})\n",
-        "| step | time | figures |",
-        "|---|---|---|",
-    ]
-    return "\n".join(lines + [f"| {a} | {b} | {c} |" for a, b, c in rows])
+    table = markdown_table(["step", "time", "figures"], "lll", rows)
+    return f"\n{n:,} samples ({figures['format']})\n\n{table}"
 
 
 def main(args: argparse.Namespace) -> int:
@@ -209,15 +206,7 @@ def main(args: argparse.Namespace) -> int:
             shutil.rmtree(tree, ignore_errors=True)
             shutil.rmtree(dst, ignore_errors=True)
     print(report(figures))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    document = {
-        "command": sys.argv,
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": machine_info(),
-        "options": {k: str(v) for k, v in vars(args).items()},
-        **figures,
-    }
-    args.out.write_text(json.dumps(document, indent=2))
+    save_report(args.out, {**report_head("scale", machine_info(), args), **figures}, indent=2)
     return 0
 
 

@@ -11,7 +11,16 @@ from typing import Any
 import click
 
 from packer import __version__
-from packer.cliutil import CONTEXT, friendly, safe_output
+from packer.cliutil import (
+    CONTEXT,
+    flag,
+    friendly,
+    json_flag,
+    positive_int,
+    quiet_flag,
+    safe_output,
+    size_option,
+)
 from packer.sizes import format_size
 
 
@@ -31,31 +40,20 @@ def main() -> None:
     type=click.Choice(["lmdb", "hdf5", "npy", "bmp"]),
     help="Force the format (default: from DST's suffix).",
 )
-@click.option(
-    "--shard-size",
-    default="1GiB",
-    show_default=True,
-    help="Roll to a new shard past this size: 16MB, 512MiB, 1GB.",
+@size_option("--shard-size", "1GiB", "Roll to a new shard past this size: 16MB, 512MiB, 1GB.")
+@positive_int(
+    "--workers", text="Parallel readers (default: CPU count). Output is identical for any value."
 )
-@click.option(
-    "--workers",
-    type=click.IntRange(min=1),
-    help="Parallel readers (default: CPU count). Output is identical for any value.",
-)
-@click.option(
+@flag(
     "--overwrite",
-    is_flag=True,
-    help="Replace DST (a folder packer wrote, never other data) once the new one is complete.",
+    text="Replace DST (a folder packer wrote, never other data) once the new one is complete.",
 )
-@click.option(
+@flag(
     "--resume",
-    is_flag=True,
-    help="Continue an interrupted conversion (DST.partial) from its last complete shard, "
+    text="Continue an interrupted conversion (DST.partial) from its last complete shard, "
     "publish one that had finished, or report DST complete.",
 )
-@click.option(
-    "--strict", is_flag=True, help="Fail on the first unusable input instead of skipping."
-)
+@flag("--strict", text="Fail on the first unusable input instead of skipping.")
 @click.option(
     "--check",
     type=click.Choice(["scan", "fast", "decode"]),
@@ -84,10 +82,9 @@ def main() -> None:
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="Pin the class index to a packer output's (e.g. the train output), so both agree.",
 )
-@click.option(
+@flag(
     "--allow-empty",
-    is_flag=True,
-    help="Keep a class folder without images as a class with no samples (else an error).",
+    text="Keep a class folder without images as a class with no samples (else an error).",
 )
 @click.option(
     "--split",
@@ -95,18 +92,14 @@ def main() -> None:
     multiple=True,
     help="For a root of split folders (train/, val/, ...): convert this split only (repeatable).",
 )
-@click.option(
-    "--max-file-size",
-    default="64MB",
-    show_default=True,
-    help="Skip (and list) a source file larger than this, before reading it.",
+@size_option(
+    "--max-file-size", "64MB", "Skip (and list) a source file larger than this, before reading it."
 )
-@click.option(
+@positive_int(
     "--max-pixels",
-    type=click.IntRange(min=1),
     default=90_000_000,
     show_default=True,
-    help="Skip (and list) an image with more pixels than this, before decompressing it.",
+    text="Skip (and list) an image with more pixels than this, before decompressing it.",
 )
 @click.option(
     "--kind",
@@ -121,16 +114,14 @@ def main() -> None:
     help="JPEG quality of re-encoded images and frames (resized ones, decoded video files) "
     "[default: 90].",
 )
-@click.option(
+@positive_int(
     "--max-side",
-    type=click.IntRange(min=1),
-    help="Shrink images (and frames) whose longer side exceeds this; aspect kept, never "
+    text="Shrink images (and frames) whose longer side exceeds this; aspect kept, never "
     "enlarged; images within it keep their bytes.",
 )
-@click.option(
+@positive_int(
     "--short-side",
-    type=click.IntRange(min=1),
-    help="Shrink images (and frames) to this shorter side, e.g. 256 (decode cost falls with "
+    text="Shrink images (and frames) to this shorter side, e.g. 256 (decode cost falls with "
     "the pixels removed: 2.1× fewer for a 500×375 photo); "
     "aspect kept, never enlarged; images within it keep their bytes.",
 )
@@ -139,15 +130,10 @@ def main() -> None:
     type=click.FloatRange(min=0, min_open=True),
     help="Video files: keep this many frames per second.",
 )
-@click.option(
-    "--skip-bad-frames",
-    is_flag=True,
-    help="Video: drop an unreadable frame instead of skipping its video.",
-)
-@click.option(
+@flag("--skip-bad-frames", text="Video: drop an unreadable frame instead of skipping its video.")
+@flag(
     "--reencode",
-    is_flag=True,
-    help="With --quality: re-encode every image, also those within --short-side/--max-side.",
+    text="With --quality: re-encode every image, also those within --short-side/--max-side.",
 )
 @click.option(
     "--size",
@@ -155,7 +141,7 @@ def main() -> None:
     help="Into .npy: store decoded SIZE×SIZE RGB pixels (short side to SIZE, centre crop), "
     "read with no decode; for small-image sets (e.g. 64-128 px ImageNet variants).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON summary instead of text.")
+@json_flag("Print one JSON summary instead of text.")
 @click.option(
     "--dask",
     metavar="ADDRESS",
@@ -168,7 +154,7 @@ def main() -> None:
     help="Convert only planned shards k with k % N == I, into DST.part-I/ (e.g. one SLURM "
     "array task each); then join the parts with packer merge DST.",
 )
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@quiet_flag()
 @friendly
 def convert(
     src: Path,
@@ -281,9 +267,9 @@ def convert(
 
 @main.command(context_settings=CONTEXT)
 @click.argument("dst", type=click.Path(exists=True, path_type=Path))
-@click.option("--skipped", is_flag=True, help="List every skipped input with its reason.")
+@flag("--skipped", text="List every skipped input with its reason.")
 @click.option("--keys", "num_keys", default=5, show_default=True, help="How many keys to show.")
-@click.option("--json", "as_json", is_flag=True, help="Print the facts as one JSON object.")
+@json_flag("Print the facts as one JSON object.")
 @friendly
 def inspect(dst: Path, skipped: bool, num_keys: int, as_json: bool) -> None:
     """Show what a packed dataset holds: format, counts, classes, shards, keys, skipped inputs.
@@ -320,7 +306,7 @@ def inspect(dst: Path, skipped: bool, num_keys: int, as_json: bool) -> None:
     show_default=True,
     help="Demo images or video frame folders.",
 )
-@click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
+@quiet_flag("No progress bars.")
 @friendly
 def demo(workdir: Path, classes: int, per_class: int, kind: str, quiet: bool) -> None:
     """Generate photo-like JPEGs (or video frame folders), convert them to every format, and
@@ -361,14 +347,10 @@ def demo(workdir: Path, classes: int, per_class: int, kind: str, quiet: bool) ->
 
 @main.command(context_settings=CONTEXT)
 @click.argument("dst", type=click.Path(exists=True, path_type=Path))
-@click.option("--full", is_flag=True, help="Also decode every sample.")
-@click.option(
-    "--workers",
-    type=click.IntRange(min=1),
-    help="Threads decoding with --full (default: CPU count).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@flag("--full", text="Also decode every sample.")
+@positive_int("--workers", text="Threads decoding with --full (default: CPU count).")
+@json_flag("Print the result as one JSON object.")
+@quiet_flag()
 @friendly
 def verify(dst: Path, full: bool, workers: int | None, as_json: bool, quiet: bool) -> None:
     """Check a packed dataset: file checksums, every sample's checksum, and (--full) decoding.

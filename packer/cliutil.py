@@ -1,4 +1,5 @@
-"""What every packer command shares: context settings and turning errors into one-line messages."""
+"""What every packer command shares: context settings, the option kinds the commands repeat,
+and turning errors into one-line messages."""
 
 from __future__ import annotations
 
@@ -13,11 +14,54 @@ import click
 
 from packer.errors import PackerError
 
-__all__ = ["CONTEXT", "INTERNAL_ERROR", "failure", "friendly", "safe_output"]
+__all__ = [
+    "CONTEXT",
+    "INTERNAL_ERROR",
+    "batch_size_option",
+    "failure",
+    "flag",
+    "friendly",
+    "json_flag",
+    "positive_int",
+    "quiet_flag",
+    "safe_output",
+    "size_option",
+]
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 INTERNAL_ERROR = 2  # the exit status of a bug: not 1, so a test expecting a refusal catches it
 _CLICK = (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort)
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def flag(*names: str, text: str) -> Decorator:
+    """An on/off switch (``--overwrite``): False unless given."""
+    return click.option(*names, is_flag=True, help=text)
+
+
+def json_flag(text: str) -> Decorator:
+    """``--json``: print one JSON object instead of text (the parameter is ``as_json``)."""
+    return flag("--json", "as_json", text=text)
+
+
+def quiet_flag(text: str = "No progress bar.") -> Decorator:
+    """``-q/--quiet``: no progress bar."""
+    return flag("-q", "--quiet", text=text)
+
+
+def positive_int(*names: str, text: str | None = None, **extra: Any) -> Decorator:
+    """An integer option of at least 1 (``--workers``, ``--max-side``); ``extra`` as click's."""
+    return click.option(*names, type=click.IntRange(min=1), help=text, **extra)
+
+
+def batch_size_option() -> Decorator:
+    """``--batch-size`` of a DataLoader run, 64 by default."""
+    return positive_int("--batch-size", default=64, show_default=True)
+
+
+def size_option(name: str, default: str, text: str) -> Decorator:
+    """A byte size given as text (``16MB``, ``512MiB``; parsed by packer.sizes), with a default."""
+    return click.option(name, default=default, show_default=True, help=text)
 
 
 def safe_output() -> None:

@@ -270,3 +270,16 @@ def test_cli_bench_decoder_and_a_resized_copy_side_by_side(
     assert len(small) == 6 and {small[i][0].shape for i in range(6)} == {(32, 43, 3)}
     bad = CliRunner().invoke(main, ["bench", str(clean[".lmdb"]), "--decoder", "nope"])
     assert bad.exit_code != 0 and "unknown decoder 'nope'" in bad.output
+
+
+def test_markdown_table_aligns_each_column_and_refuses_a_ragged_row() -> None:
+    """The one table renderer of bench and benchmarks/harness: a rule cell per column, ``--:``
+    for right-aligned ones; a row or an alignment of the wrong width is a ValueError."""
+    from packer.tools.bench_report import markdown_table
+
+    text = markdown_table(["name", "n"], "lr", [["a", 1], ("b", "2.0×")])
+    assert text.splitlines() == ["| name | n |", "|---|--:|", "| a | 1 |", "| b | 2.0× |"]
+    with pytest.raises(ValueError, match="3 cells in a table of 2 columns"):
+        markdown_table(["name", "n"], "lr", [["a", 1, 2]])
+    with pytest.raises(ValueError, match="one l or r for each of 2 columns"):
+        markdown_table(["name", "n"], "lrr", [])

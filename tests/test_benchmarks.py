@@ -39,6 +39,9 @@ def test_read_throughput(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     names = {r["dataset"] for r in report["results"]}
     assert names == {"jpeg folder", "memory", "npy", "lmdb", "plain lmdb"}
     assert any(c["target"].startswith("lmdb: >= 1x plain") for c in report["targets"])
+    head = ["benchmark", "date", "command", "machine", "options"]  # harness.record.report_head
+    assert list(report)[:5] == head and report["benchmark"] == "read_throughput"
+    assert report["options"]["data"] == str(tmp_path) and report["seconds_total"] > 0
 
 
 def test_plain_lmdb_reads_what_packer_reads(packed: dict[str, Path]) -> None:
@@ -114,6 +117,7 @@ def test_sampler_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "| sharded | cold |" in capsys.readouterr().out
     report = json.loads(out.read_text())
     assert report["shards"] > 1 and len(report["results"]) == 4
+    assert (report["benchmark"], report["options"]["images"]) == ("sampler_reads", 20)
 
 
 def test_bench_decoders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

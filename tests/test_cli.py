@@ -93,3 +93,23 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     for name in ("jpeg folder", "lmdb", "h5", "npy", "bmp"):
         assert f"| {name} |" in out
     assert "truncated JPEG" in out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["convert", "src", "dst.lmdb", "--workers", "0"],
+        ["convert", "src", "dst.lmdb", "--short-side", "0"],
+        ["convert", "src", "dst.lmdb", "--max-pixels", "0"],
+        ["verify", ".", "--workers", "0"],
+        ["bench", ".", "--batch-size", "0"],
+        ["bench", ".", "--limit", "0"],
+        ["doctor", ".", "--batch-size", "0"],
+    ],
+)
+def test_the_shared_positive_int_options_refuse_zero(args: list[str]) -> None:
+    """The option kinds cliutil declares once (positive_int, batch_size_option) hold on every
+    command that uses them: 0 is a usage error naming the option, before any work."""
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{args[-2]}': 0 is not in the range x>=1" in result.output

@@ -228,3 +228,21 @@ def test_dataloader_workers(packed: dict[str, Path]) -> None:
     batch = torch.cat(images)
     assert batch.dtype == torch.uint8 and tuple(batch.shape) == (len(dataset), 3, 32, 32)
     assert torch.cat(labels).tolist() == dataset.targets.tolist()
+
+
+def test_decoded_crop_draws_the_fused_crops_box_and_shares_it_across_a_clip() -> None:
+    """The Pillow crop of decoded images (tools) samples with crop_params, as the fused one:
+    with torch seeded alike, its output is exactly that box resized; a clip's frames share it."""
+    from packer.tools.train_transform import DecodedRandomResizedCrop
+
+    frames = [PHOTO, PHOTO.transpose(Image.Transpose.FLIP_LEFT_RIGHT)]
+    for seed in range(5):
+        torch.manual_seed(seed)
+        top, left, h, w = crop_params(PHOTO.width, PHOTO.height, (0.08, 1.0), (3 / 4, 4 / 3))
+        torch.manual_seed(seed)
+        out = DecodedRandomResizedCrop(48)(frames)
+        box = (left, top, left + w, top + h)
+        for frame, got in zip(frames, out):
+            want = frame.resize((48, 48), Image.Resampling.BILINEAR, box=box, reducing_gap=None)
+            assert got.size == (48, 48)
+            assert np.array_equal(np.asarray(got), np.asarray(want))

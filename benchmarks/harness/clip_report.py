@@ -7,6 +7,7 @@ import statistics
 from typing import Any
 
 from harness.clip_bench import FOLDER
+from packer.tools.bench_report import markdown_table as table
 
 __all__ = ["markdown", "open_text", "targets_text"]
 
@@ -21,59 +22,62 @@ def _row(rows: list[dict[str, Any]], name: str, mode: str, w: int, cache: str) -
 def markdown(rows: list[dict[str, Any]], names: list[str], workers: list[int], mode: str,
              cache: str) -> str:  # fmt: skip
     """One table: a row per dataset, per ``num_workers`` clips/s, × frames and disk KB/clip."""
-    head = " | ".join(f"w={w} clips/s | × frames | disk KB/clip" for w in workers)
-    lines = [
-        f"**{mode}, {cache} cache**\n",
-        f"| dataset | payload KB/clip | {head} | disk ÷ payload |",
-        "|---|---:|" + "---:|" * (3 * len(workers)) + "---:|",
-    ]
+    head = ["dataset", "payload KB/clip"]
+    head += [c for w in workers for c in (f"w={w} clips/s", "× frames", "disk KB/clip")]
+    body = []
     for name in names:
         found = [_row(rows, name, mode, w, cache) for w in workers]
-        if not any(found):
+        if any(found):
+            body.append([name, *_clip_cells(found)])
+    return f"**{mode}, {cache} cache**\n\n" + table(
+        [*head, "disk ÷ payload"], "l" + "r" * (len(head)), body
+    )
+
+
+def _clip_cells(found: list[dict[str, Any]]) -> list[str]:
+    """payload KB/clip, then clips/s, × frames and disk KB/clip per worker count, then
+    disk ÷ payload of each."""
+    pay = next((r["payload_per_clip"] for r in found if r), None)
+    cells = [f"{pay / 1e3:,.1f}" if pay else "–"]
+    ratios = []
+    for r in found:
+        if not r:
+            cells += ["–"] * 3
             continue
-        pay = next((r["payload_per_clip"] for r in found if r), None)
-        cells = [f"{pay / 1e3:,.1f}" if pay else "–"]
-        ratios = []
-        for r in found:
-            if not r:
-                cells += ["–"] * 3
-                continue
-            cells += [f"{r['clips_per_s']:,.0f}", f"{r['x_folder']:.2f}",
-                      f"{r['disk_per_clip'] / 1e3:,.1f}"]  # fmt: skip
-            if r["disk_x_payload"] is not None:
-                ratios.append(f"{r['disk_x_payload']:.2f}×")
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {' / '.join(ratios) or '–'} |")
-    return "\n".join(lines)
+        cells += [f"{r['clips_per_s']:,.0f}", f"{r['x_folder']:.2f}",
+                  f"{r['disk_per_clip'] / 1e3:,.1f}"]  # fmt: skip
+        if r["disk_x_payload"] is not None:
+            ratios.append(f"{r['disk_x_payload']:.2f}×")
+    return [*cells, " / ".join(ratios) or "–"]
 
 
 def open_text(rows: list[dict[str, Any]], names: list[str], workers: list[int]) -> str:
     """Constructing the fresh dataset (untimed above), and bytes-mode clips/s had it been timed."""
-    lines = [
-        "**fresh dataset construction** (outside the timed epoch above; bytes-mode clips/s and "
-        "× frames if it were inside)\n",
-        "| dataset | open ms | "
-        + " | ".join(f"{c} w={w} clips/s | × frames" for c in ("cold", "warm") for w in workers)
-        + " |",
-        "|---|---:|" + "---:|" * (4 * len(workers)),
-    ]
+    settings = [(c, w) for c in ("cold", "warm") for w in workers]
+    head = ["dataset", "open ms"]
+    head += [t for c, w in settings for t in (f"{c} w={w} clips/s", "× frames")]
 
     def with_open(r: dict[str, Any]) -> float:
         return float(r["clips"] / (r["seconds"] + r["open_s"]))
 
+    body = []
+    base = [_row(rows, FOLDER, "bytes", w, c) for c, w in settings]
     for name in names:
-        found = [_row(rows, name, "bytes", w, c) for c in ("cold", "warm") for w in workers]
+        found = [_row(rows, name, "bytes", w, c) for c, w in settings]
         if not any(found):
             continue
-        base = [_row(rows, FOLDER, "bytes", w, c) for c in ("cold", "warm") for w in workers]
-        cells = [f"{statistics.median(r['open_s'] for r in found if r) * 1e3:,.1f}"]
+        cells = [name, f"{statistics.median(r['open_s'] for r in found if r) * 1e3:,.1f}"]
         for r, b in zip(found, base):
             cells += (
                 [f"{with_open(r):,.0f}", f"{with_open(r) / with_open(b):.2f}"]
                 if r and b
                 else ["–", "–"]
             )
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        body.append(cells)
+    return (
+        "**fresh dataset construction** (outside the timed epoch above; bytes-mode clips/s and "
+        "× frames if it were inside)\n\n" + table(head, "l" + "r" * (len(head) - 1), body)
+    )
 
 
 def targets_text(rows: list[dict[str, Any]], workers: list[int]) -> list[str]:

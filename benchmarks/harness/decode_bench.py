@@ -49,7 +49,8 @@ from packer.sources import scan
 from packer.tools.image_demo import make_image_tree
 from packer.tools.targets import close_dataset, data_files
 from packer.tools.timing import measure_throughput
-from packer.transforms import RandomResizedCrop, crop_params
+from packer.tools.train_transform import DecodedRandomResizedCrop
+from packer.transforms import RandomResizedCrop
 
 __all__ = [
     "BASELINE",
@@ -79,8 +80,9 @@ STORES = {
 class DecodeThenCrop:
     """torchvision's ``RandomResizedCrop(size)`` on a decoded image, to a 3×H×W uint8 tensor.
 
-    Takes a PIL image or an H×W×3 uint8 array (wrapped without a copy); crop sampling is
-    :func:`packer.transforms.crop_params` on torch's global generator, as the fused transform.
+    Takes a PIL image or an H×W×3 uint8 array (wrapped without a copy); the crop is
+    :class:`packer.tools.train_transform.DecodedRandomResizedCrop` (crop sampling by
+    :func:`packer.transforms.crop_params` on torch's global generator, as the fused transform).
     """
 
     def __init__(
@@ -89,7 +91,7 @@ class DecodeThenCrop:
         scale: tuple[float, float] = (0.08, 1.0),
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
     ) -> None:
-        self.size, self.scale, self.ratio = int(size), scale, ratio
+        self.crop = DecodedRandomResizedCrop(size, scale, ratio)
 
     def __call__(self, image: Any) -> torch.Tensor:
         if isinstance(image, np.ndarray):
@@ -97,13 +99,7 @@ class DecodeThenCrop:
             image = Image.frombuffer(
                 "RGB", (pixels.shape[1], pixels.shape[0]), pixels, "raw", "RGB", 0, 1
             )
-        top, left, h, w = crop_params(image.width, image.height, self.scale, self.ratio)
-        out = image.resize(
-            (self.size, self.size),
-            Image.Resampling.BILINEAR,
-            box=(left, top, left + w, top + h),
-            reducing_gap=None,
-        )
+        out = self.crop(image)
         return torch.from_numpy(np.array(out)).permute(2, 0, 1).contiguous()
 
 

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from harness.decode_bench import BASELINE, Key, Row, Variant
+from packer.tools.bench_report import markdown_table as table
 
 __all__ = ["markdown_table", "summarise"]
 
@@ -66,23 +67,21 @@ def _x(value: float | None) -> str:
 
 def markdown_table(results: Sequence[dict[str, Any]]) -> str:
     """The results as a markdown table (medians, ratios, targets)."""
-    lines = [
-        "| images | row | stored | decoder | method | workers | images/s | × baseline "
-        "| target | met | spread | CPU µs/img | others' CPU |",
-        "|---|---|---|---|---|--:|--:|--:|---|---|--:|--:|--:|",
-    ]
-    for r in results:
-        target = "-"
-        if r["target"] is not None:
-            versus = "baseline" if r["versus"] == BASELINE else r["versus"]
-            target = f"≥ {r['target']:g}× {versus} ({_x(r['x_versus'])})"
-        met = "-" if r["met"] is None else ("met" if r["met"] else "**missed**")
-        others = r["others_cpu_share"]
-        lines.append(
-            f"| {r['images']}×{r['source_size'][0]}x{r['source_size'][1]} | {r['name']} "
-            f"| {r['store']} | {r['decoder']} | {r['method']} | {r['workers']} "
-            f"| {r['images_per_s']:,.0f} | {_x(r['x_baseline'])} | {target} | {met} "
-            f"| {100 * r['spread']:.0f}% | {r['cpu_us_per_image']:,.0f} "
-            f"| {'-' if others is None else f'{100 * others:.0f}%'} |"
-        )
-    return "\n".join(lines)
+    head = ["images", "row", "stored", "decoder", "method", "workers", "images/s", "× baseline"]
+    head += ["target", "met", "spread", "CPU µs/img", "others' CPU"]
+    return table(head, "lllllrrrllrrr", (_result_cells(r) for r in results))
+
+
+def _result_cells(r: dict[str, Any]) -> list[Any]:
+    target = "-"
+    if r["target"] is not None:
+        versus = "baseline" if r["versus"] == BASELINE else r["versus"]
+        target = f"≥ {r['target']:g}× {versus} ({_x(r['x_versus'])})"
+    met = "-" if r["met"] is None else ("met" if r["met"] else "**missed**")
+    others = r["others_cpu_share"]
+    return [
+        f"{r['images']}×{r['source_size'][0]}x{r['source_size'][1]}", r["name"], r["store"],
+        r["decoder"], r["method"], r["workers"], f"{r['images_per_s']:,.0f}",
+        _x(r["x_baseline"]), target, met, f"{100 * r['spread']:.0f}%",
+        f"{r['cpu_us_per_image']:,.0f}", "-" if others is None else f"{100 * others:.0f}%",
+    ]  # fmt: skip

@@ -26,6 +26,7 @@ from harness.throughput import (
     PLAIN_LMDB,
     Config,
 )
+from packer.tools.bench_report import markdown_table as table
 from packer.tools.timing import Throughput, median_run
 
 __all__ = ["evaluate_targets", "machine_info", "markdown_table", "summarise", "targets_table"]
@@ -134,34 +135,30 @@ def _ratio(value: float | None) -> str:
 
 def markdown_table(rows: Sequence[dict]) -> str:
     """The results as a markdown table."""
-    lines = [
-        "| dataset | mode | workers | cache | collate | images/s | MB/s | × folder | × memory "
-        "| spread | CPU µs/img | others' CPU |",
-        "|---|---|--:|---|---|--:|--:|--:|--:|--:|--:|--:|",
-    ]
-    for r in rows:
-        others = r["others_cpu_share"]
-        lines.append(
-            f"| {r['dataset']} | {r['mode']} | {r['workers']} | {r['cache']} | {r['collate']} "
-            f"| {r['images_per_s']:,.0f} | {r['mb_per_s']:,.0f} | {_ratio(r['vs_folder'])} "
-            f"| {_ratio(r['vs_memory'])} | {100 * r['spread']:.0f}% "
-            f"| {r['cpu_us_per_image']:,.0f} | {'' if others is None else f'{100 * others:.0f}%'} |"
-        )
-    return "\n".join(lines)
+    head = ["dataset", "mode", "workers", "cache", "collate", "images/s", "MB/s", "× folder"]
+    head += ["× memory", "spread", "CPU µs/img", "others' CPU"]
+    return table(head, "llrllrrrrrrr", (_result_cells(r) for r in rows))
+
+
+def _result_cells(r: dict) -> list[Any]:
+    others = r["others_cpu_share"]
+    return [
+        r["dataset"], r["mode"], r["workers"], r["cache"], r["collate"],
+        f"{r['images_per_s']:,.0f}", f"{r['mb_per_s']:,.0f}", _ratio(r["vs_folder"]),
+        _ratio(r["vs_memory"]), f"{100 * r['spread']:.0f}%", f"{r['cpu_us_per_image']:,.0f}",
+        "" if others is None else f"{100 * others:.0f}%",
+    ]  # fmt: skip
 
 
 def targets_table(checks: Sequence[dict]) -> str:
     """The target checks as a markdown table."""
-    lines = [
-        "| target | dataset | workers | cache | collate | ratio | met |",
-        "|---|---|--:|---|---|--:|---|",
-    ]
-    for c in checks:
-        lines.append(
-            f"| {c['target']} | {c['dataset']} | {c['workers']} | {c['cache']} | {c['collate']} "
-            f"| {c['ratio']:.2f}× | {'yes' if c['met'] else '**no**'} |"
-        )
-    return "\n".join(lines)
+    head = ["target", "dataset", "workers", "cache", "collate", "ratio", "met"]
+    cells = (
+        [c["target"], c["dataset"], c["workers"], c["cache"], c["collate"], f"{c['ratio']:.2f}×"]
+        + ["yes" if c["met"] else "**no**"]
+        for c in checks
+    )
+    return table(head, "llrllrl", cells)
 
 
 def _git(*args: str) -> str:

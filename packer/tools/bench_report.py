@@ -7,7 +7,7 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from packer.tools.storage_cost import StorageCost
 __all__ = [
     "bench_json",
     "machine",
+    "markdown_table",
     "plot_runs",
     "runs_table",
     "stalls_text",
@@ -29,27 +30,48 @@ __all__ = [
 ]
 
 
+def markdown_table(head: Sequence[str], align: str, rows: Iterable[Sequence[Any]]) -> str:
+    """A markdown table, the one renderer of every bench and benchmark table.
+
+    Args:
+        head: the column titles.
+        align: one letter a column: ``l`` left, ``r`` right (``---`` or ``--:`` in the rule).
+        rows: each row's cells, one a column (rendered with ``str``).
+    """
+    if len(align) != len(head) or set(align) - {"l", "r"}:
+        raise ValueError(f"align {align!r} must be one l or r for each of {len(head)} columns")
+    rule = "|" + "|".join("--:" if a == "r" else "---" for a in align) + "|"
+    lines = [_cells(head), rule]
+    for row in rows:
+        if len(row) != len(head):
+            raise ValueError(f"a row of {len(row)} cells in a table of {len(head)} columns")
+        lines.append(_cells(row))
+    return "\n".join(lines)
+
+
+def _cells(cells: Sequence[Any]) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
 def _pct(value: float | None) -> str:
     return "" if value is None else f"{100 * value:.0f} %"
 
 
 def runs_table(runs: Sequence[RunResult]) -> str:
     """One row per configuration: throughput, ratio to the first path, per-batch waits."""
-    lines = [
-        "| dataset | mode | workers | cache | resident | images/s | MB/s | × first "
-        "| wait p50 ms | p95 ms | max ms | stall |",
-        "|---|---|--:|---|--:|--:|--:|--:|--:|--:|--:|---|",
-    ]
-    for r in runs:
-        w, stall = r.waits_summary(), r.stall()
-        period = f"every {stall.period}" if stall.period else stall.kind
-        ratio = "" if r.ratio is None else f"{r.ratio:.2f}×"
-        lines.append(
-            f"| {r.label} | {r.mode} | {r.workers} | {r.cache} | {_pct(r.resident_before)} "
-            f"| {r.images_per_s:,.0f} | {r.mb_per_s:,.1f} | {ratio} | {w.p50_ms:.1f} "
-            f"| {w.p95_ms:.1f} | {w.max_ms:.1f} | {period} |"
-        )
-    return "\n".join(lines)
+    head = ["dataset", "mode", "workers", "cache", "resident", "images/s", "MB/s", "× first"]
+    head += ["wait p50 ms", "p95 ms", "max ms", "stall"]
+    return markdown_table(head, "llrlrrrrrrrl", (_run_cells(r) for r in runs))
+
+
+def _run_cells(r: RunResult) -> list[str]:
+    w, stall = r.waits_summary(), r.stall()
+    return [
+        r.label, r.mode, str(r.workers), r.cache, _pct(r.resident_before),
+        f"{r.images_per_s:,.0f}", f"{r.mb_per_s:,.1f}", "" if r.ratio is None else f"{r.ratio:.2f}×",
+        f"{w.p50_ms:.1f}", f"{w.p95_ms:.1f}", f"{w.max_ms:.1f}",
+        f"every {stall.period}" if stall.period else stall.kind,
+    ]  # fmt: skip
 
 
 def storage_table(costs: Sequence[StorageCost]) -> str:
@@ -59,22 +81,19 @@ def storage_table(costs: Sequence[StorageCost]) -> str:
     ``payload KB`` the stored bytes the sample hands back (a clip's sampled frames); ``stored
     KB`` the bytes the whole sample occupies (every frame of the video).
     """
-    lines = [
-        "| dataset | cache | samples | files opened | read syscalls | storage KB "
-        "| payload KB | storage ÷ payload | major faults | stored KB |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|",
-    ]
-    for c in costs:
-        p = c.per_sample()
-        cache = f"cold ({_pct(c.resident_before)} resident)" if c.cold else "warm"
-        samples = f"{c.samples} {c.unit}s"
-        lines.append(
-            f"| {c.label} | {cache} | {samples} | {p['opens']:.3f} | {p['read_syscalls']:.2f} "
-            f"| {p['storage_bytes'] / 1e3:.1f} | {p['payload_bytes'] / 1e3:.1f} "
-            f"| {p['disk_per_payload']:.2f}× | {p['major_faults']:.3f} "
-            f"| {p['stored_bytes'] / 1e3:.1f} |"
-        )
-    return "\n".join(lines)
+    head = ["dataset", "cache", "samples", "files opened", "read syscalls", "storage KB"]
+    head += ["payload KB", "storage ÷ payload", "major faults", "stored KB"]
+    return markdown_table(head, "llrrrrrrrr", (_cost_cells(c) for c in costs))
+
+
+def _cost_cells(c: StorageCost) -> list[str]:
+    p = c.per_sample()
+    return [
+        c.label, f"cold ({_pct(c.resident_before)} resident)" if c.cold else "warm",
+        f"{c.samples} {c.unit}s", f"{p['opens']:.3f}", f"{p['read_syscalls']:.2f}",
+        f"{p['storage_bytes'] / 1e3:.1f}", f"{p['payload_bytes'] / 1e3:.1f}",
+        f"{p['disk_per_payload']:.2f}×", f"{p['major_faults']:.3f}", f"{p['stored_bytes'] / 1e3:.1f}",
+    ]  # fmt: skip
 
 
 def stalls_text(runs: Sequence[RunResult]) -> list[str]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from packer.cliutil import CONTEXT, friendly
+from packer.cliutil import CONTEXT, batch_size_option, flag, friendly, positive_int
 from packer.errors import PackerError
 
 __all__ = ["bench", "doctor"]
@@ -92,15 +92,15 @@ def _report(runs: list[Any], costs: list[Any], options: dict[str, Any], complete
 @click.command(context_settings=CONTEXT)
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--workers", default="0,2,4", show_default=True, help="num_workers values to sweep.")
-@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1))
+@batch_size_option()
 @click.option("--mode", "modes", default="bytes", show_default=True,
               help="Comma-separated: bytes (IO + format), decode, transform (decode + crop/flip).")  # fmt: skip
-@click.option("--epochs", default=1, show_default=True, type=click.IntRange(min=1))
+@positive_int("--epochs", default=1, show_default=True)
 @click.option("--warmup", default=1, show_default=True, type=click.IntRange(min=0),
               help="Untimed epochs before the timed ones (warm runs).")  # fmt: skip
-@click.option("--cold", is_flag=True, help="Evict the files from the page cache before each epoch.")
-@click.option("--limit", type=click.IntRange(min=1), help="Read only the first N samples.")
-@click.option("--shuffle", is_flag=True, help="Random order (seeded), as in training.")
+@flag("--cold", text="Evict the files from the page cache before each epoch.")
+@positive_int("--limit", text="Read only the first N samples.")
+@flag("--shuffle", text="Random order (seeded), as in training.")
 @click.option(
     "--step-ms", default=0.0, type=click.FloatRange(min=0), help="Simulated step (sleep)."
 )
@@ -108,8 +108,8 @@ def _report(runs: list[Any], costs: list[Any], options: dict[str, Any], complete
 @click.option("--decoder", default="auto", show_default=True,
               help="Decoder of the decode/transform modes: auto, pillow, simplejpeg, turbojpeg, "
               "opencv.")  # fmt: skip
-@click.option("--short-side", type=click.IntRange(min=1),
-              help="Also bench a copy of each dataset's samples stored at this short side "
+@positive_int("--short-side",
+              text="Also bench a copy of each dataset's samples stored at this short side "
               "(what packer convert --short-side N gives), side by side.")  # fmt: skip
 @json_options
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Save a PNG plot here.")
@@ -183,7 +183,7 @@ def _with_resized(paths: tuple[Path, ...], short_side: int, limit: int | None) -
 @click.argument("path", required=False, type=click.Path(path_type=Path))
 @click.option("--step-ms", type=click.FloatRange(min=0, min_open=True),
               help="Your training step time; the worker count is computed for it.")  # fmt: skip
-@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1))
+@batch_size_option()
 @click.option("--workers", type=click.IntRange(min=0), help="num_workers of the loader run.")
 @click.option("--budget", default=60.0, show_default=True, type=click.FloatRange(min=1),
               help="Upper bound on the measuring time, in seconds.")  # fmt: skip

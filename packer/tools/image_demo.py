@@ -19,6 +19,7 @@ from PIL import Image, ImageDraw, ImageFilter
 __all__ = [
     "DemoRow",
     "DemoTree",
+    "convert_each",
     "make_image_tree",
     "photo_like",
     "run_demo",
@@ -123,14 +124,8 @@ def run_demo(
     from packer.convert import convert
     from packer.datasets import FolderDataset, open_dataset
 
-    work = Path(workdir)
-    tree = make_image_tree(work / "images", classes=classes, per_class=per_class, bad=1)
-    results = []
-    targets: list[tuple[str, Path]] = [("jpeg folder", tree.root)]
-    for suffix in (".lmdb", ".h5", ".npy", ".bmp"):
-        dst = work / f"images{suffix}"
-        results.append(convert(tree.root, dst, overwrite=True, progress=progress))
-        targets.append((suffix.lstrip("."), dst))
+    tree = make_image_tree(Path(workdir) / "images", classes=classes, per_class=per_class, bad=1)
+    results, targets = convert_each(tree.root, "jpeg folder", convert, progress)
     good = {str(p) for p in tree.good}
 
     def open_one(path: Path, output: str) -> Any:
@@ -139,6 +134,20 @@ def run_demo(
         return open_dataset(path, output=output)
 
     return tree, results, time_targets(targets, open_one, batch_size=64, repeats=repeats)
+
+
+def convert_each(
+    source: Path, name: str, convert: Callable[..., Any], progress: bool
+) -> tuple[list[Any], list[tuple[str, Path]]]:
+    """Convert ``source`` into every format beside it (``images.lmdb``, ...): the results, and
+    the ``(name, path)`` targets to time, ``source`` first under ``name``."""
+    results = []
+    targets: list[tuple[str, Path]] = [(name, source)]
+    for suffix in (".lmdb", ".h5", ".npy", ".bmp"):
+        dst = source.with_name(source.name + suffix)
+        results.append(convert(source, dst, overwrite=True, progress=progress))
+        targets.append((suffix.lstrip("."), dst))
+    return results, targets
 
 
 def time_targets(

@@ -3,12 +3,12 @@
 ``train_transform(224)`` = RandomResizedCrop(224, scale=(0.08, 1), ratio=(3/4, 4/3)) + random
 horizontal flip + conversion to an H×W×3 uint8 array, with torchvision's parameter sampling.
 It accepts one PIL image or a list of them (the frames of a clip get the same crop and flip).
-Randomness comes from Python's ``random``, which the DataLoader seeds in every worker.
+The crop draws from torch's generator, the flip from Python's ``random``: the DataLoader seeds
+both in every worker.
 """
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -16,7 +16,15 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-__all__ = ["Compose", "RandomHorizontalFlip", "RandomResizedCrop", "ToArray", "train_transform"]
+from packer.transforms import crop_params
+
+__all__ = [
+    "Compose",
+    "DecodedRandomResizedCrop",
+    "RandomHorizontalFlip",
+    "ToArray",
+    "train_transform",
+]
 
 
 def _each(images: Any, func: Callable[[Image.Image], Any]) -> Any:
@@ -29,8 +37,13 @@ def _first(images: Any) -> Image.Image:
     return images[0] if isinstance(images, (list, tuple)) else images
 
 
-class RandomResizedCrop:
-    """Crop a random area and aspect ratio, then resize to ``size``×``size`` (torchvision's rule).
+class DecodedRandomResizedCrop:
+    """Crop a random area and aspect ratio of decoded image(s), then resize to ``size``×``size``.
+
+    torchvision's ``RandomResizedCrop`` on PIL images (a clip's frames share one crop); the
+    fused :class:`packer.transforms.RandomResizedCrop` does the same on encoded bytes. The crop
+    is drawn by :func:`packer.transforms.crop_params` on torch's generator, which the DataLoader
+    seeds in every worker.
 
     Args:
         size: output side in pixels.
@@ -48,28 +61,9 @@ class RandomResizedCrop:
         self.scale = scale
         self.ratio = ratio
 
-    def params(self, width: int, height: int) -> tuple[int, int, int, int]:
-        """A random crop box ``(left, top, crop_width, crop_height)`` for an image."""
-        area = width * height
-        log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
-        for _ in range(10):
-            target = area * random.uniform(*self.scale)
-            aspect = math.exp(random.uniform(*log_ratio))
-            w = int(round(math.sqrt(target * aspect)))
-            h = int(round(math.sqrt(target / aspect)))
-            if 0 < w <= width and 0 < h <= height:
-                return random.randint(0, width - w), random.randint(0, height - h), w, h
-        aspect = width / height  # fallback: the largest central crop within the ratio range
-        if aspect < self.ratio[0]:
-            w, h = width, int(round(width / self.ratio[0]))
-        elif aspect > self.ratio[1]:
-            w, h = int(round(height * self.ratio[1])), height
-        else:
-            w, h = width, height
-        return (width - w) // 2, (height - h) // 2, w, h
-
     def __call__(self, images: Any) -> Any:
-        left, top, w, h = self.params(*_first(images).size)
+        width, height = _first(images).size
+        top, left, h, w = crop_params(width, height, self.scale, self.ratio)
         box = (left, top, left + w, top + h)
         size = (self.size, self.size)
         return _each(
@@ -116,4 +110,4 @@ class Compose:
 
 def train_transform(size: int = 224) -> Compose:
     """RandomResizedCrop(size) + RandomHorizontalFlip() + ToArray(): a standard training pipeline."""
-    return Compose([RandomResizedCrop(size), RandomHorizontalFlip(), ToArray()])
+    return Compose([DecodedRandomResizedCrop(size), RandomHorizontalFlip(), ToArray()])

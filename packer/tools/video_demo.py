@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from packer.tools.image_demo import DemoRow, photo_like, time_targets
+from packer.tools.image_demo import DemoRow, convert_each, photo_like, time_targets
 
 __all__ = ["VideoTree", "make_video_files", "make_video_tree", "pan_frames", "run_video_demo"]
 
@@ -181,14 +181,9 @@ def run_video_demo(
     from packer.convert import convert_video
     from packer.video.datasets import open_video_dataset
 
-    work = Path(workdir)
-    tree = make_video_tree(work / "frames", classes, per_class, frames, size, bad=1, empty=1)
-    results = []
-    targets: list[tuple[str, Path]] = [("jpeg frames", tree.root)]
-    for suffix in (".lmdb", ".h5", ".npy", ".bmp"):
-        dst = work / f"frames{suffix}"
-        results.append(convert_video(tree.root, dst, overwrite=True, progress=progress))
-        targets.append((suffix.lstrip("."), dst))
+    root = Path(workdir) / "frames"
+    tree = make_video_tree(root, classes, per_class, frames, size, bad=1, empty=1)
+    results, targets = convert_each(tree.root, "jpeg frames", convert_video, progress)
 
     def open_one(path: Path, output: str) -> Any:
         dataset: Any = open_video_dataset(path, num_frames=num_frames, output=output)
