@@ -61,7 +61,8 @@ class ConvertResult:
             else f"{len(m.shards) or m.num_samples} file(s)"
         )
         lines = [
-            f"wrote {self.dst} ({m.format}): {m.num_samples} {what}, {len(m.classes)} classes, "
+            f"wrote {self.dst} ({m.format}): {m.num_samples} {what}, {len(m.classes)} "
+            f"class{'' if len(m.classes) == 1 else 'es'}, "
             f"{files}",
             f"read {format_size(self.bytes_in)}, wrote {format_size(self.bytes_out)} "
             f"in {self.seconds:.1f} s ({format_size(rate)}/s)",
