@@ -5,6 +5,7 @@ objects are clear packer errors."""
 
 from __future__ import annotations
 
+import logging
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,6 +104,27 @@ def test_videos_through_workers_equal_local(
     for i in range(len(remote)):  # every frame, adjacent ones coalesced into one range
         every = range(int(local_set.frame_counts[i]))
         assert remote.read_frames(i, every) == local_set.read_frames(i, every)
+
+
+def _gets(caplog: pytest.LogCaptureFixture, name: str) -> int:
+    """GET requests the server logged for objects under ``name`` (a 206 may be colored)."""
+    return sum(f"GET /data/{name}/" in r.getMessage() for r in caplog.records)
+
+
+def test_nearby_records_are_one_ranged_get(
+    server: S3Server, local: dict[str, Path], urls: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A clip's frames cost one GET per video; a batch of every image one GET per shard."""
+    videos = packer.open_dataset(urls["videos.npy"], output="bytes", storage_options=server.options)
+    images = packer.open_dataset(urls["images.h5"], output="bytes", storage_options=server.options)
+    with caplog.at_level(logging.INFO, logger="werkzeug"):
+        caplog.clear()
+        videos.read_frames(1, range(int(videos.frame_counts[1])))
+        assert _gets(caplog, "videos.npy") == 1
+        expected = [d for d, _ in loaded(images, None)]
+        caplog.clear()
+        assert images.reader.read_many(range(len(images))) == expected
+        assert _gets(caplog, "images.h5") == len(load_manifest(local["images.h5"]).shards)
 
 
 def test_batch_buffer_read_into(
