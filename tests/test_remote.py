@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,25 @@ def test_pickles_as_url_and_options(server: S3Server, urls: dict[str, str]) -> N
     copy = pickle.loads(state)
     assert copy.reader.remote._fs is None  # opened lazily, on the first read
     assert copy[3] == first
+
+
+def test_a_split_output_at_a_url(server: S3Server, tmp_path: Path) -> None:
+    tree = make_image_tree(tmp_path / "src", classes=2, per_class=3, size=(64, 48), bad=0)
+    shutil.copytree(tree.root, tmp_path / "imagenet" / "train")
+    shutil.copytree(tree.root, tmp_path / "imagenet" / "val")
+    shutil.rmtree(tmp_path / "imagenet" / "val" / "class_01")  # the splits differ
+    packer.convert(tmp_path / "imagenet", tmp_path / "split.npy", progress=False)
+    url = server.upload(tmp_path / "split.npy", "split.npy")
+    for split in ("train", "val"):
+        local = packer.open_dataset(tmp_path / "split.npy", split=split, output="bytes")
+        remote = packer.open_dataset(
+            url, split=split, output="bytes", storage_options=server.options
+        )
+        assert [remote[i] for i in range(len(remote))] == [local[i] for i in range(len(local))]
+    with pytest.raises(FormatError, match="holds splits train, val; pass split="):
+        packer.open_dataset(url, storage_options=server.options)
+    with pytest.raises(FormatError, match="not 'test'"):
+        packer.open_dataset(url, split="test", storage_options=server.options)
 
 
 def test_lmdb_url_is_not_supported_yet(server: S3Server, urls: dict[str, str]) -> None:
