@@ -141,13 +141,19 @@ class RemoteFolder:
         except Exception as exc:
             raise remote_error(url, exc) from exc
 
-    def sizes(self) -> dict[str, int]:
-        """The size of every object directly in the folder, by name (one listing)."""
+    def sizes(self, names: list[str]) -> dict[str, int]:
+        """The size of each object ``names`` that exists, by name: one listing of the folder,
+        or over HTTP (no listing) one ``HEAD`` per object, all in flight together."""
+        fs = self.fs()
         try:
-            entries = self.fs().ls(self.url, detail=True)
+            if self.url.split("://", 1)[0] in ("http", "https"):
+                urls = [self.url_of(n) for n in names]
+                return dict(zip(names, (int(n) for n in fs.sizes(urls))))
+            entries = fs.ls(self.url, detail=True)
         except Exception as exc:
             raise remote_error(self.url, exc) from exc
-        return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e["size"] or 0) for e in entries}
+        found = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: e.get("size") for e in entries}
+        return {name: int(found[name] or 0) for name in names if name in found}
 
     def read_runs(self, names: list[str], starts: list[int], stops: list[int]) -> list[bytes]:
         """``names[k]``'s bytes ``starts[k]:stops[k]`` for every ``k``, the requests in flight

@@ -69,7 +69,7 @@ def remote_manifest(
 
 def _check_remote_shards(folder: RemoteFolder, manifest: Manifest) -> None:
     """Every shard the manifest names is an object of the recorded size (one listing)."""
-    sizes = folder.sizes()
+    sizes = folder.sizes([shard.name for shard in manifest.shards])
     for shard in manifest.shards:
         found = sizes.get(shard.name)
         if found != shard.bytes:

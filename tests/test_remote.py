@@ -172,6 +172,22 @@ def test_a_split_output_at_a_url(server: S3Server, tmp_path: Path) -> None:
         packer.open_dataset(url, split="test", storage_options=server.options)
 
 
+@pytest.mark.parametrize("name", ["images.h5", "videos.npy"])
+def test_plain_http_url(
+    server: S3Server, local: dict[str, Path], urls: dict[str, str], name: str
+) -> None:
+    """The same objects over plain HTTP (the server serves them to anonymous GETs with Range):
+    fsspec's HTTP file system, no listing (shard sizes by HEAD)."""
+    url = f"{server.endpoint}/{server.bucket}/{name}"
+    with pytest.raises(FormatError, match=r"packer\.json.*missing or access is denied.*403"):
+        packer.open_dataset(url)  # private objects: a clear 403
+    fs = server.filesystem()
+    for key in fs.find(urls[name]):
+        fs.chmod(key, "public-read")
+    remote = packer.open_dataset(url, output="bytes")
+    assert loaded(remote, "fork") == loaded(packer.open_dataset(local[name], output="bytes"), None)
+
+
 def test_lmdb_url_is_not_supported_yet(server: S3Server, urls: dict[str, str]) -> None:
     with pytest.raises(FormatError, match="needs the shard cache, which is not supported yet"):
         packer.open_dataset(urls["images.lmdb"], storage_options=server.options)
