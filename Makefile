@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[dev,plot,fast,dask]"
+	$(PY) -m pip install -q -e ".[dev,plot,fast,dask,remote]"
 	$(PY) -m pip install -q --no-deps "torchdata==0.11.0"  # StatefulDataLoader; --no-deps keeps this torch
 	touch $(STAMP)
 

@@ -25,6 +25,7 @@ from packer.formats import FORMATS
 from packer.manifest import MANIFEST_NAME, load_manifest
 from packer.pixels import pixels_output
 from packer.sources import class_dirs, scan
+from packer.storage import is_url
 from packer.store import open_packed, split_root
 from packer.strings import StringTable
 
@@ -318,7 +319,8 @@ def open_dataset(
     with ``train/`` and ``val/``).
 
     Args:
-        path: the output or folder.
+        path: the output or folder, or the URL of an NPY or HDF5 output (``s3://...``,
+            ``https://...``, any fsspec protocol; ``storage_options={...}`` goes to fsspec).
         split: the split to open (``"train"``, ``"val"``, ...) of an output or folder that has
             splits.
         kind: ``"image"`` or ``"video"`` to say what you expect (and get a precise static type:
@@ -334,6 +336,8 @@ def open_dataset(
     """
     if kind not in (None, "image", "video"):
         raise PackerError(f"unknown kind {kind!r}; expected 'image' or 'video'")
+    if is_url(path):
+        return _open_url(str(path), split, kind, kwargs)
     root = Path(path)
     if not root.exists():
         raise PackerError(f"{str(root)!r} does not exist")
@@ -376,3 +380,18 @@ def _expect(kind: str | None, found: str, root: Path) -> str:
             "(or without kind=)"
         )
     return found
+
+
+def _open_url(
+    url: str, split: str | None, kind: str | None, kwargs: dict[str, Any]
+) -> ImageDataset | VideoDataset:
+    """The dataset class of the output at ``url`` (its manifest fetched once more by the class:
+    the open checks it with the tables)."""
+    from packer.store_remote import remote_manifest
+
+    url, manifest = remote_manifest(url, split, kwargs.get("storage_options"))
+    if _expect(kind, manifest.kind, Path(url)) == "video":
+        from packer.video.datasets import _CLASSES as VIDEO_CLASSES
+
+        return VIDEO_CLASSES[manifest.format](url, **kwargs)
+    return _CLASSES[manifest.format](url, **kwargs)

@@ -44,7 +44,7 @@ from packer._version import __version__
 from packer.errors import FormatError
 from packer.keytable import escape_key, unescape_key
 from packer.manifest_schema import Invalid, check_manifest
-from packer.tablefile import parse_table, read_checked
+from packer.tablefile import check_runs, parse_table, read_checked
 
 __all__ = [
     "INDEX_NAME",
@@ -64,6 +64,7 @@ __all__ = [
     "load_index",
     "load_keys",
     "load_manifest",
+    "parse_manifest",
     "load_records",
     "read_checked",
     "shard_name",
@@ -227,30 +228,38 @@ def load_manifest(root: str | os.PathLike[str]) -> Manifest:
             f"{str(root)!r} is not a complete packer dataset: no {MANIFEST_NAME}{hint}"
         )
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
+        raw = path.read_bytes()
     except OSError as exc:
         raise FormatError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from exc
+    return parse_manifest(raw, str(path), str(root))
+
+
+def parse_manifest(raw: bytes, path: str, root: str) -> Manifest:
+    """The manifest whose bytes ``raw`` were read from ``path`` (a file or a URL) of the
+    dataset ``root``, checked as :func:`load_manifest` does."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
     except ValueError as exc:  # not UTF-8, not JSON, a number of over 4,300 digits
-        raise FormatError(f"{str(path)!r} is not a valid packer manifest: {exc}") from exc
+        raise FormatError(f"{path!r} is not a valid packer manifest: {exc}") from exc
     except RecursionError as exc:
-        raise FormatError(f"{str(path)!r} is not a valid packer manifest: nested too deep") from exc
+        raise FormatError(f"{path!r} is not a valid packer manifest: nested too deep") from exc
     version = data.get("layout_version") if isinstance(data, dict) else None
     if isinstance(version, bool) or not isinstance(version, int):  # from_dict says what is wrong
-        return Manifest.from_dict(data, repr(str(path)))
+        return Manifest.from_dict(data, repr(path))
     if version > LAYOUT_VERSION:
         raise FormatError(
-            f"{str(path)!r} has layout version {version!r}; this packer reads up to "
+            f"{path!r} has layout version {version!r}; this packer reads up to "
             f"version {LAYOUT_VERSION}: upgrade packer"
         )
     if version < LAYOUT_VERSION:
         source = data.get("source")
         src = (source.get("root") if isinstance(source, dict) else None) or "SRC"
         raise FormatError(
-            f"{str(root)!r} was written by an older packer (layout version {version}); this "
+            f"{root!r} was written by an older packer (layout version {version}); this "
             f"packer reads version {LAYOUT_VERSION}. Convert it again: packer convert "
-            f"{src} {str(root)} --overwrite"
+            f"{src} {root} --overwrite"
         )
-    return Manifest.from_dict(data, repr(str(path)))
+    return Manifest.from_dict(data, repr(path))
 
 
 def _write_table(path: Path, table: np.ndarray, dtype: np.dtype) -> str:
@@ -343,21 +352,7 @@ def load_records(
     path = root / RECORDS_NAME
     digest = _expected(manifest, RECORDS_NAME, root)
     records = _load_table(root, RECORDS_NAME, RECORD_DTYPE, "record table", mmap, digest, dir_fd)
-    total = 0
-    for a in range(0, len(index), 1 << 16):  # in blocks: a few MB of temporaries at any size
-        counts = index["count"][a : a + (1 << 16)].astype(np.int64)
-        ends = total + np.cumsum(counts)
-        if (counts < 1).any() or not np.array_equal(
-            index["first"][a : a + len(counts)], ends - counts
-        ):
-            total = -1
-            break
-        total = int(ends[-1])
-    if total != len(records):
-        raise FormatError(
-            f"record table {str(path)!r} ({len(records)} rows) does not match the samples of "
-            "index.npy: the dataset is corrupt, convert again"
-        )
+    check_runs(str(path), index, records)
     return records
 
 

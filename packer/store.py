@@ -11,7 +11,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -28,6 +28,8 @@ from packer.manifest import (
     load_manifest,
     load_records,
 )
+from packer.storage import is_url
+from packer.store_remote import open_remote
 from packer.tablefile import read_checked
 
 __all__ = ["Packed", "open_packed", "split_root", "validate_tables"]
@@ -40,7 +42,7 @@ class Packed:
     The columns are views of the memory-mapped tables (``manifest.load_index``): no copy, and
     their pages are shared by every process that opens or inherits the dataset."""
 
-    root: Path
+    root: Path  # a URL (str) for a remote dataset
     manifest: Manifest
     labels: np.ndarray
     counts: np.ndarray
@@ -49,7 +51,7 @@ class Packed:
     checksums: np.ndarray  # xxh3_64 of every record (verify compares against it)
 
 
-def _bad(path: Path, what: str, start: int, rows: np.ndarray) -> FormatError:
+def _bad(path: Path | str, what: str, start: int, rows: np.ndarray) -> FormatError:
     first = start + int(np.flatnonzero(rows)[0])
     return FormatError(
         f"{str(path)!r} is damaged or crafted: {what} (row {first}); refusing to read it. "
@@ -57,7 +59,9 @@ def _bad(path: Path, what: str, start: int, rows: np.ndarray) -> FormatError:
     )
 
 
-def validate_tables(path: Path, manifest: Manifest, index: np.ndarray, records: np.ndarray) -> None:
+def validate_tables(
+    path: Path | str, manifest: Manifest, index: np.ndarray, records: np.ndarray
+) -> None:
     """Everything a reader will use, checked once at open: shard names are plain file names in
     the folder, labels lie in the class range, every record lies in its file.
 
@@ -95,7 +99,7 @@ def _blocks(n: int) -> list[slice]:
 
 
 def _check_block(
-    path: Path,
+    path: Path | str,
     manifest: Manifest,
     layout: str,
     module: Any,
@@ -198,17 +202,27 @@ def open_packed(
     comes through that descriptor, each table checked against the manifest's xxh3; readers in
     any process then refuse a folder, shard or keys file replaced since.
 
+    ``root`` may be a URL (``s3://bucket/out.npy``, any fsspec protocol): manifest and tables
+    are fetched whole and checked the same way, data files are read by byte ranges (NPY and
+    HDF5 only; see :func:`packer.store_remote.open_remote`).
+
     Args:
         kind: refuse an output of another kind (``"image"`` or ``"video"``).
         format: refuse an output of another format (the dataset classes pin one).
         check_files: refuse shards that are missing or of the wrong size (``verify`` reports
             them instead).
         split: the split to open, for an output holding splits (``packer.splits``).
-        reader_options: passed to the format's reader (``readahead``, ``max_open_files``).
+        reader_options: passed to the format's reader (``readahead``, ``max_open_files``);
+            ``storage_options`` (a dict) goes to fsspec when ``root`` is a URL.
 
     Raises:
         FormatError: not a complete packer output, another kind or format, or damaged tables.
     """
+    storage_options = reader_options.pop("storage_options", None)
+    if is_url(root):
+        return _open_url(str(root), kind, format, check_files, split, storage_options)
+    if storage_options is not None:
+        raise FormatError(f"storage_options is for a URL; {str(root)!r} is a local path")
     path = split_root(Path(root), split)
     fd = open_folder(path)
     try:
@@ -250,6 +264,30 @@ def _open_in(
         index["first"],
         reader,
         records["checksum"],
+    )
+
+
+def _open_url(
+    url: str,
+    kind: str | None,
+    format: str | None,
+    check_files: bool,
+    split: str | None,
+    storage_options: dict[str, Any] | None,
+) -> Packed:
+    """``open_packed`` of a URL: tables fetched and checked (``store_remote``), then checked
+    row by row as a local output's are."""
+    got = open_remote(url, kind, format, check_files, split, storage_options)
+    validate_tables(got.url, got.manifest, got.samples, got.records)
+    index = got.samples
+    return Packed(
+        cast(Path, got.url),  # a URL: it names the dataset in messages, it is never opened
+        got.manifest,
+        index["label"],
+        index["count"],
+        index["first"],
+        got.reader,
+        got.records["checksum"],
     )
 
 

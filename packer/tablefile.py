@@ -21,7 +21,7 @@ from numpy.lib import format as npformat
 from packer.contained import Identity, fstat_identity, open_beneath, open_folder
 from packer.errors import FormatError
 
-__all__ = ["fd_checksum", "parse_table", "read_checked"]
+__all__ = ["check_digest", "check_runs", "fd_checksum", "parse_table", "read_checked"]
 
 _CHUNK = 1 << 20  # as manifest.file_checksum: 1 MiB reads
 
@@ -73,15 +73,25 @@ def read_checked(
     finally:
         if dir_fd is None:
             os.close(folder)
-    if digest is not None and xxhash.xxh3_64_hexdigest(buf) != digest:
-        raise FormatError(
-            f"{str(root / name)!r} differs from the checksum its manifest records (damaged or "
-            "modified since the conversion); refusing to read it. Convert the source again"
-        )
+    if digest is not None:
+        check_digest(buf, digest, str(root / name))
     return buf, ident
 
 
-def parse_table(buf: Any, path: Path, dtype: np.dtype, what: str) -> np.ndarray:
+def check_digest(buf: Any, digest: str, where: str) -> None:
+    """``buf`` (a table's bytes, read from ``where``) hashes to the manifest's ``digest``.
+
+    Raises:
+        FormatError: it does not.
+    """
+    if xxhash.xxh3_64_hexdigest(buf) != digest:
+        raise FormatError(
+            f"{where!r} differs from the checksum its manifest records (damaged or "
+            "modified since the conversion); refusing to read it. Convert the source again"
+        )
+
+
+def parse_table(buf: Any, path: Path | str, dtype: np.dtype, what: str) -> np.ndarray:
     """The 1-D ``dtype`` array a ``.npy`` file's bytes ``buf`` hold, as a view of ``buf`` (no
     copy: a mapped table stays shared).
 
@@ -108,3 +118,26 @@ def parse_table(buf: Any, path: Path, dtype: np.dtype, what: str) -> np.ndarray:
     if start + shape[0] * dtype.itemsize > len(buf):
         raise FormatError(f"{what} {str(path)!r} is truncated: its {shape[0]} rows do not fit")
     return np.frombuffer(buf, dtype=dtype, count=shape[0], offset=start)
+
+
+def check_runs(path: str, index: np.ndarray, records: np.ndarray) -> None:
+    """The samples' runs of records (``index``) tile ``records`` (read from ``path``) exactly.
+
+    Raises:
+        FormatError: they do not.
+    """
+    total = 0
+    for a in range(0, len(index), 1 << 16):  # in blocks: a few MB of temporaries at any size
+        counts = index["count"][a : a + (1 << 16)].astype(np.int64)
+        ends = total + np.cumsum(counts)
+        if (counts < 1).any() or not np.array_equal(
+            index["first"][a : a + len(counts)], ends - counts
+        ):
+            total = -1
+            break
+        total = int(ends[-1])
+    if total != len(records):
+        raise FormatError(
+            f"record table {path!r} ({len(records)} rows) does not match the samples of "
+            "index.npy: the dataset is corrupt, convert again"
+        )

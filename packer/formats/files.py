@@ -22,6 +22,7 @@ from packer.contained import (
 )
 from packer.errors import FormatError
 from packer.manifest import fsync_dir
+from packer.storage import coalesce
 
 __all__ = [
     "DurableFiles",
@@ -144,24 +145,6 @@ class MappedFile:
                 self.map.close()
         except BufferError:  # a slice is still alive: let GC unmap it
             pass
-
-
-def coalesce(
-    starts: Sequence[int], lengths: Sequence[int], gap: int = PAGE
-) -> list[tuple[int, int, int, int]]:
-    """Group ranges sorted by start into runs read at once: ``(start, stop, first, last+1)``.
-
-    Two ranges join a run when the bytes between them are fewer than ``gap`` (the pages between
-    would be read anyway).
-    """
-    runs: list[tuple[int, int, int, int]] = []
-    for k, (a, n) in enumerate(zip(starts, lengths)):
-        if runs and a - runs[-1][1] < gap and a >= runs[-1][0]:
-            start, stop, first, _ = runs[-1]
-            runs[-1] = (start, max(stop, a + n), first, k + 1)
-        else:
-            runs.append((a, a + n, k, k + 1))
-    return runs
 
 
 def _pread(handle: OpenFile, start: int, size: int) -> bytes:
