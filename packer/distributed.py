@@ -86,18 +86,18 @@ def write_shard(task: ShardTask) -> Checkpoint:
     attempt = task.partial / PROGRESS_DIR / ATTEMPTS / f"{task.shard:05d}-{uuid.uuid4().hex}"
     attempt.mkdir(parents=True)
     job = Job(
-        fmt,
-        task.layout,
-        attempt,
-        None,
-        task.loader,
-        task.cpu_bound,
-        0,
-        task.workers,
-        task.strict,
-        False,
-        task.unit,
-        task.on_event,
+        fmt=fmt,
+        layout=task.layout,
+        partial=attempt,
+        source=None,
+        loader=task.loader,
+        cpu_bound=task.cpu_bound,
+        shard_size=0,
+        workers=task.workers,
+        strict=task.strict,
+        progress=False,
+        unit=task.unit,
+        on_event=task.on_event,
     )
     done: list[Checkpoint] = []
     current = Rows()

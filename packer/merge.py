@@ -169,7 +169,19 @@ def merge(
     )
     partial = partial_path(dst)
     unit = first["unit"]
-    job = Job(fmt, first["layout"], partial, source, _no_loader, False, 0, 1, False, progress, unit)
+    job = Job(
+        fmt=fmt,
+        layout=first["layout"],
+        partial=partial,
+        source=source,
+        loader=_no_loader,
+        cpu_bound=False,
+        shard_size=0,
+        workers=1,
+        strict=False,
+        progress=progress,
+        unit=unit,
+    )
     with DestinationLock(dst):
         check_destination(dst, overwrite, Path(source.root), resume=True)
         if partial.exists():
