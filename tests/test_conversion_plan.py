@@ -13,8 +13,10 @@ import pytest
 
 import packer
 from packer.check import DEFAULT_MAX_PIXELS
-from packer.formats import lmdb
+from packer.formats import by_name, lmdb
+from packer.formats.base import WriterBase
 from packer.loading import DEFAULT_MAX_FILE_SIZE
+from packer.manifest import shard_name
 from packer.plan import ConversionPlan, Limits, plan_conversion
 from packer.sizes import parse_size
 from packer.tools.image_demo import DemoTree
@@ -84,3 +86,19 @@ def test_the_writer_and_the_manifest_take_their_options_from_the_plan(
     recorded = {k: v for k, v in result.manifest.options.items() if k != "storage"}
     assert recorded == plan.options
     assert recorded["check"] == "fast" and recorded["shard_size"] == 1 << 16
+
+
+@pytest.mark.parametrize("name", ["lmdb", "hdf5", "npy", "bmp"])
+def test_every_writer_shares_the_base(name: str, tmp_path: Path) -> None:
+    """One base holds what writers share; leaving the ``with`` drops an open shard undurably."""
+    fmt = by_name(name)
+    assert issubclass(fmt.Writer, WriterBase)
+    layout = "per-sample" if name == "bmp" else "shards"
+    with fmt.Writer(tmp_path, [100, 100], layout, "image") as writer:
+        assert (writer.root, writer.planned, writer.kind) == (tmp_path, [100, 100], "image")
+        writer.write(0, "class_00/a", [b"x" * 10])
+        entry = writer.finish_shard()
+        if layout == "shards":
+            assert entry is not None and entry.name == shard_name(0, fmt.SHARD_SUFFIX)
+            assert entry.bytes == (tmp_path / entry.name).stat().st_size
+        writer.write(1, "class_00/b", [b"y" * 10])  # rolls to shard 1, left open
