@@ -9,55 +9,34 @@ how one sample is loaded (``packer.video.convert`` for video).
 from __future__ import annotations
 
 import errno
-import functools
 import os
 import shutil
 import time
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from packer.check import DEFAULT_CHECK, DEFAULT_MAX_PIXELS
 from packer.convert_result import ConvertResult
-from packer.cpus import available_cpus
-from packer.destination import (
-    DestinationLock,
-    check_destination,
-    check_reach,
-    clear_leftovers,
-    partial_path,
-    publish,
-)
-from packer.detect import detect, find_splits
+from packer.destination import DestinationLock, check_destination, clear_leftovers, publish
 from packer.disk_full import disk_full_error
-from packer.distributed import check_part, part_path, run_distributed
-from packer.errors import DestinationError, InputFileError, PackerError
+from packer.distributed import run_distributed
+from packer.errors import DestinationError
 from packer.finish import Found, find_finished, publish_finished
-from packer.formats import by_name, default_layout, format_for
-from packer.labels import Labels, class_index_of, one_labels_file
+from packer.labels import Labels, class_index_of
 from packer.loading import DEFAULT_MAX_FILE_SIZE
 from packer.manifest import Manifest
-from packer.prepare import prepare, prepare_split
-from packer.resume import Progress, fingerprint, sample_folders
-from packer.sizes import parse_size
-from packer.sources import SkippedInput, class_dirs
-from packer.splits import SplitPlan, convert_splits, plan_splits
-from packer.write import Event, Job, Prepared, finalize, plan_shards, write_shards
+from packer.plan import DEFAULT_SHARD_SIZE, ConversionPlan, plan_conversion
+from packer.resume import Progress, fingerprint
+from packer.sources import SkippedInput
+from packer.splits import build_splits
+from packer.write import Event, Prepared, finalize, plan_shards, write_shards
 
 __all__ = ["DEFAULT_SHARD_SIZE", "ConvertResult", "convert", "convert_video", "plan_shards"]
 
-DEFAULT_SHARD_SIZE = 1 << 30
 
-
-def _run(
-    job: Job,
-    partial: Path,
-    fp: dict,
-    resume: bool,
-    options: dict,
-    executor: Any = None,
-    part: tuple[int, int] | None = None,
-) -> Manifest:
+def _run(plan: ConversionPlan, fp: dict, resume: bool) -> Manifest:
+    """Write the output into ``DST.partial`` (resuming it, or from scratch) and return its
+    manifest; a full disk or a failed write is a :class:`DestinationError`."""
+    job, partial, part = plan.job(), plan.partial, plan.part
     progress = Progress(partial)
     if resume and partial.is_dir():
         done = progress.resume(fp, job.source)
@@ -68,11 +47,11 @@ def _run(
         progress.start(fp)
         done = []
     try:
-        if executor is None and part is None:
+        if plan.executor is None and part is None:
             done = write_shards(job, done, progress)
-            manifest, _ = finalize(job, done, options)
+            manifest, _ = finalize(job, done, plan.options)
         else:
-            manifest = run_distributed(job, done, progress, options, fp, executor, part)
+            manifest = run_distributed(job, done, progress, plan.options, fp, plan.executor, part)
     except OSError as exc:
         if exc.errno == errno.ENOSPC or shutil.disk_usage(partial.parent).free < (1 << 20):
             raise disk_full_error(partial, job.source) from exc
@@ -153,110 +132,56 @@ def convert(
     Raises:
         PackerError: bad arguments, a bad source or destination, or (with ``strict``) a bad file.
     """
-    src_path, dst_path = Path(src), Path(os.fspath(dst).rstrip("/") or "/")
-    fmt = by_name(format) if format else format_for(dst_path)
-    if workers is not None and workers < 1:
-        raise PackerError(f"invalid workers {workers}; expected 1 or more")
-    size = parse_size(shard_size)
-    limits = {"max_file_size": parse_size(max_file_size), "max_pixels": int(max_pixels)}
-    if limits["max_pixels"] < 1:
-        raise PackerError(f"invalid max_pixels {max_pixels}; expected 1 or more")
-    found = find_splits(src_path) if kind != "video" and prepared is None else []
-    wanted = [split] if isinstance(split, str) else list(split or found)
-    unknown = [w for w in wanted if w not in found]
-    if unknown:
-        raise PackerError(
-            f"{str(src_path)!r} has no split {unknown[0]!r}"
-            + (f"; it has {', '.join(found)}" if found else " (it is not a split root)")
-        )
-    if wanted:
-        if part is not None:
-            raise PackerError("--part does not take a root of splits; convert each --split")
-        check_destination(dst_path, overwrite, src_path, resume)
-        plan = plan_splits(
-            src_path,
-            wanted,
-            functools.partial(prepare_split, fmt, check, limits, video_options, allow_empty),
-            labels,
-            classes,
-            strict,
-        )
-        options = {
-            "format": fmt.NAME,  # a split's folder has no suffix of its own
-            "shard_size": shard_size,
-            "workers": workers,
-            "overwrite": overwrite,
-            "strict": strict,
-            "check": check,
-            "resume": resume,
-            "progress": progress,
-            "on_event": on_event,
-            "max_file_size": max_file_size,
-            "max_pixels": max_pixels,
-            "allow_empty": allow_empty,
-            "executor": executor,
-            **video_options,
-        }
-        return _convert_splits(src_path, dst_path, plan, options)
-    file = one_labels_file(labels, src_path) if isinstance(labels, Mapping) else labels
-    if part is not None:
-        check_part(part)
-        dst_path = part_path(dst_path, part[0])
-    check_destination(dst_path, overwrite, src_path, resume, published_ok=resume)
-    how = "given" if kind else ("a labels file" if file is not None else "detected")
-    if kind is None and file is None and prepared is None:
-        detection = detect(src_path, class_dirs(src_path))
-        kind, how = detection.kind, f"detected: {detection.reason}"
-    kind = kind or "image"
-    prepared = prepared or prepare(
-        kind, src_path, fmt, check, limits, video_options, classes, file, allow_empty
+    plan = plan_conversion(
+        src,
+        dst,
+        format=format,
+        shard_size=shard_size,
+        workers=workers,
+        overwrite=overwrite,
+        strict=strict,
+        check=check,
+        resume=resume,
+        progress=progress,
+        kind=kind,
+        on_event=on_event,
+        max_file_size=max_file_size,
+        max_pixels=max_pixels,
+        split=split,
+        classes=classes,
+        labels=labels,
+        allow_empty=allow_empty,
+        executor=executor,
+        part=part,
+        prepared=prepared,
+        **video_options,
     )
-    source = prepared.source
-    check_reach(src_path, sample_folders(source), dst_path)
-    if strict and source.skipped:
-        raise InputFileError(f"{source.skipped[0].path}: {source.skipped[0].reason} (--strict)")
-    layout = default_layout(fmt, kind)
-    options = {"layout": layout, "shard_size": size, **prepared.options}
-    partial = partial_path(dst_path)
-    job = Job(
-        fmt,
-        layout,
-        partial,
-        source,
-        prepared.loader,
-        prepared.cpu_bound,
-        size,
-        workers or available_cpus(),
-        strict,
-        progress,
-        prepared.unit,
-        on_event,
-        limits["max_file_size"] if kind == "image" else None,
-    )
+    return _convert_splits(plan) if plan.splits is not None else _convert_folder(plan)
+
+
+def _convert_folder(plan: ConversionPlan) -> ConvertResult:
+    """Run a single folder's plan under its destination's lock; summarize the result."""
     start = time.perf_counter()
-    with DestinationLock(dst_path):
-        check_destination(dst_path, overwrite, src_path, resume, published_ok=resume)  # again
-        manifest, finished, resumed = _finish(
-            job, dst_path, fmt.NAME, options, resume, overwrite, executor, part
-        )
-    skipped = [SkippedInput(s["path"], s["reason"]) for s in manifest.skipped]
+    manifest, finished, resumed = _finish(plan)
+    assert plan.prepared is not None
+    source = plan.prepared.source
     result = ConvertResult(
-        dst=dst_path,
+        dst=plan.dst,
         manifest=manifest,
         seconds=time.perf_counter() - start,
         bytes_in=source.total_bytes,
-        bytes_out=sum(f.stat().st_size for f in dst_path.rglob("*") if f.is_file()),
-        skipped=skipped,
+        bytes_out=sum(f.stat().st_size for f in plan.dst.rglob("*") if f.is_file()),
+        skipped=[SkippedInput(s["path"], s["reason"]) for s in manifest.skipped],
     )
-    result.notes.insert(0, _what_was_found(kind, how, source))
-    given = classes is not None
+    result.notes.insert(0, _what_was_found(plan.kind, plan.how, source))
+    given = plan.classes is not None
     result.class_index, result.warnings = class_index_of(
-        len(source.classes), file, given, kind == "image"
+        len(source.classes), plan.labels_file, given, plan.kind == "image"
     )
     if finished is not None:
-        result.notes.append(_FOUND[finished.published].format(dst=str(dst_path)))
-    elif resume and not resumed:
-        result.notes.append(f"nothing to resume in {str(partial)!r}: converted from the start")
+        result.notes.append(_FOUND[finished.published].format(dst=str(plan.dst)))
+    elif plan.resume and not resumed:
+        result.notes.append(f"nothing to resume in {str(plan.partial)!r}: converted from the start")
     return result
 
 
@@ -266,27 +191,28 @@ _FOUND = {
 }
 
 
-def _finish(
-    job: Job,
-    dst: Path,
-    fmt_name: str,
-    options: dict,
-    resume: bool,
-    overwrite: bool,
-    executor: Any,
-    part: tuple[int, int] | None,
-) -> tuple[Manifest, Found | None, bool]:
-    """Under the lock: publish a finished conversion a kill left (or say it is complete), else
-    run the pipeline and publish. Returns the manifest, what was found, whether it resumed."""
-    partial = job.partial
+def _finish(plan: ConversionPlan) -> tuple[Manifest, Found | None, bool]:
+    """Under the destination's lock: publish a finished conversion a kill left (or say it is
+    complete), else run the pipeline and publish. Returns the manifest, what was found,
+    whether it resumed."""
+    with DestinationLock(plan.dst):
+        return _finish_locked(plan)
+
+
+def _finish_locked(plan: ConversionPlan) -> tuple[Manifest, Found | None, bool]:
+    dst, partial, resume = plan.dst, plan.partial, plan.resume
+    check_destination(dst, plan.overwrite, plan.src, resume, published_ok=resume)  # again
     clear_leftovers(dst)
-    fp = fingerprint(job.source, fmt_name, options)
-    found = find_finished(dst, fp, job.source, resume, overwrite) if part is None else None
+    source = plan.prepared.source if plan.prepared is not None else None
+    fp = fingerprint(source, plan.format, plan.options)
+    found = None
+    if plan.part is None:
+        found = find_finished(dst, fp, source, resume, plan.overwrite)
     if found is not None:
         publish_finished(found, dst)
         return found.manifest, found, False
     resumed = resume and partial.is_dir()
-    manifest = _run(job, partial, fp, resumed, options, executor, part)
+    manifest = _run(plan, fp, resumed)
     publish(partial, dst)
     return manifest, None, resumed
 
@@ -302,11 +228,17 @@ def _what_was_found(kind: str, how: str, source: Any) -> str:
     return f"image classes ({how}): {len(source.classes)}, {len(source.samples)} image file(s)"
 
 
-def _convert_splits(
-    src: Path, dst: Path, plan: SplitPlan, options: dict[str, Any]
-) -> ConvertResult:
+def _convert_splits(plan: ConversionPlan) -> ConvertResult:
+    """Convert each split of a root of splits with its own plan, into one output."""
     start = time.perf_counter()
-    manifest, results = convert_splits(src, dst, plan, convert, **options)
+    splits = plan.splits
+    assert splits is not None
+    fp = plan.splits_fingerprint()
+    with build_splits(plan.src, plan.dst, splits, fp, plan.overwrite, plan.resume) as build:
+        for name, dst, resume in build.todo():
+            build.done(name, _finish(plan.for_split(name, dst, resume))[0])
+    dst, results, manifest = plan.dst, build.results, build.manifest
+    assert manifest is not None
     counts = ", ".join(f"{s} {m.num_samples}" for s, m in results.items())
     result = ConvertResult(
         dst=dst,
@@ -317,11 +249,11 @@ def _convert_splits(
         skipped=[SkippedInput(x["path"], x["reason"]) for m in results.values() for x in m.skipped],
     )
     result.notes.append(
-        f"image classes: {len(manifest.classes)} in splits {', '.join(plan.splits)} ({counts}); "
+        f"image classes: {len(manifest.classes)} in splits {', '.join(splits.splits)} ({counts}); "
         f"one class index, from {manifest.options['class_index_from']!r}"
     )
-    detail = plan.describe()
-    result.class_index = {"source": "splits", "detail": detail, "splits": plan.index_of}
+    detail = splits.describe()
+    result.class_index = {"source": "splits", "detail": detail, "splits": splits.index_of}
     return result
 
 

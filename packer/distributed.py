@@ -59,7 +59,7 @@ ATTEMPTS = "attempts"  # DST.partial/_progress/attempts/<shard>-<id>/: a task's 
 PART_VERSION = 1
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class ShardTask:
     """Everything one planned shard needs, picklable: the format by name, the shard's samples."""
 
@@ -86,18 +86,18 @@ def write_shard(task: ShardTask) -> Checkpoint:
     attempt = task.partial / PROGRESS_DIR / ATTEMPTS / f"{task.shard:05d}-{uuid.uuid4().hex}"
     attempt.mkdir(parents=True)
     job = Job(
-        fmt,
-        task.layout,
-        attempt,
-        None,
-        task.loader,
-        task.cpu_bound,
-        0,
-        task.workers,
-        task.strict,
-        False,
-        task.unit,
-        task.on_event,
+        fmt=fmt,
+        layout=task.layout,
+        partial=attempt,
+        source=None,
+        loader=task.loader,
+        cpu_bound=task.cpu_bound,
+        shard_size=0,
+        workers=task.workers,
+        strict=task.strict,
+        progress=False,
+        unit=task.unit,
+        on_event=task.on_event,
     )
     done: list[Checkpoint] = []
     current = Rows()
@@ -237,20 +237,20 @@ def run_shards(
     samples = job.source.samples
     tasks = [
         ShardTask(
-            job.fmt.NAME,
-            job.layout,
-            job.source.kind,
-            job.partial,
-            planned,
-            k,
-            bounds[k],
-            samples[bounds[k] : bounds[k + 1]],
-            job.loader,
-            job.cpu_bound,
-            job.workers if executor is None else 1,
-            job.strict,
-            job.unit,
-            job.on_event,
+            fmt_name=job.fmt.NAME,
+            layout=job.layout,
+            kind=job.source.kind,
+            partial=job.partial,
+            planned=planned,
+            shard=k,
+            first=bounds[k],
+            samples=samples[bounds[k] : bounds[k + 1]],
+            loader=job.loader,
+            cpu_bound=job.cpu_bound,
+            workers=job.workers if executor is None else 1,
+            strict=job.strict,
+            unit=job.unit,
+            on_event=job.on_event,
         )
         for k in wanted
         if k not in have

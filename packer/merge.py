@@ -129,6 +129,31 @@ def _has_file(path: Path, size: int) -> bool:
         return False
 
 
+def _merge_job(first: dict[str, Any], partial: Path, progress: bool) -> Job:
+    """The pipeline's view of the conversion part 0 records (no loader: nothing is read)."""
+    source = RecordedSource(
+        first["source"]["root"],
+        first["kind"],
+        first["classes"],
+        range(first["source"].get("files", 0)),
+        [SkippedInput(s["path"], s["reason"]) for s in first["scan_skipped"]],
+        first["source"],
+    )
+    return Job(
+        fmt=by_name(first["format"]),
+        layout=first["layout"],
+        partial=partial,
+        source=source,
+        loader=_no_loader,
+        cpu_bound=False,
+        shard_size=0,
+        workers=1,
+        strict=False,
+        progress=progress,
+        unit=first["unit"],
+    )
+
+
 def merge(
     dst: str | os.PathLike[str], *, overwrite: bool = False, progress: bool = True
 ) -> ConvertResult:
@@ -158,18 +183,9 @@ def merge(
     if any(c is None for c in done):
         absent = [k for k, c in enumerate(done) if c is None]
         raise PackerError(f"no part holds planned shard(s) {absent[:10]}; convert again")
-    fmt = by_name(first["format"])
-    source = RecordedSource(
-        first["source"]["root"],
-        first["kind"],
-        first["classes"],
-        range(first["source"].get("files", 0)),
-        [SkippedInput(s["path"], s["reason"]) for s in first["scan_skipped"]],
-        first["source"],
-    )
     partial = partial_path(dst)
-    unit = first["unit"]
-    job = Job(fmt, first["layout"], partial, source, _no_loader, False, 0, 1, False, progress, unit)
+    job = _merge_job(first, partial, progress)
+    source = job.source
     with DestinationLock(dst):
         check_destination(dst, overwrite, Path(source.root), resume=True)
         if partial.exists():

@@ -23,10 +23,11 @@ training split's folders (or the index given with ``--classes``/``--classes-from
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ from packer.manifest import MANIFEST_NAME, Manifest, load_manifest, write_manife
 from packer.resume import Progress
 from packer.sources import is_image_name
 
-__all__ = ["SplitPlan", "convert_splits", "describe_splits", "plan_splits"]
+__all__ = ["SplitPlan", "SplitsBuild", "build_splits", "describe_splits", "plan_splits"]
 
 
 @dataclass
@@ -198,27 +199,40 @@ def plan_splits(
     return plan
 
 
-def _fingerprint(src: Path, splits: list[str], options: dict[str, Any]) -> dict[str, Any]:
-    kept = ["format", "shard_size", "check", "strict", "max_file_size", "max_pixels"]
-    kept += ["quality", "max_side", "short_side", "reencode", "size", "fps", "skip_bad_frames"]
-    return {
-        "root": str(src.resolve()),
-        "splits": splits,
-        "options": {k: options.get(k) for k in kept},
-    }
+@dataclass
+class SplitsBuild:
+    """A root of splits being built in ``DST.partial``: :meth:`todo` names the splits left to
+    convert (loading the manifests of those a resumed run finished); the caller converts each
+    and hands its manifest to :meth:`done`."""
+
+    partial: Path
+    splits: list[str]
+    resume: bool
+    results: dict[str, Manifest] = field(default_factory=dict)
+    manifest: Manifest | None = None  # the top-level one, once written
+
+    def todo(self) -> Iterator[tuple[str, Path, bool]]:
+        """``(split, its folder, whether to resume it)`` for each split not yet converted."""
+        for split in self.splits:
+            part = self.partial / split
+            if (part / MANIFEST_NAME).is_file():
+                self.results[split] = load_manifest(part)
+                continue
+            yield split, part, self.resume and partial_path(part).is_dir()
+
+    def done(self, split: str, manifest: Manifest) -> None:
+        self.results[split] = manifest
 
 
-def convert_splits(
-    src: Path, dst: Path, plan: SplitPlan, convert: Any, **options: Any
-) -> tuple[Manifest, dict[str, Any]]:
-    """Convert each split of ``plan`` (checked by :func:`plan_splits`) into ``dst/<split>``
-    with one class index; return the top-level manifest and each split's result. ``convert``
-    is :func:`packer.convert.convert`."""
-    overwrite, resume = options.pop("overwrite", False), options.pop("resume", False)
-    splits, classes = plan.splits, plan.classes
+@contextlib.contextmanager
+def build_splits(
+    src: Path, dst: Path, plan: SplitPlan, fp: dict[str, Any], overwrite: bool, resume: bool
+) -> Iterator[SplitsBuild]:
+    """Under ``dst``'s lock, start (or resume, if ``fp`` is unchanged) ``DST.partial`` for the
+    splits of ``plan`` (checked by :func:`plan_splits`) and yield the build; once every split
+    is converted, write the top-level manifest and publish."""
+    splits = plan.splits
     partial = partial_path(dst)
-    fp = _fingerprint(src, splits, options)
-    results: dict[str, Any] = {}
     with DestinationLock(dst):
         check_destination(dst, overwrite, src, resume)
         if resume and partial.is_dir():
@@ -228,40 +242,32 @@ def convert_splits(
                 shutil.rmtree(partial)
             partial.mkdir()
             Progress(partial).start(fp)
-        for split in splits:
-            part = partial / split
-            if (part / MANIFEST_NAME).is_file():
-                results[split] = load_manifest(part)
-                continue
-            again = resume and partial_path(part).is_dir()
-            results[split] = convert(
-                src / split,
-                part,
-                classes=classes,
-                resume=again,
-                prepared=plan.prepared[split],
-                **options,
-            ).manifest
-        counts = {s: m.num_samples for s, m in results.items()}
-        first = results[splits[0]]
-        manifest = Manifest(
-            format=first.format,
-            kind="splits",
-            num_samples=sum(counts.values()),
-            classes=classes,
-            shards=[],
-            source={"root": str(src.resolve()), "splits": splits},
-            options={
-                "splits": counts,
-                "class_index_from": plan.index_split,
-                "class_index": plan.index_of,
-                "kind": first.kind,
-            },
-        )
-        write_manifest(partial, manifest)  # before the progress goes: a kill between the two
-        Progress(partial).remove()  # leaves a resumable .partial, never one with neither
+        build = SplitsBuild(partial, splits, resume)
+        yield build
+        build.manifest = _manifest(src, plan, build.results)
+        write_manifest(partial, build.manifest)  # before the progress goes:
+        Progress(partial).remove()  # a kill between the two leaves a resumable .partial
         publish(partial, dst)
-    return manifest, results
+
+
+def _manifest(src: Path, plan: SplitPlan, results: dict[str, Manifest]) -> Manifest:
+    """The top-level manifest of a root of splits: the shared classes, each split's count."""
+    counts = {s: results[s].num_samples for s in plan.splits}
+    first = results[plan.splits[0]]
+    return Manifest(
+        format=first.format,
+        kind="splits",
+        num_samples=sum(counts.values()),
+        classes=plan.classes,
+        shards=[],
+        source={"root": str(src.resolve()), "splits": plan.splits},
+        options={
+            "splits": counts,
+            "class_index_from": plan.index_split,
+            "class_index": plan.index_of,
+            "kind": first.kind,
+        },
+    )
 
 
 def describe_splits(root: Path) -> str:

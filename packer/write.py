@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -70,21 +70,22 @@ def plan_shards(sizes: Sequence[int], shard_size: int) -> tuple[np.ndarray, list
     return shard_of, planned
 
 
-@dataclass
+@dataclass(frozen=True)
 class Prepared:
     """A kind's part of a conversion: the scanned source, how to load one sample (a picklable
-    callable), whether loading is CPU-bound, the kind's options for the manifest, the unit."""
+    callable), whether loading is CPU-bound, the kind's options for the manifest, the unit.
+    Two are equal when their sources and options are: the loader is made from the options."""
 
     source: Any
-    loader: Callable[[Any], Loaded]
+    loader: Callable[[Any], Loaded] = field(compare=False)
     cpu_bound: bool
     options: dict[str, Any]
     unit: str
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Job:
-    """Everything one conversion needs, validated.
+    """What the pipeline needs of one conversion (:meth:`packer.plan.ConversionPlan.job`).
 
     ``source`` has ``root``, ``kind``, ``classes``, ``samples`` (each with ``key``, ``label``,
     ``size``), ``skipped`` and ``total_bytes``; ``loader(sample)`` turns a sample into its

@@ -25,6 +25,7 @@ import numpy as np
 from packer.contained import check_relative, open_folder
 from packer.errors import FormatError
 from packer.formats.files import (
+    DurableFiles,
     Folder,
     Identity,
     MappedFile,
@@ -35,7 +36,7 @@ from packer.formats.files import (
 )
 from packer.handles import HandleCache
 from packer.keytable import KeyTable
-from packer.manifest import KEYS_NAME, Manifest, ShardInfo
+from packer.manifest import KEYS_NAME, Manifest, ShardInfo, file_checksum, shard_name
 
 __all__ = [
     "LAYOUTS",
@@ -43,6 +44,7 @@ __all__ = [
     "Reader",
     "ReaderBase",
     "Writer",
+    "WriterBase",
     "WriterFactory",
     "check_shard_files",
 ]
@@ -69,6 +71,63 @@ class Writer(Protocol):
 
 
 WriterFactory = Callable[[Path, Sequence[int], str, str], Writer]
+
+
+class WriterBase:
+    """What every format's writer shares: where it writes, the planned shards' bytes, the
+    layout and kind; being a context manager that, on leaving, drops what is still open without
+    making it durable (a failed run redoes that shard); rolling to the next shard (the open one
+    made durable first); and the manifest entry of the shard just closed.
+
+    A format adds ``write``, ``finish_shard``, and where it has shards ``SHARD_SUFFIX``,
+    ``_open_shard`` and ``_discard``.
+    """
+
+    SHARD_SUFFIX = ""
+
+    def __init__(
+        self, root: Path, planned_shard_bytes: Sequence[int], layout: str, kind: str
+    ) -> None:
+        self.root = Path(root)
+        self.planned = list(planned_shard_bytes)
+        self.per_sample = layout == "per-sample"
+        self.kind = kind
+        self.files = DurableFiles(self.root)  # per-sample files, fsync'd with their folders
+        self._current = -1  # the open planned shard (or the last one closed)
+
+    def __enter__(self) -> WriterBase:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._discard()
+
+    def _discard(self) -> None:
+        """Close what is open without making it durable."""
+
+    def _open_shard(self, shard: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} writes no shards")
+
+    def finish_shard(self) -> ShardInfo | None:
+        raise NotImplementedError
+
+    def _roll(self, shard: int) -> None:
+        """Before a sample of planned ``shard``: if another shard is open, finish it (durably),
+        then open ``shard``."""
+        if shard != self._current:
+            self.finish_shard()
+            self._open_shard(shard)
+            self._current = shard
+
+    def _shard_path(self) -> Path:
+        return self.root / shard_name(self._current, self.SHARD_SUFFIX)
+
+    def _shard_entry(self, count: int) -> ShardInfo:
+        """The manifest entry of the open shard's file, closed and fsync'd, holding ``count``
+        records."""
+        path = self._shard_path()
+        return ShardInfo(path.name, count, path.stat().st_size, file_checksum(path))
 
 
 class Reader(Protocol):

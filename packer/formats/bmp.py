@@ -11,12 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from packer.decode import encode_bmp
 from packer.errors import FormatError
-from packer.formats.base import ReaderBase
-from packer.formats.files import DurableFiles
+from packer.formats.base import ReaderBase, WriterBase
 from packer.manifest import ShardInfo
 
 __all__ = ["NAME", "Reader", "Writer", "record_path"]
@@ -39,21 +37,8 @@ def record_path(root: Path, key: str, kind: str, number: int) -> Path:
     return root / record_name(key, kind, number)
 
 
-class Writer:
+class Writer(WriterBase):
     """Write one ``.bmp`` file per record (fsync'd; folders synced per planned group)."""
-
-    def __init__(
-        self, root: Path, planned_shard_bytes: Sequence[int], layout: str, kind: str
-    ) -> None:
-        self.root = Path(root)
-        self.kind = kind
-        self.files = DurableFiles(self.root)
-
-    def __enter__(self) -> Writer:
-        return self
-
-    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
-        return None
 
     def write(self, shard: int, key: str, records: Sequence[bytes]) -> list[int]:
         """Write each record's file; return the records' numbers within the sample."""

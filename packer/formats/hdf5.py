@@ -33,9 +33,8 @@ import h5py
 import numpy as np
 
 from packer.errors import InputFileError
-from packer.formats.base import FileReader
-from packer.formats.files import DurableFiles
-from packer.manifest import LAYOUT_VERSION, ShardInfo, file_checksum, shard_name
+from packer.formats.base import FileReader, WriterBase
+from packer.manifest import LAYOUT_VERSION, ShardInfo, shard_name
 
 __all__ = ["NAME", "Reader", "Writer"]
 
@@ -70,34 +69,42 @@ def _fsync(path: Path) -> None:
         os.fsync(fh.fileno())
 
 
-class Writer:
+class Writer(WriterBase):
     """Write records into HDF5 shards, or one file per sample; a context manager."""
+
+    SHARD_SUFFIX = SHARD_SUFFIX
 
     def __init__(
         self, root: Path, planned_shard_bytes: Sequence[int], layout: str, kind: str
     ) -> None:
-        self.root = Path(root)
-        self.planned = list(planned_shard_bytes)
-        self.per_sample = layout == "per-sample"
-        self.files = DurableFiles(self.root)
+        super().__init__(root, planned_shard_bytes, layout, kind)
         self._file: Any = None
-        self._current = -1
         self._base = 0
         self._buffer = bytearray()
         self._flushed = 0
         self._offsets: list[int] = []
         self._lengths: list[int] = []
 
-    def __enter__(self) -> Writer:
-        return self
-
-    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+    def _discard(self) -> None:
         handle, self._file = self._file, None
         if handle is not None:
             try:
                 handle.close()
             except Exception:  # HDF5 cannot flush a file on a full disk; the shard is redone
                 pass
+
+    def _open_shard(self, shard: int) -> None:
+        _check_space(self.root, self.planned[shard])
+        path = self.root / shard_name(shard, SHARD_SUFFIX)
+        self._file = h5py.File(path, "w", libver="v110", track_order=False)
+        data = self._file.create_dataset(
+            "data",
+            shape=(max(self.planned[shard], 1),),
+            dtype=np.uint8,
+            track_times=False,
+            dcpl=_early_allocation(),
+        )
+        self._base = int(data.id.get_offset())
 
     def _write_sample(self, key: str, records: Sequence[bytes]) -> list[int]:
         path = self.root / (key + Reader.SAMPLE_SUFFIX)
@@ -124,20 +131,7 @@ class Writer:
         """Append one sample's records; return each record's byte offset in its file."""
         if self.per_sample:
             return self._write_sample(key, records)
-        if shard != self._current:
-            self.finish_shard()
-            _check_space(self.root, self.planned[shard])
-            path = self.root / shard_name(shard, SHARD_SUFFIX)
-            self._file = h5py.File(path, "w", libver="v110", track_order=False)
-            data = self._file.create_dataset(
-                "data",
-                shape=(max(self.planned[shard], 1),),
-                dtype=np.uint8,
-                track_times=False,
-                dcpl=_early_allocation(),
-            )
-            self._base = int(data.id.get_offset())
-            self._current = shard
+        self._roll(shard)
         room = self.planned[shard] - self._flushed - len(self._buffer)
         if sum(len(r) for r in records) > room:  # the file grew since it was scanned
             raise InputFileError(
@@ -176,14 +170,14 @@ class Writer:
         self._file.attrs["used_bytes"] = self._flushed
         handle, self._file = self._file, None
         handle.close()
-        path = self.root / shard_name(self._current, SHARD_SUFFIX)
+        path = self._shard_path()
         _fsync(path)
         self.files.added(path)
         self.files.sync_folders()
         count = len(self._offsets)
         self._flushed = 0
         self._offsets, self._lengths = [], []
-        return ShardInfo(path.name, count, path.stat().st_size, file_checksum(path))
+        return self._shard_entry(count)
 
 
 class Reader(FileReader):

@@ -28,9 +28,9 @@ import lmdb
 import numpy as np
 
 from packer.errors import FormatError
-from packer.formats.base import ReaderBase
+from packer.formats.base import ReaderBase, WriterBase
 from packer.formats.lmdb_env import Handle
-from packer.manifest import Manifest, ShardInfo, file_checksum, fsync_dir, shard_name
+from packer.manifest import Manifest, ShardInfo, fsync_dir, shard_name
 
 __all__ = ["NAME", "Reader", "Writer", "record_key"]
 
@@ -57,30 +57,23 @@ def initial_map_size(planned_bytes: int) -> int:
     return planned_bytes + planned_bytes // 2 + (16 << 20)
 
 
-class Writer:
+class Writer(WriterBase):
     """Write samples into LMDB shards, in order; a context manager."""
+
+    SHARD_SUFFIX = SHARD_SUFFIX
 
     def __init__(
         self, root: Path, planned_shard_bytes: Sequence[int], layout: str, kind: str
     ) -> None:
-        self.root = Path(root)
-        self.planned = list(planned_shard_bytes)
+        super().__init__(root, planned_shard_bytes, layout, kind)
         self._env: Any = None
         self._txn: Any = None
-        self._current = -1
         self._count = 0
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
         self.final_offsets: np.ndarray | None = None  # file offsets of the last shard's values
 
-    def __enter__(self) -> Writer:
-        return self
-
-    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
-        self._abort()
-
     def _open_shard(self, shard: int) -> None:
-        self.finish_shard()
         path = self.root / shard_name(shard, SHARD_SUFFIX)
         self._env = lmdb.open(
             str(path),
@@ -93,14 +86,12 @@ class Writer:
             meminit=True,
         )
         self._txn = self._env.begin(write=True)
-        self._current = shard
         self._count = 0
 
     def write(self, shard: int, key: str, records: Sequence[bytes]) -> list[int]:
         """Append one sample's records to ``shard``; return their record numbers in it."""
         try:
-            if shard != self._current:
-                self._open_shard(shard)
+            self._roll(shard)
             first = self._count
             for record in records:
                 self._put(record_key(self._count), record)
@@ -145,16 +136,17 @@ class Writer:
         except lmdb.Error as exc:
             raise OSError(errno.EIO, f"LMDB commit failed: {exc}") from exc
         self._env.close()
-        path = self.root / shard_name(self._current, SHARD_SUFFIX)
+        path = self._shard_path()
         fsync_dir(self.root)
         self.final_offsets = value_offsets(path, self._count)
+        entry = self._shard_entry(self._count)
         self._env = self._txn = None
         self._current = -1
         self._pending = []
         self._pending_bytes = 0
-        return ShardInfo(path.name, self._count, path.stat().st_size, file_checksum(path))
+        return entry
 
-    def _abort(self) -> None:
+    def _discard(self) -> None:
         if self._env is not None:
             self._txn.abort()
             self._env.close()

@@ -17,15 +17,14 @@ import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import numpy as np
 from numpy.lib import format as npformat
 
 from packer.errors import FormatError
-from packer.formats.base import FileReader
-from packer.formats.files import DurableFiles
-from packer.manifest import ShardInfo, file_checksum, shard_name
+from packer.formats.base import FileReader, WriterBase
+from packer.manifest import ShardInfo, shard_name
 
 __all__ = ["HEADER_BYTES", "NAME", "Reader", "Writer", "npy_header", "padded"]
 
@@ -57,27 +56,29 @@ def padded(records: Sequence[bytes]) -> np.ndarray:
     return rows
 
 
-class Writer:
+class Writer(WriterBase):
     """Write records into flat shards, or one padded array per sample; a context manager."""
+
+    SHARD_SUFFIX = SHARD_SUFFIX
 
     def __init__(
         self, root: Path, planned_shard_bytes: Sequence[int], layout: str, kind: str
     ) -> None:
-        self.root = Path(root)
-        self.per_sample = layout == "per-sample"
-        self.files = DurableFiles(self.root)
+        super().__init__(root, planned_shard_bytes, layout, kind)
         self._file: BinaryIO | None = None
-        self._current = -1
         self._count = 0
         self._size = 0
 
-    def __enter__(self) -> Writer:
-        return self
-
-    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+    def _discard(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+    def _open_shard(self, shard: int) -> None:
+        path = self.root / shard_name(shard, SHARD_SUFFIX)
+        self._file = open(path, "wb")  # noqa: SIM115
+        self._file.write(npy_header(0))
+        self._count, self._size = 0, 0
 
     def write(self, shard: int, key: str, records: Sequence[bytes]) -> list[int]:
         """Append one sample's records; return each record's byte offset in its file."""
@@ -93,12 +94,7 @@ class Writer:
                 [header.getvalue(), rows.tobytes()],
             )
             return [start + j * rows.shape[1] for j in range(len(records))]
-        if shard != self._current:
-            self.finish_shard()
-            path = self.root / shard_name(shard, SHARD_SUFFIX)
-            self._file = open(path, "wb")  # noqa: SIM115
-            self._file.write(npy_header(0))
-            self._current, self._count, self._size = shard, 0, 0
+        self._roll(shard)
         assert self._file is not None
         offsets = []
         for record in records:
@@ -119,10 +115,9 @@ class Writer:
         os.fsync(self._file.fileno())
         self._file.close()
         self._file = None
-        path = self.root / shard_name(self._current, SHARD_SUFFIX)
-        self.files.added(path)
+        self.files.added(self._shard_path())
         self.files.sync_folders()
-        return ShardInfo(path.name, self._count, path.stat().st_size, file_checksum(path))
+        return self._shard_entry(self._count)
 
 
 class Reader(FileReader):
