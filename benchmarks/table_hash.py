@@ -80,8 +80,8 @@ def main(args: argparse.Namespace) -> dict[str, object]:
     result: dict[str, object] = {"samples": args.samples, "tables": {}}
     for name, digest in digests.items():
         size = (args.data / name).stat().st_size
-        ms = median_ms(lambda: read_checked(args.data, name, digest, True), args.repeats)
-        unchecked = median_ms(lambda: read_checked(args.data, name, None, True), args.repeats)
+        ms = median_ms(lambda n=name, d=digest: read_checked(args.data, n, d, True), args.repeats)
+        unchecked = median_ms(lambda n=name: read_checked(args.data, n, None, True), args.repeats)
         result["tables"][name] = {  # type: ignore[index]
             "bytes": size,
             "open_map_hash_ms": round(ms, 2),

@@ -36,6 +36,8 @@ STRACE = shutil.which("strace")
 def _strace() -> None:
     """These tests never skip: `make test` installs strace (the Makefile's `tools` step)."""
     assert STRACE is not None, "strace is not installed: run `make test`, or apt-get install strace"
+
+
 CALLS = ("rename", "unlink", "unlinkat", "rmdir", "fsync")
 ROOT = str(Path(__file__).resolve().parents[1])
 
