@@ -85,7 +85,7 @@ def _weight(name: str, value: Any) -> Fraction:
             f"the weight of source {name!r} is {value!r}; a weight must be a finite number >= 0 "
             "(0 leaves the source out)"
         )
-    return Fraction(value)
+    return Fraction(int(value)) if isinstance(value, (int, np.integer)) else Fraction(float(value))
 
 
 def _weights(names: list[str], sizes: list[int], weights: Any) -> list[Fraction]:
@@ -189,7 +189,8 @@ class Mixture:
             raise PackerError(
                 f"label_offset=True needs each source's classes; sources {missing} have none"
             )
-        offsets, qualified = {}, []
+        offsets: dict[str, int] = {}
+        qualified: list[str] = []
         for name in self.names:
             offsets[name] = len(qualified)
             qualified += [f"{name}/{c}" for c in own[name]]
@@ -271,7 +272,26 @@ class Mixture:
 
     def __getitem__(self, i: int) -> Any:
         name, j = self.locate(i)
-        item = self.sources[name][j]
+        return self._relabel(name, j, self.sources[name][j])
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """A batch, read with one ``__getitems__`` per source where the source has one (a
+        packer dataset then reads each shard once), in the order asked."""
+        source, index = self.layout()
+        positions = np.array([self._position(i) for i in indices], dtype=np.int64)
+        out: list[Any] = [None] * len(positions)
+        for s, name in enumerate(self.names):
+            mine = np.flatnonzero(source[positions] == s).tolist()
+            if not mine:
+                continue
+            ds, wanted = self.sources[name], index[positions[mine]].tolist()
+            many = getattr(ds, "__getitems__", None)
+            items = many(wanted) if callable(many) else [ds[j] for j in wanted]
+            for k, j, item in zip(mine, wanted, items):
+                out[k] = self._relabel(name, j, item)
+        return out
+
+    def _relabel(self, name: str, j: int, item: Any) -> Any:
         if not self.label_offset:
             return item
         sample, label = item
