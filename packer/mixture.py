@@ -34,9 +34,9 @@ sources' classes in the given order (source ``s``'s label plus the number of cla
 are ``"a/cat"`` and ``"b/cat"`` with distinct indices, never silently merged.
 
 **Epochs.** Call ``mixture.set_epoch(e)`` with the sampler's ``set_epoch(e)`` before each epoch
-(it also reaches sources with a ``set_epoch``, such as clip datasets). DataLoader workers copy the
-mixture when an iteration starts, so ``persistent_workers=True`` would keep the first epoch's
-layout: leave it off with a mixture. After resuming, set the epoch the sampler resumed in.
+(it also reaches sources with a ``set_epoch``, such as clip datasets). The epoch lives in a
+one-number shared-memory tensor that DataLoader workers share under fork and spawn, so
+``persistent_workers=True`` workers follow it too. After resuming, set the epoch you resume in.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from fractions import Fraction
 from typing import Any
 
 import numpy as np
+import torch
 
 from packer.errors import PackerError
 
@@ -177,7 +178,8 @@ class Mixture:
         self.block = _integer("block", block, 1)
         self.label_offset = bool(label_offset)
         self.classes, self.offsets = self._classes()
-        self.epoch = 0
+        # shared with DataLoader workers (fork and spawn), so persistent workers see set_epoch
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
         self._cache: tuple[int, np.ndarray, np.ndarray] | None = None
 
     def _classes(self) -> tuple[Any, dict[str, int]]:
@@ -199,9 +201,15 @@ class Mixture:
     def __len__(self) -> int:
         return sum(self.counts.values())
 
+    @property
+    def epoch(self) -> int:
+        """The current epoch (0 until ``set_epoch``)."""
+        return int(self._epoch)
+
     def set_epoch(self, epoch: int) -> None:
-        """Use epoch ``epoch``'s draws and order; passed on to sources with a ``set_epoch``."""
-        self.epoch = _integer("epoch", epoch, 0)
+        """Use epoch ``epoch``'s draws and order, here and in DataLoader workers (also
+        persistent ones); passed on to sources with a ``set_epoch``."""
+        self._epoch.fill_(_integer("epoch", epoch, 0))
         for ds in self.sources.values():
             if callable(getattr(ds, "set_epoch", None)):
                 ds.set_epoch(epoch)

@@ -153,6 +153,23 @@ def test_dataloader_workers_read_the_rules_multiset(keyed: dict[str, Keyed], con
     assert Counter(key[0] for key in got) == {"a": 5, "b": 11}
 
 
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_persistent_workers_follow_set_epoch(keyed: dict[str, Keyed], context: str) -> None:
+    mixture = packer.Mixture(keyed, weights={"a": 1, "b": 2}, epoch_size=16, seed=1, block=2)
+    loader = DataLoader(
+        mixture,
+        batch_size=3,
+        num_workers=2,
+        multiprocessing_context=context,
+        collate_fn=list,
+        persistent_workers=True,
+    )
+    for epoch in (0, 1, 2):
+        mixture.set_epoch(epoch)
+        got = Counter(key for batch in loader for key, _ in batch)
+        assert got == Counter(expected(mixture)), epoch
+
+
 def test_sharded_sampler_over_two_ranks_gives_exactly_the_epoch(keyed: dict[str, Keyed]) -> None:
     mixture = packer.Mixture(keyed, weights={"a": 2, "b": 1}, epoch_size=22, seed=1, block=3)
     chunks = mixture.shard_of_sample()
