@@ -228,35 +228,51 @@ def test_bad_weights_are_clear_errors(
         packer.Mixture(keyed, weights=weights, epoch_size=epoch_size)
 
 
-def test_a_stateful_dataloader_checkpoint_resumes_the_exact_order(keyed: dict[str, Keyed]) -> None:
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_stateful_dataloader_checkpoint_resumes_the_exact_order(
+    keyed: dict[str, Keyed], persistent: bool
+) -> None:
+    """Epoch 0 whole, then a checkpoint 4 batches into epoch 1: the resumed loader (a new
+    process group of workers) continues epoch 1 in exactly the uninterrupted run's order."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    def run(state: dict[str, Any] | None = None, stop: int | None = None) -> tuple[list[str], Any]:
+    def loader() -> tuple[packer.Mixture, packer.ShardedSampler, Any]:
         mixture = packer.Mixture(keyed, weights={"a": 1, "b": 1}, epoch_size=20, seed=9, block=2)
         sampler = packer.ShardedSampler(mixture, num_replicas=1, rank=0, seed=9)
-        mixture.set_epoch(1)
-        sampler.set_epoch(1)
-        loader = StatefulDataLoader(
+        return (
             mixture,
-            batch_size=2,
-            sampler=sampler,
-            num_workers=2,
-            multiprocessing_context="fork",
-            collate_fn=list,
+            sampler,
+            StatefulDataLoader(
+                mixture,
+                batch_size=2,
+                sampler=sampler,
+                num_workers=2,
+                multiprocessing_context="fork",
+                collate_fn=list,
+                persistent_workers=persistent,
+            ),
         )
-        if state is not None:
-            loader.load_state_dict(state)
+
+    def epoch(parts: tuple[Any, ...], e: int, stop: int | None = None) -> list[str]:
+        mixture, sampler, run = parts
+        mixture.set_epoch(e)
+        sampler.set_epoch(e)
         seen: list[str] = []
-        for step, batch in enumerate(loader):
+        for step, batch in enumerate(run):
             seen += [key for key, _ in batch]
             if step == stop:
-                return seen, loader.state_dict()
-        return seen, None
+                break
+        return seen
 
-    whole, _ = run()
-    before, state = run(stop=3)
-    after, _ = run(state)
-    assert len(before) == 8 and before + after == whole
-    mixture = packer.Mixture(keyed, weights={"a": 1, "b": 1}, epoch_size=20, seed=9, block=2)
-    mixture.set_epoch(1)
-    assert Counter(whole) == Counter(expected(mixture))
+    whole = loader()
+    first, second = epoch(whole, 0), epoch(whole, 1)
+    broken = loader()
+    assert epoch(broken, 0) == first
+    before = epoch(broken, 1, stop=3)
+    state = broken[2].state_dict()  # nothing computed by hand
+    del broken
+    resumed = loader()
+    resumed[2].load_state_dict(state)
+    after = epoch(resumed, 1)  # the epoch is the caller's to set, as on every epoch
+    assert len(before) == 8 and before + after == second
+    assert Counter(second) == Counter(expected(whole[0])) and first != second
