@@ -286,7 +286,15 @@ class Mixture:
         """A batch, read with one ``__getitems__`` per source where the source has one (a
         packer dataset then reads each shard once), in the order asked."""
         source, index = self.layout()
-        positions = np.array([self._position(i) for i in indices], dtype=np.int64)
+        positions = np.asarray(indices)
+        n = len(self)
+        if (
+            positions.ndim != 1
+            or positions.dtype.kind not in "iu"
+            or not (len(positions) == 0 or (-n <= positions.min() and positions.max() < n))
+        ):
+            positions = np.array([self._position(i) for i in indices], dtype=np.int64)
+        positions = positions.astype(np.int64) % max(n, 1)
         out: list[Any] = [None] * len(positions)
         for s, name in enumerate(self.names):
             mine = np.flatnonzero(source[positions] == s).tolist()

@@ -202,9 +202,11 @@ def test_labels_per_source_or_in_one_qualified_index(big: Any, small: Any) -> No
         own_sample, own_label = one.sources[name][j]
         assert sample == own_sample
         assert one.classes[label] == f"{name}/{one.sources[name].classes[own_label]}"
-    batch = [5, 0, 17, 3, 3, 11]  # one batch read per source, in the order asked
+    batch = [5, 0, 17, 3, 3, -1]  # one batch read per source, in the order asked
     assert one.__getitems__(batch) == [one[i] for i in batch]
     assert own.__getitems__(batch) == [own[i] for i in batch]
+    with pytest.raises(IndexError, match="index 18 out of range for a mixture of 18"):
+        own.__getitems__([0, 18])
 
 
 @pytest.mark.parametrize(
