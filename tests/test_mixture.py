@@ -278,3 +278,24 @@ def test_a_stateful_dataloader_checkpoint_resumes_the_exact_order(
     after = epoch(resumed, 1)  # the epoch is the caller's to set, as on every epoch
     assert len(before) == 8 and before + after == second
     assert Counter(second) == Counter(expected(whole[0])) and first != second
+
+
+def test_images_and_clips_mix_and_set_epoch_reaches_the_clips(big: Any, tmp_path: Path) -> None:
+    from packer.convert import convert_video
+    from packer.tools.video_demo import make_video_tree
+
+    tree = make_video_tree(tmp_path / "frames", classes=2, per_class=2, seed=3)
+    convert_video(tree.root, tmp_path / "clips.lmdb", workers=1, progress=False)
+    clips = packer.open_video_dataset(tmp_path / "clips.lmdb", num_frames=4, output="numpy")
+    mixture = packer.Mixture({"img": big, "clip": clips}, label_offset=True)
+    assert mixture.counts == {"img": 12, "clip": 4}
+    mixture.set_epoch(3)
+    assert clips.epoch == 3
+    shapes = {}
+    for i in range(len(mixture)):
+        sample, label = mixture[i]
+        name = mixture.source_of(i)
+        shapes[name] = getattr(sample, "shape", None)
+        assert mixture.classes[label].startswith(f"{name}/")
+    assert shapes["clip"] is not None and shapes["clip"][0] == 4  # a clip of 4 frames
+    assert shapes["img"] is None  # the image source's own output (bytes)
