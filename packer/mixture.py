@@ -280,7 +280,7 @@ class Mixture:
 
     def __getitem__(self, i: int) -> Any:
         name, j = self.locate(i)
-        return self._relabel(name, j, self.sources[name][j])
+        return self._relabel(name, j, self._source(name)[j])
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A batch, read with one ``__getitems__`` per source where the source has one (a
@@ -300,12 +300,20 @@ class Mixture:
             mine = np.flatnonzero(source[positions] == s).tolist()
             if not mine:
                 continue
-            ds, wanted = self.sources[name], index[positions[mine]].tolist()
+            ds, wanted = self._source(name), index[positions[mine]].tolist()
             many = getattr(ds, "__getitems__", None)
             items = many(wanted) if callable(many) else [ds[j] for j in wanted]
             for k, j, item in zip(mine, wanted, items):
                 out[k] = self._relabel(name, j, item)
         return out
+
+    def _source(self, name: str) -> Any:
+        """Source ``name``, at the mixture's epoch if it has one (a persistent worker's copy of a
+        clip dataset follows the shared epoch here)."""
+        ds = self.sources[name]
+        if callable(getattr(ds, "set_epoch", None)) and getattr(ds, "epoch", None) != self.epoch:
+            ds.set_epoch(self.epoch)
+        return ds
 
     def _relabel(self, name: str, j: int, item: Any) -> Any:
         if not self.label_offset:

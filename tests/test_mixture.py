@@ -291,6 +291,9 @@ def test_images_and_clips_mix_and_set_epoch_reaches_the_clips(big: Any, tmp_path
     assert mixture.counts == {"img": 12, "clip": 4}
     mixture.set_epoch(3)
     assert clips.epoch == 3
+    clips.set_epoch(0)  # as a persistent worker's copy would still have it
+    mixture[[mixture.source_of(i) for i in range(len(mixture))].index("clip")]
+    assert clips.epoch == 3  # a read brings the source to the mixture's epoch
     shapes = {}
     for i in range(len(mixture)):
         sample, label = mixture[i]
