@@ -12,20 +12,21 @@ exactly once). A weight of 0 leaves a source out; a negative, NaN or infinite we
 a missing or an unknown source name are :class:`PackerError`.
 
 **Which samples.** Source ``s`` (``n`` samples) is read as an endless *stream*: its draw ``k`` is
-element ``k mod n`` of a permutation of ``0 .. n-1`` drawn from ``(seed, s, k // n)``, a fresh one
-per pass. Epoch ``e`` takes draws ``e*count[s] .. (e+1)*count[s] - 1``. So a source smaller than
+element ``k mod n`` of a permutation of ``0 .. n-1`` seeded by ``(seed, s, k // n)`` (``s``: the
+source's name and place), a fresh one per pass. Epoch ``e`` takes draws ``e*count[s] .. (e+1)*count[s] - 1``. So a source smaller than
 its share repeats, each pass in a fresh permutation (every sample ``count // n`` or one more times
 per epoch); a larger one gets a different subset each epoch and every sample is seen once before
 any is seen twice. Everything is a pure function of ``(seed, epoch, position)``.
 
-**Order within an epoch (locality).** The draws of each pass are sorted (so they walk the
+**Order within an epoch (locality).** An epoch's draws of each pass are sorted (so they walk the
 source's shards in order) and cut into *chunks* of ``block`` consecutive draws of one source. The
 epoch's order is the full chunks of every source shuffled by ``(seed, epoch)``, then each
 source's last, shorter chunk, in source order. ``shard_of_sample()`` names these chunks (their
 boundaries are the same every epoch), so ``ShardedSampler(mixture)`` shuffles chunks and the
 samples inside them and keeps every source's reads local. The order never depends on the rank,
 the number of ranks or workers. ``block`` defaults to the sources' median samples per shard (256
-when no source is sharded).
+when no source is sharded). Read in its own order, a mixture gives runs of ``block`` samples of
+one source: use ``ShardedSampler`` (``mix=k`` mixes ``k`` chunks) or a shuffling sampler.
 
 **Labels.** By default an item is the source's own ``(sample, label)`` and ``classes`` is a dict
 ``{source: its classes}``. ``label_offset=True`` maps labels into one index by concatenating the
