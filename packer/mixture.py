@@ -217,6 +217,9 @@ class Mixture:
 
     def draws(self, name: str, epoch: int) -> np.ndarray:
         """The indices of source ``name`` that epoch ``epoch`` reads, sorted within each pass."""
+        if name not in self.sizes:
+            raise PackerError(f"no source named {name!r}; the sources are {self.names}")
+        epoch = _integer("epoch", epoch, 0)
         s, n, count = self.names.index(name), self.sizes[name], self.counts[name]
         tag = zlib.crc32(name.encode())
         first, end = epoch * count, (epoch + 1) * count
@@ -227,7 +230,8 @@ class Mixture:
         return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
     def _chunks(self) -> tuple[int, list[int]]:
-        """Full chunks per source is ``count // block``; then the last chunks' sizes."""
+        """How many full chunks (``count // block`` per source) and each source's last, shorter
+        chunk's size (where it has one), in source order."""
         full = sum(c // self.block for c in self.counts.values())
         return full, [c % self.block for c in self.counts.values() if c % self.block]
 

@@ -230,6 +230,18 @@ def test_bad_weights_are_clear_errors(
         packer.Mixture(keyed, weights=weights, epoch_size=epoch_size)
 
 
+def test_unknown_source_and_bad_epoch_are_clear_errors(keyed: dict[str, Keyed]) -> None:
+    mixture = packer.Mixture(keyed)
+    with pytest.raises(
+        packer.PackerError, match=r"no source named 'c'; the sources are \['a', 'b'\]"
+    ):
+        mixture.draws("c", 0)
+    with pytest.raises(packer.PackerError, match="epoch must be at least 0, not -1"):
+        mixture.set_epoch(-1)
+    with pytest.raises(packer.PackerError, match="non-empty"):
+        packer.Mixture({})
+
+
 @pytest.mark.parametrize("persistent", [False, True])
 def test_a_stateful_dataloader_checkpoint_resumes_the_exact_order(
     keyed: dict[str, Keyed], persistent: bool
