@@ -33,6 +33,7 @@ _EXPORTS = {
     "collate_bytes": "packer.collate",
     "unpack_bytes": "packer.collate",
     "ShardedSampler": "packer.sampler",
+    "Mixture": "packer.mixture",
     "LoaderReport": "packer.tools.diagnose",
     "diagnose": "packer.tools.diagnose",
     "worker_init_fn": "packer.tools.worker_threads",
@@ -60,6 +61,7 @@ __all__ = [
     "LMDBDataset",
     "LMDBVideoDataset",
     "LoaderReport",
+    "Mixture",
     "NPYDataset",
     "NPYVideoDataset",
     "NpyDataset",
@@ -93,6 +95,7 @@ if TYPE_CHECKING:
         NpyDataset,
         open_dataset,
     )
+    from packer.mixture import Mixture
     from packer.sampler import ShardedSampler
     from packer.tools.diagnose import LoaderReport, diagnose
     from packer.tools.worker_threads import worker_init_fn
