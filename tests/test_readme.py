@@ -32,6 +32,9 @@ def _to_tensor(image: Any) -> torch.Tensor:
 USER_NAMES: dict[str, Any] = {
     "my_torchvision_transform": _to_tensor,
     "train_transform": _to_tensor,
+    "train_tf": _to_tensor,
+    "checkpoint": None,
+    "save": lambda state: None,
     "my_gpu_decode": bytes,
     "B": 4,
     "resuming": False,
@@ -52,9 +55,10 @@ def test_readme_has_python_blocks() -> None:
 
 @pytest.fixture
 def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The files the README's blocks name: train.lmdb, val.lmdb, ucf.npy, in the working folder."""
+    """The files the README's blocks name (train.lmdb, val.lmdb, imagenet.lmdb, extra.npy,
+    ucf.npy), in the working folder."""
     images = make_image_tree(tmp_path / "src", classes=2, per_class=3, size=(64, 48), bad=0)
-    for name in ("train.lmdb", "val.lmdb"):
+    for name in ("train.lmdb", "val.lmdb", "imagenet.lmdb", "extra.npy"):
         packer.convert(images.root, tmp_path / name, workers=1, progress=False)
     videos = make_video_tree(tmp_path / "videos", classes=2, per_class=2, frames=(9, 12))
     packer.convert(videos.root, tmp_path / "ucf.npy", workers=1, progress=False)
