@@ -14,14 +14,20 @@ instance is built with ``skip_instance_cache``, so no parent session is reused).
 
 from __future__ import annotations
 
+import asyncio
 import os
+import random
 import re
-from collections.abc import Sequence
-from typing import Any
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from packer.errors import FormatError, PackerError
 
-__all__ = ["GAP", "RemoteFolder", "coalesce", "is_url", "join_url"]
+__all__ = ["GAP", "RETRY", "RemoteFolder", "Retry", "coalesce", "is_url", "join_url"]
+
+T = TypeVar("T")
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 GAP = 64 << 10  # two records closer than this are fetched by one ranged GET (a request costs more)
@@ -75,6 +81,68 @@ def _missing(exc: BaseException) -> bool:
     return any(code in text for code in ("404", "403", "NoSuchKey", "NoSuchBucket", "Forbidden"))
 
 
+@dataclass(frozen=True)
+class Retry:
+    """How a request that failed for a passing reason is tried again: up to ``attempts`` tries
+    in all, waiting a random time in ``[0, min(cap, base * 2**k))`` seconds after the k-th
+    failure (exponential backoff, full jitter)."""
+
+    attempts: int = 5
+    base: float = 0.2
+    cap: float = 5.0
+
+    def delay(self, failures: int) -> float:
+        """The wait after ``failures`` failed tries (1 after the first)."""
+        return random.uniform(0.0, min(self.cap, self.base * 2 ** (failures - 1)))
+
+
+RETRY = Retry()  # read at each request: a process may set packer.storage.RETRY = Retry(...)
+
+_PASSING_TYPES = frozenset(
+    {
+        "ClientPayloadError",
+        "ServerDisconnectedError",
+        "ClientOSError",
+        "ClientConnectionError",
+        "ClientConnectorError",
+        "IncompleteRead",
+        "IncompleteReadError",
+        "ResponseStreamingError",
+        "EndpointConnectionError",
+        "ConnectionClosedError",
+        "ReadTimeoutError",
+        "ConnectTimeoutError",
+        "FSTimeoutError",
+        "ResponseParserError",
+        "HTTPClientError",
+        "ShortBody",
+    }
+)
+_PASSING_TEXT = re.compile(
+    r"\b(429|500|502|503|504)\b|SlowDown|ServiceUnavailable|Throttl|TooManyRequests|"
+    r"InternalError|RequestTimeout|reduce your request rate"
+)
+
+
+class ShortBody(Exception):
+    """A response that ended before the range it was asked for (a cut connection)."""
+
+
+def passing(exc: BaseException) -> bool:
+    """Whether ``exc`` is worth another try: a reset or timed-out connection, a body cut
+    short, HTTP 429 or 5xx. A missing object or a denied access (404, 403) is not."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the exception and what it was raised from
+        if seen is None or _missing(seen) or isinstance(seen, PackerError):
+            return False
+        if isinstance(seen, (ConnectionError, TimeoutError, asyncio.TimeoutError)):
+            return True
+        if type(seen).__name__ in _PASSING_TYPES or _PASSING_TEXT.search(str(seen)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def remote_error(url: str, exc: BaseException) -> PackerError:
     """A packer error naming ``url`` for any exception of fsspec or its backend."""
     if isinstance(exc, PackerError):
@@ -105,14 +173,61 @@ class RemoteFolder:
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         self.url = url.rstrip("/")
         self.options = dict(storage_options or {})
+        self.identity: dict[str, tuple[int, str | None]] = {}  # name: (size, ETag) at open
         self._fs: Any = None
         self._pid = -1
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "options": self.options}
+        return {"url": self.url, "options": self.options, "identity": self.identity}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"], state["options"])  # type: ignore[misc]
+        self.identity = dict(state.get("identity", {}))
+
+    def call(self, url: str, request: Callable[[], T]) -> T:
+        """``request()``, tried again after a passing failure (:func:`passing`) as
+        :data:`RETRY` says; any other failure at once.
+
+        Raises:
+            PackerError: naming ``url`` and the attempts made (FormatError: missing, denied,
+                replaced or truncated).
+        """
+        plan, began = RETRY, time.monotonic()
+        for attempt in range(1, plan.attempts + 1):
+            try:
+                return request()
+            except Exception as exc:
+                if not passing(exc):
+                    raise remote_error(url, exc) from exc
+                self._check_unchanged(url)
+                if attempt == plan.attempts:
+                    raise PackerError(
+                        f"cannot read {url!r}: {plan.attempts} attempts over "
+                        f"{time.monotonic() - began:.1f}s all failed, the last with "
+                        f"{type(exc).__name__}: {exc}. The store is unreachable, overloaded "
+                        "or throttling: check the network and the endpoint, then run again"
+                    ) from exc
+                time.sleep(plan.delay(attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _check_unchanged(self, url: str) -> None:
+        """After a failed read of an object whose identity was recorded at open: refuse it
+        when its size or ETag changed (it was replaced), so old and new bytes never mix."""
+        name = self._name(url)
+        if name not in self.identity:
+            return
+        try:
+            self.fs().invalidate_cache(url)  # the listing at open is cached: ask the store
+            found = _identity(self.fs().info(url))
+        except Exception:
+            return  # unreachable now: the retry decides
+        size, etag = self.identity[name]
+        if found[0] != size or (etag and found[1] and found[1] != etag):
+            raise FormatError(
+                f"{url!r} was replaced after the dataset was opened: it has {found[0]} bytes "
+                f"(ETag {found[1]}) but had {size} bytes (ETag {etag}). Its records would mix "
+                "two uploads; open the dataset again"
+            )
 
     def fs(self) -> Any:
         """This process's file system (built on first use, again after a fork)."""
@@ -120,14 +235,20 @@ class RemoteFolder:
             fsspec = _import_fsspec()
             protocol = self.url.split("://", 1)[0]
             try:
-                self._fs = fsspec.filesystem(protocol, skip_instance_cache=True, **self.options)
+                options = _one_retry_layer(protocol, self.options)
+                self._fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
             except Exception as exc:  # unknown protocol, a backend not installed, bad options
                 raise PackerError(
                     f"cannot open {self.url!r}: {type(exc).__name__}: {exc}. For s3:// install "
                     's3fs (pip install "packer-datasets[remote]"); check storage_options'
                 ) from exc
+            if protocol in ("s3", "s3a") and "retries" not in self.options:
+                self._fs.retries = 1  # s3fs's own loop: packer's RETRY is the one retry layer
             self._pid = os.getpid()
         return self._fs
+
+    def _name(self, url: str) -> str:
+        return url[len(self.url) + 1 :] if url.startswith(self.url + "/") else ""
 
     def url_of(self, name: str) -> str:
         """The URL of ``name`` in this folder."""
@@ -136,24 +257,21 @@ class RemoteFolder:
     def read_whole(self, name: str) -> bytes:
         """The whole object ``name`` (a manifest, a table, ``keys.txt``)."""
         url = self.url_of(name)
-        try:
-            return bytes(self.fs().cat_file(url))
-        except Exception as exc:
-            raise remote_error(url, exc) from exc
+        return bytes(self.call(url, lambda: self.fs().cat_file(url)))
 
     def sizes(self, names: list[str]) -> dict[str, int]:
         """The size of each object ``names`` that exists, by name: one listing of the folder,
         or over HTTP (no listing) one ``HEAD`` per object, all in flight together."""
         fs = self.fs()
-        try:
-            if self.url.split("://", 1)[0] in ("http", "https"):
-                urls = [self.url_of(n) for n in names]
-                return dict(zip(names, (int(n) for n in fs.sizes(urls))))
-            entries = fs.ls(self.url, detail=True)
-        except Exception as exc:
-            raise remote_error(self.url, exc) from exc
-        found = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: e.get("size") for e in entries}
-        return {name: int(found[name] or 0) for name in names if name in found}
+        if self.url.split("://", 1)[0] in ("http", "https"):
+            urls = [self.url_of(n) for n in names]
+            sizes = self.call(self.url, lambda: fs.sizes(urls))
+            self.identity.update((n, (int(b), None)) for n, b in zip(names, sizes))
+            return dict(zip(names, (int(n) for n in sizes)))
+        entries = self.call(self.url, lambda: fs.ls(self.url, detail=True))
+        found = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: _identity(e) for e in entries}
+        self.identity.update((n, found[n]) for n in names if n in found)
+        return {name: found[name][0] for name in names if name in found}
 
     def read_runs(self, names: list[str], starts: list[int], stops: list[int]) -> list[bytes]:
         """``names[k]``'s bytes ``starts[k]:stops[k]`` for every ``k``, the requests in flight
@@ -163,17 +281,40 @@ class RemoteFolder:
             FormatError: an object ends before a range does (truncated or replaced).
         """
         urls = [self.url_of(n) for n in names]
-        try:
-            blocks = self.fs().cat_ranges(urls, starts, stops)
-        except Exception as exc:
-            raise remote_error(urls[0] if len(set(urls)) == 1 else self.url, exc) from exc
+        where = urls[0] if len(set(urls)) == 1 else self.url
+        return self.call(where, lambda: self._ranges(urls, starts, stops))
+
+    def _ranges(self, urls: list[str], starts: list[int], stops: list[int]) -> list[bytes]:
+        """One try of :meth:`read_runs`: a failed or short range fails the whole try."""
+        blocks = self.fs().cat_ranges(urls, starts, stops, on_error="return")
         for url, a, b, block in zip(urls, starts, stops, blocks):
             if isinstance(block, BaseException):
+                if passing(block):
+                    raise block
                 raise remote_error(url, block)
             if len(block) != b - a:
+                self._check_unchanged(url)
+                if self._name(url) in self.identity:  # the size is known: a cut body
+                    raise ShortBody(f"{url!r} gave {len(block)} of {b - a} bytes from {a}")
                 raise FormatError(
                     f"{url!r} ends before byte {b} (it gave {len(block)} of {b - a} bytes from "
                     f"{a}): the object is truncated or was replaced after the dataset was "
                     "converted; convert and upload it again"
                 )
         return [bytes(b) for b in blocks]
+
+
+def _one_retry_layer(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with botocore's own retries off for s3 unless the caller set them: packer's
+    :data:`RETRY` is then the one bounded retry layer (no 5 x 5 attempts)."""
+    config = dict(options.get("config_kwargs") or {})
+    if protocol not in ("s3", "s3a") or "retries" in config:
+        return options
+    config["retries"] = {"total_max_attempts": 1}
+    return {**options, "config_kwargs": config}
+
+
+def _identity(entry: dict[str, Any]) -> tuple[int, str | None]:
+    """An object's size and ETag (or version) from a listing or ``info()`` entry."""
+    tag = entry.get("ETag") or entry.get("VersionId") or entry.get("etag")
+    return int(entry.get("size") or 0), (str(tag) if tag else None)

@@ -48,6 +48,7 @@ def s3_server(bucket: str = "data") -> Iterator[S3Server]:
     environment (inherited by spawned workers) and one empty bucket; stop it after."""
     # never a skip: `make test` installs moto[server] (dev extra) and s3fs (remote extra)
     from moto import server as moto_server
+
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
@@ -56,7 +57,8 @@ def s3_server(bucket: str = "data") -> Iterator[S3Server]:
                 mp.setenv(key, value)
             host, port = server.get_host_and_port()
             running = S3Server(f"http://{host}:{port}", bucket)
-            running.filesystem().mkdir(bucket)
+            if not running.filesystem().exists(bucket):  # moto's state is per process
+                running.filesystem().mkdir(bucket)
             yield running
     finally:
         server.stop()
