@@ -30,6 +30,7 @@ __all__ = ["GAP", "RETRY", "RemoteFolder", "Retry", "coalesce", "is_url", "join_
 T = TypeVar("T")
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+_CHUNK = 8 << 20  # a streamed checksum reads this much per request
 GAP = 64 << 10  # two records closer than this are fetched by one ranged GET (a request costs more)
 
 
@@ -258,6 +259,23 @@ class RemoteFolder:
         """The whole object ``name`` (a manifest, a table, ``keys.txt``)."""
         url = self.url_of(name)
         return bytes(self.call(url, lambda: self.fs().cat_file(url)))
+
+    def stream_checksum(self, name: str) -> tuple[int, str]:
+        """The size and xxh3_64 hex digest of the whole object ``name``, streamed in chunks
+        (never held whole); a failed stream is streamed again from the start (:meth:`call`)."""
+        url = self.url_of(name)
+
+        def stream() -> tuple[int, str]:
+            import xxhash
+
+            digest, size = xxhash.xxh3_64(), 0
+            with self.fs().open(url, "rb", block_size=_CHUNK, cache_type="none") as f:
+                while block := f.read(_CHUNK):
+                    digest.update(block)
+                    size += len(block)
+            return size, digest.hexdigest()
+
+        return self.call(url, stream)
 
     def sizes(self, names: list[str]) -> dict[str, int]:
         """The size of each object ``names`` that exists, by name: one listing of the folder,
