@@ -116,7 +116,7 @@ _PASSING_TYPES = frozenset(
         "FSTimeoutError",
         "ResponseParserError",
         "HTTPClientError",
-        "ShortBody",
+        "Passing",
     }
 )
 _PASSING_TEXT = re.compile(
@@ -125,8 +125,8 @@ _PASSING_TEXT = re.compile(
 )
 
 
-class ShortBody(Exception):
-    """A response that ended before the range it was asked for (a cut connection)."""
+class Passing(Exception):
+    """A failure worth another try (a cut body, a reset, 429, 5xx), naming the object."""
 
 
 def passing(exc: BaseException) -> bool:
@@ -299,27 +299,52 @@ class RemoteFolder:
             FormatError: an object ends before a range does (truncated or replaced).
         """
         urls = [self.url_of(n) for n in names]
-        where = urls[0] if len(set(urls)) == 1 else self.url
-        return self.call(where, lambda: self._ranges(urls, starts, stops))
+        got: list[bytes | None] = [None] * len(urls)
 
-    def _ranges(self, urls: list[str], starts: list[int], stops: list[int]) -> list[bytes]:
-        """One try of :meth:`read_runs`: a failed or short range fails the whole try."""
-        blocks = self.fs().cat_ranges(urls, starts, stops, on_error="return")
-        for url, a, b, block in zip(urls, starts, stops, blocks):
-            if isinstance(block, BaseException):
-                if passing(block):
-                    raise block
-                raise remote_error(url, block)
-            if len(block) != b - a:
-                self._check_unchanged(url)
-                if self._name(url) in self.identity:  # the size is known: a cut body
-                    raise ShortBody(f"{url!r} gave {len(block)} of {b - a} bytes from {a}")
-                raise FormatError(
-                    f"{url!r} ends before byte {b} (it gave {len(block)} of {b - a} bytes from "
-                    f"{a}): the object is truncated or was replaced after the dataset was "
-                    "converted; convert and upload it again"
-                )
-        return [bytes(b) for b in blocks]
+        def attempt() -> list[bytes]:  # only the ranges not yet read are asked again
+            todo = [k for k, block in enumerate(got) if block is None]
+            blocks = self.fs().cat_ranges(
+                [urls[k] for k in todo],
+                [starts[k] for k in todo],
+                [stops[k] for k in todo],
+                on_error="return",
+            )
+            failed: Exception | None = None
+            for k, block in zip(todo, blocks):
+                try:
+                    got[k] = self._checked(urls[k], starts[k], stops[k], block)
+                except Exception as exc:
+                    failed = failed if failed is not None and passing(exc) else exc
+            if failed is not None:
+                raise failed
+            return [block for block in got if block is not None]
+
+        return self.call(urls[0] if len(set(urls)) == 1 else self.url, attempt)
+
+    def _checked(self, url: str, a: int, b: int, block: Any) -> bytes:
+        """``block``, the answer to the range ``a:b`` of ``url``, if it is whole."""
+        if isinstance(block, BaseException):
+            if passing(block):
+                raise Passing(f"{url!r}: {type(block).__name__}: {block}") from block
+            raise remote_error(url, block)
+        if len(block) == b - a:
+            return bytes(block)
+        self._check_unchanged(url)
+        if self._name(url) in self.identity or self._size_now(url) >= b:  # a cut body
+            raise Passing(f"{url!r} gave {len(block)} of {b - a} bytes from {a} (cut short)")
+        raise FormatError(
+            f"{url!r} ends before byte {b} (it gave {len(block)} of {b - a} bytes from "
+            f"{a}): the object is truncated or was replaced after the dataset was "
+            "converted; convert and upload it again"
+        )
+
+    def _size_now(self, url: str) -> int:
+        """The object's size as the store says now (-1 when it cannot say)."""
+        try:
+            self.fs().invalidate_cache(url)
+            return int(self.fs().info(url).get("size") or 0)
+        except Exception:
+            return -1
 
 
 def _one_retry_layer(protocol: str, options: dict[str, Any]) -> dict[str, Any]:

@@ -18,9 +18,12 @@ from s3_server import S3Server, s3_server
 
 import packer
 from packer import storage
+from packer.convert import convert_video
 from packer.errors import FormatError, PackerError
 from packer.manifest import load_manifest
 from packer.tools.image_demo import make_image_tree
+from packer.tools.video_demo import make_video_tree
+from packer.verify import verify
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +112,29 @@ def test_replaced_object_is_refused(proxy: FaultProxy, server: S3Server, local: 
     with pytest.raises(FormatError, match=f"{shard}' was replaced after the dataset was opened"):
         remote.reader.read_many(range(len(remote)))
     assert sum(f"GET /faults/replaced.h5/{shard}" in s for s in proxy.served) == 1
+
+
+def test_cut_body_of_a_per_sample_file_is_retried(
+    proxy: FaultProxy, server: S3Server, tmp_path: Path
+) -> None:
+    """No size recorded at open (per-sample files): the store's size now tells a cut body
+    (retried) from a truncated object (refused at once)."""
+    frames = make_video_tree(tmp_path / "frames", classes=1, per_class=2)
+    convert_video(frames.root, tmp_path / "videos.npy", workers=1, progress=False)
+    url = server.upload(tmp_path / "videos.npy", "videos.npy")
+    local = packer.open_dataset(tmp_path / "videos.npy", output="bytes", num_frames=2)
+    remote = packer.open_dataset(url, output="bytes", num_frames=2, storage_options=_through(proxy))
+    key = remote.keys[1]
+    proxy.inject(["short", "drop"], match=f"GET /faults/videos.npy/{key}.npy")
+    every = range(int(local.frame_counts[1]))
+    assert remote.read_frames(1, every) == local.read_frames(1, every)
+    assert proxy.faults == []
+
+
+def test_verify_streams_again_after_a_drop(proxy: FaultProxy, local: Path, url: str) -> None:
+    shard = load_manifest(local).shards[-1].name
+    proxy.inject(["drop", "503"], match=f"GET /faults/images.h5/{shard}")
+    report = verify(url, progress=False, storage_options=_through(proxy))
+    assert report.ok, report.summary()
+    assert report.files_checked == verify(local, progress=False).files_checked
+    assert proxy.faults == []
