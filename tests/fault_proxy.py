@@ -2,7 +2,7 @@
 between the s3fs client and the moto server that forwards every request, except that the next
 requests matching a pattern get the faults of a schedule:
 
-- ``"503"``, ``"429"``: answered at once with that status (an S3 XML error body);
+- ``"503"``, ``"429"``, ``"403"``: answered at once with that status (an S3 XML error body);
 - ``"drop"``: the server's headers and half its body are sent, then the connection is closed;
 - ``"short"``: the headers say half the body's length and only that half is sent (a body
   truncated on the way, well formed to the client).
@@ -17,7 +17,11 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-_CODES = {"503": ("ServiceUnavailable", "Service Unavailable"), "429": ("SlowDown", "Too Many")}
+_CODES = {
+    "503": ("ServiceUnavailable", "Service Unavailable"),
+    "429": ("SlowDown", "Too Many Requests"),
+    "403": ("AccessDenied", "Access Denied"),
+}
 
 
 class FaultProxy:

@@ -100,6 +100,16 @@ def test_missing_object_is_not_retried(proxy: FaultProxy, server: S3Server) -> N
     assert asked and len(asked) == len(set(asked))  # s3fs's one try (HEAD, listing), once
 
 
+def test_denied_range_is_not_retried(proxy: FaultProxy, local: Path, url: str) -> None:
+    remote = packer.open_dataset(url, output="bytes", storage_options=_through(proxy))
+    shard = load_manifest(local).shards[0].name
+    proxy.inject(["403"] * 3, match=f"GET /faults/images.h5/{shard}")
+    with pytest.raises(FormatError, match=rf"{shard}'.*missing or access is denied.*credentials"):
+        remote.reader.read_many([0])
+    assert len(proxy.faults) == 2  # one request, no retry
+    proxy.inject([])
+
+
 def test_replaced_object_is_refused(proxy: FaultProxy, server: S3Server, local: Path) -> None:
     """Replaced after the open (another size): the next failed or short read says so at
     once (no retries), never mixing the old and new bytes."""
