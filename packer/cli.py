@@ -13,6 +13,7 @@ import click
 from packer import __version__
 from packer.cliutil import (
     CONTEXT,
+    DatasetPath,
     flag,
     friendly,
     json_flag,
@@ -20,6 +21,7 @@ from packer.cliutil import (
     quiet_flag,
     safe_output,
     size_option,
+    storage_option,
 )
 from packer.sizes import format_size
 
@@ -266,24 +268,27 @@ def convert(
 
 
 @main.command(context_settings=CONTEXT)
-@click.argument("dst", type=click.Path(exists=True, path_type=Path))
+@click.argument("dst", type=DatasetPath())
 @flag("--skipped", text="List every skipped input with its reason.")
 @click.option("--keys", "num_keys", default=5, show_default=True, help="How many keys to show.")
 @json_flag("Print the facts as one JSON object.")
+@storage_option()
 @friendly
-def inspect(dst: Path, skipped: bool, num_keys: int, as_json: bool) -> None:
+def inspect(dst: Any, skipped: bool, num_keys: int, as_json: bool, storage_options: Any) -> None:
     """Show what a packed dataset holds: format, counts, classes, shards, keys, skipped inputs.
 
     \b
     Example:
       packer inspect train.lmdb --skipped
+      packer inspect s3://bucket/train.npy --storage-option endpoint_url=http://host:9000
     """
     from packer.inspect import describe, inspect_dict
     from packer.manifest import load_manifest
     from packer.splits import describe_splits
 
-    if as_json:
-        click.echo(json.dumps(inspect_dict(dst), indent=2))
+    if as_json or isinstance(dst, str):  # a URL: the description of its tables
+        text = json.dumps(inspect_dict(dst, storage_options or None), indent=2) if as_json else ""
+        click.echo(text or describe(dst, skipped, num_keys, storage_options or None))
         return
     if load_manifest(dst).kind == "splits":
         click.echo(describe_splits(dst))
@@ -346,13 +351,16 @@ def demo(workdir: Path, classes: int, per_class: int, kind: str, quiet: bool) ->
 
 
 @main.command(context_settings=CONTEXT)
-@click.argument("dst", type=click.Path(exists=True, path_type=Path))
+@click.argument("dst", type=DatasetPath())
 @flag("--full", text="Also decode every sample.")
 @positive_int("--workers", text="Threads decoding with --full (default: CPU count).")
 @json_flag("Print the result as one JSON object.")
 @quiet_flag()
+@storage_option()
 @friendly
-def verify(dst: Path, full: bool, workers: int | None, as_json: bool, quiet: bool) -> None:
+def verify(
+    dst: Any, full: bool, workers: int | None, as_json: bool, quiet: bool, storage_options: Any
+) -> None:
     """Check a packed dataset: file checksums, every sample's checksum, and (--full) decoding.
 
     Each problem is reported with its shard and sample key; the exit status is 1 if any.
@@ -363,7 +371,7 @@ def verify(dst: Path, full: bool, workers: int | None, as_json: bool, quiet: boo
     """
     from packer.verify import verify as run
 
-    report = run(dst, full=full, progress=not (quiet or as_json), workers=workers or 0)
+    report = run(dst, full, not (quiet or as_json), workers or 0, storage_options or None)
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.summary())
     if not report.ok:
         sys.exit(1)

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -17,6 +18,7 @@ from packer.errors import PackerError
 __all__ = [
     "CONTEXT",
     "INTERNAL_ERROR",
+    "DatasetPath",
     "batch_size_option",
     "failure",
     "flag",
@@ -26,6 +28,7 @@ __all__ = [
     "quiet_flag",
     "safe_output",
     "size_option",
+    "storage_option",
 ]
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -62,6 +65,48 @@ def batch_size_option() -> Decorator:
 def size_option(name: str, default: str, text: str) -> Decorator:
     """A byte size given as text (``16MB``, ``512MiB``; parsed by packer.sizes), with a default."""
     return click.option(name, default=default, show_default=True, help=text)
+
+
+class DatasetPath(click.ParamType):
+    """A dataset argument: a URL (``s3://...``, ``https://...``; kept as text) or a local path
+    that must exist (a ``Path``)."""
+
+    name = "PATH|URL"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from packer.storage import is_url
+
+        if is_url(value):
+            return str(value)
+        path = click.Path(exists=True, path_type=Path)
+        return path.convert(value, param, ctx)
+
+
+def _storage_options(ctx: click.Context, param: click.Parameter, values: Any) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as a dict, each value parsed as JSON when it parses, else text."""
+    options: dict[str, Any] = {}
+    for pair in values or ():
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE (e.g. endpoint_url=http://...)")
+        try:
+            options[key] = json.loads(text)
+        except ValueError:
+            options[key] = text
+    return options
+
+
+def storage_option() -> Decorator:
+    """``--storage-option KEY=VALUE`` (repeatable): fsspec options for a URL dataset, the
+    parameter ``storage_options`` a dict (values parsed as JSON when they parse)."""
+    return click.option(
+        "--storage-option",
+        "storage_options",
+        multiple=True,
+        metavar="KEY=VALUE",
+        callback=_storage_options,
+        help="fsspec option for a URL dataset (e.g. endpoint_url=http://host:9000); repeatable.",
+    )
 
 
 def safe_output() -> None:

@@ -15,7 +15,9 @@ import numpy as np
 
 from packer.manifest import load_manifest
 from packer.sizes import format_size
+from packer.storage import is_url
 from packer.store import Packed, open_packed
+from packer.store_remote import remote_manifest
 
 __all__ = ["describe", "inspect_dict", "per_class"]
 
@@ -25,10 +27,16 @@ def per_class(packed: Packed) -> list[int]:
     return np.bincount(packed.labels, minlength=len(packed.manifest.classes)).tolist()
 
 
-def describe(path: str | os.PathLike[str], show_skipped: bool = False, num_keys: int = 5) -> str:
-    """A human-readable description of the packed dataset at ``path``."""
-    root = Path(path)
-    packed = open_packed(root, check_files=False)
+def describe(
+    path: str | os.PathLike[str],
+    show_skipped: bool = False,
+    num_keys: int = 5,
+    storage_options: dict[str, Any] | None = None,
+) -> str:
+    """A human-readable description of the packed dataset at ``path`` (a folder or a URL,
+    read through ``storage_options``)."""
+    root = _root(path)
+    packed = _open(root, storage_options)
     m = packed.manifest
     counts = per_class(packed)
     storage = m.options.get("storage", {})
@@ -80,11 +88,24 @@ def describe(path: str | os.PathLike[str], show_skipped: bool = False, num_keys:
     return "\n".join(lines)
 
 
-def inspect_dict(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """What ``packer inspect --json`` prints: the manifest's facts, counts per class and split."""
-    root = Path(path)
-    m = load_manifest(root)
-    packed = None if m.kind == "splits" else open_packed(root, check_files=False)
+def _root(path: str | os.PathLike[str]) -> Any:
+    return str(path) if is_url(path) else Path(path)
+
+
+def _open(root: Any, storage_options: dict[str, Any] | None) -> Packed:
+    if storage_options is not None:  # a URL (a local path is refused by open_packed)
+        return open_packed(root, check_files=False, storage_options=storage_options)
+    return open_packed(root, check_files=False)
+
+
+def inspect_dict(
+    path: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """What ``packer inspect --json`` prints: the manifest's facts, counts per class and split.
+    A URL is read through ``storage_options`` (an output holding splits: not yet)."""
+    root = _root(path)
+    m = remote_manifest(root, None, storage_options)[1] if is_url(path) else load_manifest(root)
+    packed = None if m.kind == "splits" else _open(root, storage_options)
     m = packed.manifest if packed is not None else m
     out: dict[str, Any] = {
         "path": str(root),

@@ -14,16 +14,23 @@ instance is built with ``skip_instance_cache``, so no parent session is reused).
 
 from __future__ import annotations
 
+import asyncio
 import os
+import random
 import re
-from collections.abc import Sequence
-from typing import Any
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from packer.errors import FormatError, PackerError
 
-__all__ = ["GAP", "RemoteFolder", "coalesce", "is_url", "join_url"]
+__all__ = ["GAP", "RETRY", "RemoteFolder", "Retry", "coalesce", "is_url", "join_url"]
+
+T = TypeVar("T")
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+_CHUNK = 8 << 20  # a streamed checksum reads this much per request
 GAP = 64 << 10  # two records closer than this are fetched by one ranged GET (a request costs more)
 
 
@@ -75,6 +82,68 @@ def _missing(exc: BaseException) -> bool:
     return any(code in text for code in ("404", "403", "NoSuchKey", "NoSuchBucket", "Forbidden"))
 
 
+@dataclass(frozen=True)
+class Retry:
+    """How a request that failed for a passing reason is tried again: up to ``attempts`` tries
+    in all, waiting a random time in ``[0, min(cap, base * 2**k))`` seconds after the k-th
+    failure (exponential backoff, full jitter)."""
+
+    attempts: int = 5
+    base: float = 0.2
+    cap: float = 5.0
+
+    def delay(self, failures: int) -> float:
+        """The wait after ``failures`` failed tries (1 after the first)."""
+        return random.uniform(0.0, min(self.cap, self.base * 2 ** (failures - 1)))
+
+
+RETRY = Retry()  # read at each request: a process may set packer.storage.RETRY = Retry(...)
+
+_PASSING_TYPES = frozenset(
+    {
+        "ClientPayloadError",
+        "ServerDisconnectedError",
+        "ClientOSError",
+        "ClientConnectionError",
+        "ClientConnectorError",
+        "IncompleteRead",
+        "IncompleteReadError",
+        "ResponseStreamingError",
+        "EndpointConnectionError",
+        "ConnectionClosedError",
+        "ReadTimeoutError",
+        "ConnectTimeoutError",
+        "FSTimeoutError",
+        "ResponseParserError",
+        "HTTPClientError",
+        "Passing",
+    }
+)
+_PASSING_TEXT = re.compile(
+    r"\b(429|500|502|503|504)\b|SlowDown|ServiceUnavailable|Throttl|TooManyRequests|"
+    r"InternalError|RequestTimeout|reduce your request rate"
+)
+
+
+class Passing(Exception):
+    """A failure worth another try (a cut body, a reset, 429, 5xx), naming the object."""
+
+
+def passing(exc: BaseException) -> bool:
+    """Whether ``exc`` is worth another try: a reset or timed-out connection, a body cut
+    short, HTTP 429 or 5xx. A missing object or a denied access (404, 403) is not."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the exception and what it was raised from
+        if seen is None or _missing(seen) or isinstance(seen, PackerError):
+            return False
+        if isinstance(seen, (ConnectionError, TimeoutError, asyncio.TimeoutError)):
+            return True
+        if type(seen).__name__ in _PASSING_TYPES or _PASSING_TEXT.search(str(seen)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def remote_error(url: str, exc: BaseException) -> PackerError:
     """A packer error naming ``url`` for any exception of fsspec or its backend."""
     if isinstance(exc, PackerError):
@@ -105,14 +174,61 @@ class RemoteFolder:
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         self.url = url.rstrip("/")
         self.options = dict(storage_options or {})
+        self.identity: dict[str, tuple[int, str | None]] = {}  # name: (size, ETag) at open
         self._fs: Any = None
         self._pid = -1
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "options": self.options}
+        return {"url": self.url, "options": self.options, "identity": self.identity}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"], state["options"])  # type: ignore[misc]
+        self.identity = dict(state.get("identity", {}))
+
+    def call(self, url: str, request: Callable[[], T]) -> T:
+        """``request()``, tried again after a passing failure (:func:`passing`) as
+        :data:`RETRY` says; any other failure at once.
+
+        Raises:
+            PackerError: naming ``url`` and the attempts made (FormatError: missing, denied,
+                replaced or truncated).
+        """
+        plan, began = RETRY, time.monotonic()
+        for attempt in range(1, plan.attempts + 1):
+            try:
+                return request()
+            except Exception as exc:
+                if not passing(exc):
+                    raise remote_error(url, exc) from exc
+                self._check_unchanged(url)
+                if attempt == plan.attempts:
+                    raise PackerError(
+                        f"cannot read {url!r}: {plan.attempts} attempts over "
+                        f"{time.monotonic() - began:.1f}s all failed, the last with "
+                        f"{type(exc).__name__}: {exc}. The store is unreachable, overloaded "
+                        "or throttling: check the network and the endpoint, then run again"
+                    ) from exc
+                time.sleep(plan.delay(attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _check_unchanged(self, url: str) -> None:
+        """After a failed read of an object whose identity was recorded at open: refuse it
+        when its size or ETag changed (it was replaced), so old and new bytes never mix."""
+        name = self._name(url)
+        if name not in self.identity:
+            return
+        try:
+            self.fs().invalidate_cache(url)  # the listing at open is cached: ask the store
+            found = _identity(self.fs().info(url))
+        except Exception:
+            return  # unreachable now: the retry decides
+        size, etag = self.identity[name]
+        if found[0] != size or (etag and found[1] and found[1] != etag):
+            raise FormatError(
+                f"{url!r} was replaced after the dataset was opened: it has {found[0]} bytes "
+                f"(ETag {found[1]}) but had {size} bytes (ETag {etag}). Its records would mix "
+                "two uploads; open the dataset again"
+            )
 
     def fs(self) -> Any:
         """This process's file system (built on first use, again after a fork)."""
@@ -120,14 +236,20 @@ class RemoteFolder:
             fsspec = _import_fsspec()
             protocol = self.url.split("://", 1)[0]
             try:
-                self._fs = fsspec.filesystem(protocol, skip_instance_cache=True, **self.options)
+                options = _one_retry_layer(protocol, self.options)
+                self._fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
             except Exception as exc:  # unknown protocol, a backend not installed, bad options
                 raise PackerError(
                     f"cannot open {self.url!r}: {type(exc).__name__}: {exc}. For s3:// install "
                     's3fs (pip install "packer-datasets[remote]"); check storage_options'
                 ) from exc
+            if protocol in ("s3", "s3a") and "retries" not in self.options:
+                self._fs.retries = 1  # s3fs's own loop: packer's RETRY is the one retry layer
             self._pid = os.getpid()
         return self._fs
+
+    def _name(self, url: str) -> str:
+        return url[len(self.url) + 1 :] if url.startswith(self.url + "/") else ""
 
     def url_of(self, name: str) -> str:
         """The URL of ``name`` in this folder."""
@@ -136,24 +258,38 @@ class RemoteFolder:
     def read_whole(self, name: str) -> bytes:
         """The whole object ``name`` (a manifest, a table, ``keys.txt``)."""
         url = self.url_of(name)
-        try:
-            return bytes(self.fs().cat_file(url))
-        except Exception as exc:
-            raise remote_error(url, exc) from exc
+        return bytes(self.call(url, lambda: self.fs().cat_file(url)))
+
+    def stream_checksum(self, name: str) -> tuple[int, str]:
+        """The size and xxh3_64 hex digest of the whole object ``name``, streamed in chunks
+        (never held whole); a failed stream is streamed again from the start (:meth:`call`)."""
+        url = self.url_of(name)
+
+        def stream() -> tuple[int, str]:
+            import xxhash
+
+            digest, size = xxhash.xxh3_64(), 0
+            with self.fs().open(url, "rb", block_size=_CHUNK, cache_type="none") as f:
+                while block := f.read(_CHUNK):
+                    digest.update(block)
+                    size += len(block)
+            return size, digest.hexdigest()
+
+        return self.call(url, stream)
 
     def sizes(self, names: list[str]) -> dict[str, int]:
         """The size of each object ``names`` that exists, by name: one listing of the folder,
         or over HTTP (no listing) one ``HEAD`` per object, all in flight together."""
         fs = self.fs()
-        try:
-            if self.url.split("://", 1)[0] in ("http", "https"):
-                urls = [self.url_of(n) for n in names]
-                return dict(zip(names, (int(n) for n in fs.sizes(urls))))
-            entries = fs.ls(self.url, detail=True)
-        except Exception as exc:
-            raise remote_error(self.url, exc) from exc
-        found = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: e.get("size") for e in entries}
-        return {name: int(found[name] or 0) for name in names if name in found}
+        if self.url.split("://", 1)[0] in ("http", "https"):
+            urls = [self.url_of(n) for n in names]
+            sizes = self.call(self.url, lambda: fs.sizes(urls))
+            self.identity.update((n, (int(b), None)) for n, b in zip(names, sizes))
+            return dict(zip(names, (int(n) for n in sizes)))
+        entries = self.call(self.url, lambda: fs.ls(self.url, detail=True))
+        found = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: _identity(e) for e in entries}
+        self.identity.update((n, found[n]) for n in names if n in found)
+        return {name: found[name][0] for name in names if name in found}
 
     def read_runs(self, names: list[str], starts: list[int], stops: list[int]) -> list[bytes]:
         """``names[k]``'s bytes ``starts[k]:stops[k]`` for every ``k``, the requests in flight
@@ -163,17 +299,65 @@ class RemoteFolder:
             FormatError: an object ends before a range does (truncated or replaced).
         """
         urls = [self.url_of(n) for n in names]
+        got: list[bytes | None] = [None] * len(urls)
+
+        def attempt() -> list[bytes]:  # only the ranges not yet read are asked again
+            todo = [k for k, block in enumerate(got) if block is None]
+            blocks = self.fs().cat_ranges(
+                [urls[k] for k in todo],
+                [starts[k] for k in todo],
+                [stops[k] for k in todo],
+                on_error="return",
+            )
+            failed: Exception | None = None
+            for k, block in zip(todo, blocks):
+                try:
+                    got[k] = self._checked(urls[k], starts[k], stops[k], block)
+                except Exception as exc:
+                    failed = failed if failed is not None and passing(exc) else exc
+            if failed is not None:
+                raise failed
+            return [block for block in got if block is not None]
+
+        return self.call(urls[0] if len(set(urls)) == 1 else self.url, attempt)
+
+    def _checked(self, url: str, a: int, b: int, block: Any) -> bytes:
+        """``block``, the answer to the range ``a:b`` of ``url``, if it is whole."""
+        if isinstance(block, BaseException):
+            if passing(block):
+                raise Passing(f"{url!r}: {type(block).__name__}: {block}") from block
+            raise remote_error(url, block)
+        if len(block) == b - a:
+            return bytes(block)
+        self._check_unchanged(url)
+        if self._name(url) in self.identity or self._size_now(url) >= b:  # a cut body
+            raise Passing(f"{url!r} gave {len(block)} of {b - a} bytes from {a} (cut short)")
+        raise FormatError(
+            f"{url!r} ends before byte {b} (it gave {len(block)} of {b - a} bytes from "
+            f"{a}): the object is truncated or was replaced after the dataset was "
+            "converted; convert and upload it again"
+        )
+
+    def _size_now(self, url: str) -> int:
+        """The object's size as the store says now (-1 when it cannot say)."""
         try:
-            blocks = self.fs().cat_ranges(urls, starts, stops)
-        except Exception as exc:
-            raise remote_error(urls[0] if len(set(urls)) == 1 else self.url, exc) from exc
-        for url, a, b, block in zip(urls, starts, stops, blocks):
-            if isinstance(block, BaseException):
-                raise remote_error(url, block)
-            if len(block) != b - a:
-                raise FormatError(
-                    f"{url!r} ends before byte {b} (it gave {len(block)} of {b - a} bytes from "
-                    f"{a}): the object is truncated or was replaced after the dataset was "
-                    "converted; convert and upload it again"
-                )
-        return [bytes(b) for b in blocks]
+            self.fs().invalidate_cache(url)
+            return int(self.fs().info(url).get("size") or 0)
+        except Exception:
+            return -1
+
+
+def _one_retry_layer(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with botocore's own retries off for s3 unless the caller set them: packer's
+    :data:`RETRY` is then the one bounded retry layer (no 5 x 5 attempts)."""
+    config = dict(options.get("config_kwargs") or {})
+    if protocol not in ("s3", "s3a") or "retries" in config:
+        return options
+    config["retries"] = {"total_max_attempts": 1}
+    return {**options, "config_kwargs": config}
+
+
+def _identity(entry: dict[str, Any]) -> tuple[int, str | None]:
+    """An object's size and ETag (or version) from a listing or ``info()`` entry."""
+    tag = entry.get("ETag") or entry.get("VersionId") or entry.get("etag")
+    return int(entry.get("size") or 0), (str(tag) if tag else None)

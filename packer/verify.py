@@ -30,7 +30,9 @@ from packer.manifest import (
     load_manifest,
 )
 from packer.pixels import pixels_output
+from packer.storage import RemoteFolder, is_url
 from packer.store import Packed, open_packed
+from packer.store_remote import remote_manifest
 from packer.tablefile import fd_checksum
 
 __all__ = ["Problem", "VerifyReport", "verify"]
@@ -245,8 +247,51 @@ def _skip_bad_shards(
     return skip
 
 
+def _verify_url(
+    url: str, full: bool, progress: bool, workers: int, options: dict[str, Any] | None
+) -> VerifyReport:
+    """``verify`` of a URL: every shard and table streamed and hashed (sizes and xxh3 against
+    the manifest), then every record read by ranged GETs and checked against its checksum."""
+    where, manifest = remote_manifest(url, None, options)
+    report = VerifyReport(where)  # type: ignore[arg-type]  # a URL stays a str
+    folder = RemoteFolder(where, options)
+    named: list[tuple[str, str, int | None]] = [
+        (s.name, s.xxh3_64, s.bytes) for s in manifest.shards
+    ]
+    named += [(name, digest, None) for name, digest in manifest.files.items()]
+    bad: set[str] = set()
+    for name, digest, size in named:
+        report.files_checked += 1
+        try:
+            found_size, found = folder.stream_checksum(name)
+        except PackerError as exc:
+            report.problems.append(Problem(name, f"cannot be read: {exc}"))
+            bad.add(name)
+            continue
+        if size is not None and found_size != size:
+            report.problems.append(Problem(name, f"{found_size} bytes, manifest records {size}"))
+            bad.add(name)
+        elif found != digest:
+            report.problems.append(Problem(name, _DIFFERS))
+            bad.add(name)
+    if {INDEX_NAME, RECORDS_NAME, KEYS_NAME} & bad:
+        return report
+    try:
+        packed = open_packed(where, check_files=False, storage_options=options)
+        keys = packed.reader.keys
+        len(keys)
+    except PackerError as exc:
+        report.problems.append(Problem("tables", str(exc)))
+        return report
+    return _check_samples(packed, keys, set(), full, progress, workers, report)
+
+
 def verify(
-    path: str | os.PathLike[str], full: bool = False, progress: bool = True, workers: int = 0
+    path: str | os.PathLike[str],
+    full: bool = False,
+    progress: bool = True,
+    workers: int = 0,
+    storage_options: dict[str, Any] | None = None,
 ) -> VerifyReport:
     """Verify the packed dataset at ``path``; never raises on damaged data, reports it.
 
@@ -254,8 +299,13 @@ def verify(
     that fails is reported once, with the samples it holds, and not read further), then reads
     every record of every sample (every frame of a video) and compares its bytes' checksum with
     the record table, naming the shard and sample key of each mismatch. With ``full``, also
-    decodes every record, on ``workers`` threads (default: the CPU count).
+    decodes every record, on ``workers`` threads (default: the CPU count). A URL is read
+    through ``storage_options`` (shards and tables streamed, records by ranged GETs).
     """
+    if is_url(path):
+        return _verify_url(str(path), full, progress, workers, storage_options)
+    if storage_options is not None:
+        raise PackerError(f"storage_options is for a URL; {str(path)!r} is a local path")
     root = Path(path)
     manifest = load_manifest(root)
     report = VerifyReport(root)
@@ -275,12 +325,26 @@ def verify(
         # corrupt NPY/HDF5 shard is read by bounded slices, so its bad samples get named.
         bad_files = unreadable | (corrupt if manifest.format == "lmdb" else set())
         packed = open_packed(root, check_files=False)
-        checksums = packed.checksums  # the tables were loaded and validated once, above
         keys = packed.reader.keys
         len(keys)  # parses the lines: checks keys that name files (per-sample layouts)
     except PackerError as exc:
         report.problems.append(Problem("tables", str(exc)))
         return report
+    return _check_samples(packed, keys, bad_files, full, progress, workers, report)
+
+
+def _check_samples(
+    packed: Packed,
+    keys: Sequence[str],
+    bad_files: set[str],
+    full: bool,
+    progress: bool,
+    workers: int,
+    report: VerifyReport,
+) -> VerifyReport:
+    """Every record of every sample not in a bad file against its checksum (decoded too
+    with ``full``)."""
+    manifest, checksums = packed.manifest, packed.checksums
     skip = _skip_bad_shards(packed, bad_files, keys, report)
     unit = "video" if manifest.kind == "video" else "sample"
     pool = ThreadPoolExecutor(workers or available_cpus()) if full else None

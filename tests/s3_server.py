@@ -57,7 +57,8 @@ def s3_server(bucket: str = "data") -> Iterator[S3Server]:
                 mp.setenv(key, value)
             host, port = server.get_host_and_port()
             running = S3Server(f"http://{host}:{port}", bucket)
-            running.filesystem().mkdir(bucket)
+            if not running.filesystem().exists(bucket):  # moto's state is per process
+                running.filesystem().mkdir(bucket)
             yield running
     finally:
         server.stop()

@@ -1,0 +1,112 @@
+"""A fault-injecting HTTP proxy on the loopback for the remote tests: a real threaded server
+between the s3fs client and the moto server that forwards every request, except that the next
+requests matching a pattern get the faults of a schedule:
+
+- ``"503"``, ``"429"``, ``"403"``: answered at once with that status (an S3 XML error body);
+- ``"drop"``: the server's headers and half its body are sent, then the connection is closed;
+- ``"short"``: the headers say half the body's length and only that half is sent (a body
+  truncated on the way, well formed to the client).
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+_CODES = {
+    "503": ("ServiceUnavailable", "Service Unavailable"),
+    "429": ("SlowDown", "Too Many Requests"),
+    "403": ("AccessDenied", "Access Denied"),
+}
+
+
+class FaultProxy:
+    """The running proxy: ``endpoint`` to give the client, ``inject`` to schedule faults."""
+
+    def __init__(self, upstream: str) -> None:
+        parts = urlsplit(upstream)
+        self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
+        self.faults: list[str] = []
+        self.match = ""
+        self.served: list[str] = []  # "METHOD path -> fault or status", in order
+        self.lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def inject(self, faults: list[str], match: str = "") -> None:
+        """The next ``len(faults)`` requests whose ``METHOD path`` contains ``match`` get them."""
+        with self.lock:
+            self.faults, self.match = list(faults), match
+
+    def next_fault(self, request: str) -> str | None:
+        with self.lock:
+            if self.faults and self.match in request:
+                return self.faults.pop(0)
+        return None
+
+
+def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:  # quiet
+            pass
+
+        def _forward(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            request = f"{self.command} {self.path}"
+            fault = proxy.next_fault(request)
+            proxy.served.append(f"{request} -> {fault or 'forwarded'}")
+            if fault in _CODES:
+                return self._status(int(fault), *_CODES[fault])
+            conn = http.client.HTTPConnection(*proxy.upstream, timeout=30)
+            headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+            conn.request(self.command, self.path, body=body, headers=headers)
+            answer = conn.getresponse()
+            data = answer.read()
+            conn.close()
+            cut = len(data) // 2 if fault in ("drop", "short") and len(data) > 1 else len(data)
+            self.send_response(answer.status, answer.reason)
+            for key, value in answer.getheaders():
+                if key.lower() not in ("content-length", "transfer-encoding", "connection"):
+                    self.send_header(key, value)
+            size = answer.getheader("Content-Length", "0") if self.command == "HEAD" else len(data)
+            self.send_header("Content-Length", str(cut if fault == "short" else size))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data[:cut])
+            if fault == "drop":
+                self.wfile.flush()
+                self.close_connection = True
+                self.connection.shutdown(2)
+
+        def _status(self, status: int, code: str, text: str) -> None:
+            body = f"<Error><Code>{code}</Code><Message>{text}</Message></Error>".encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
+
+    return Handler
+
+
+@contextmanager
+def fault_proxy(upstream: str) -> Iterator[FaultProxy]:
+    """Run a :class:`FaultProxy` in front of ``upstream`` (``http://host:port``)."""
+    proxy = FaultProxy(upstream)
+    thread = threading.Thread(target=proxy.server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield proxy
+    finally:
+        proxy.server.shutdown()
+        proxy.server.server_close()

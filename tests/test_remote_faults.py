@@ -1,0 +1,150 @@
+"""Remote reads through a real fault-injecting proxy (issue 21, item 5): HTTP 503 and 429,
+connections dropped mid-body and bodies cut short are retried by packer's storage layer with
+bounded backoff and give the right bytes, or fail with an error naming the URL and the attempts;
+403/404 are not retried; an object replaced after the dataset was opened is refused.
+
+botocore's and s3fs's own retries are off for s3 by default (packer.storage._one_retry_layer and
+``fs.retries = 1``), so the retries seen here are packer's."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fault_proxy import FaultProxy, fault_proxy
+from s3_server import S3Server, s3_server
+
+import packer
+from packer import storage
+from packer.convert import convert_video
+from packer.errors import FormatError, PackerError
+from packer.manifest import load_manifest
+from packer.tools.image_demo import make_image_tree
+from packer.tools.video_demo import make_video_tree
+from packer.verify import verify
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[S3Server]:
+    with s3_server("faults") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def proxy(server: S3Server) -> Iterator[FaultProxy]:
+    with fault_proxy(server.endpoint) as running:
+        yield running
+
+
+@pytest.fixture(autouse=True)
+def quick_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(storage, "RETRY", storage.Retry(attempts=4, base=0.01, cap=0.05))
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("faults")
+    tree = make_image_tree(root / "src", classes=2, per_class=4, size=(64, 48), bad=0)
+    packer.convert(tree.root, root / "images.h5", shard_size="20kB", workers=1, progress=False)
+    return root / "images.h5"
+
+
+@pytest.fixture(scope="module")
+def url(server: S3Server, local: Path) -> str:
+    return server.upload(local, "images.h5")
+
+
+def _through(proxy: FaultProxy) -> dict[str, str]:
+    return {"endpoint_url": proxy.endpoint}
+
+
+def _expected(local: Path) -> list[bytes]:
+    dataset = packer.open_dataset(local, output="bytes")
+    return [dataset[i][0] for i in range(len(dataset))]
+
+
+@pytest.mark.parametrize("faults", [["503", "429", "503"], ["drop", "drop"], ["short", "503"]])
+def test_passing_faults_are_retried(
+    proxy: FaultProxy, local: Path, url: str, faults: list[str]
+) -> None:
+    remote = packer.open_dataset(url, output="bytes", storage_options=_through(proxy))
+    shard = load_manifest(local).shards[0].name
+    proxy.inject(faults, match=f"GET /faults/images.h5/{shard}")
+    assert remote.reader.read_many(range(len(remote))) == _expected(local)
+    assert proxy.faults == []  # every fault was met, and retried past
+
+
+@pytest.mark.parametrize("fault", ["503", "short", "drop"])
+def test_endless_faults_end_in_a_clear_error(
+    proxy: FaultProxy, local: Path, url: str, fault: str
+) -> None:
+    """A cut body is never served as a sample: after the bounded attempts, an error."""
+    remote = packer.open_dataset(url, output="bytes", storage_options=_through(proxy))
+    shard = load_manifest(local).shards[0].name
+    proxy.inject([fault] * 10, match=f"GET /faults/images.h5/{shard}")
+    began = time.monotonic()
+    with pytest.raises(PackerError, match=rf"{shard}'.*4 attempts over .*s all failed") as info:
+        remote.reader.read_many([0])
+    assert not isinstance(info.value, FormatError)
+    assert len(proxy.faults) == 6 and time.monotonic() - began < 5  # 4 tries, bounded waits
+    proxy.inject([])
+
+
+def test_missing_object_is_not_retried(proxy: FaultProxy, server: S3Server) -> None:
+    proxy.served.clear()
+    with pytest.raises(FormatError, match=r"gone\.h5/packer\.json.*missing or access is denied"):
+        packer.open_dataset("s3://faults/gone.h5", storage_options=_through(proxy))
+    asked = [s for s in proxy.served if "gone.h5" in s]
+    assert asked and len(asked) == len(set(asked))  # s3fs's one try (HEAD, listing), once
+
+
+def test_denied_range_is_not_retried(proxy: FaultProxy, local: Path, url: str) -> None:
+    remote = packer.open_dataset(url, output="bytes", storage_options=_through(proxy))
+    shard = load_manifest(local).shards[0].name
+    proxy.inject(["403"] * 3, match=f"GET /faults/images.h5/{shard}")
+    with pytest.raises(FormatError, match=rf"{shard}'.*missing or access is denied.*credentials"):
+        remote.reader.read_many([0])
+    assert len(proxy.faults) == 2  # one request, no retry
+    proxy.inject([])
+
+
+def test_replaced_object_is_refused(proxy: FaultProxy, server: S3Server, local: Path) -> None:
+    """Replaced after the open (another size): the next failed or short read says so at
+    once (no retries), never mixing the old and new bytes."""
+    url = server.upload(local, "replaced.h5")
+    remote = packer.open_dataset(url, output="bytes", storage_options=_through(proxy))
+    shard = load_manifest(local).shards[0].name
+    data = (local / shard).read_bytes()
+    server.filesystem().pipe_file(f"{url}/{shard}", data[: len(data) // 2])
+    proxy.served.clear()
+    with pytest.raises(FormatError, match=f"{shard}' was replaced after the dataset was opened"):
+        remote.reader.read_many(range(len(remote)))
+    assert sum(f"GET /faults/replaced.h5/{shard}" in s for s in proxy.served) == 1
+
+
+def test_cut_body_of_a_per_sample_file_is_retried(
+    proxy: FaultProxy, server: S3Server, tmp_path: Path
+) -> None:
+    """No size recorded at open (per-sample files): the store's size now tells a cut body
+    (retried) from a truncated object (refused at once)."""
+    frames = make_video_tree(tmp_path / "frames", classes=1, per_class=2)
+    convert_video(frames.root, tmp_path / "videos.npy", workers=1, progress=False)
+    url = server.upload(tmp_path / "videos.npy", "videos.npy")
+    local = packer.open_dataset(tmp_path / "videos.npy", output="bytes", num_frames=2)
+    remote = packer.open_dataset(url, output="bytes", num_frames=2, storage_options=_through(proxy))
+    key = remote.keys[1]
+    proxy.inject(["short", "drop"], match=f"GET /faults/videos.npy/{key}.npy")
+    every = range(int(local.frame_counts[1]))
+    assert remote.read_frames(1, every) == local.read_frames(1, every)
+    assert proxy.faults == []
+
+
+def test_verify_streams_again_after_a_drop(proxy: FaultProxy, local: Path, url: str) -> None:
+    shard = load_manifest(local).shards[-1].name
+    proxy.inject(["drop", "503"], match=f"GET /faults/images.h5/{shard}")
+    report = verify(url, progress=False, storage_options=_through(proxy))
+    assert report.ok, report.summary()
+    assert report.files_checked == verify(local, progress=False).files_checked
+    assert proxy.faults == []
