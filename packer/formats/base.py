@@ -79,8 +79,8 @@ class WriterBase:
     making it durable (a failed run redoes that shard); rolling to the next shard (the open one
     made durable first); and the manifest entry of the shard just closed.
 
-    A format adds ``write``, ``finish_shard``, and where it has shards ``SHARD_SUFFIX``,
-    ``_open_shard`` and ``_discard``.
+    A format adds ``write``, ``finish_shard``, its own state in ``_fresh``, and where it has
+    shards ``SHARD_SUFFIX``, ``_open_shard`` and ``_discard``.
     """
 
     SHARD_SUFFIX = ""
@@ -94,6 +94,10 @@ class WriterBase:
         self.kind = kind
         self.files = DurableFiles(self.root)  # per-sample files, fsync'd with their folders
         self._current = -1  # the open planned shard (or the last one closed)
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """Set up the format's own state (the last step of ``__init__``)."""
 
     def __enter__(self) -> WriterBase:
         return self

@@ -62,10 +62,7 @@ class Writer(WriterBase):
 
     SHARD_SUFFIX = SHARD_SUFFIX
 
-    def __init__(
-        self, root: Path, planned_shard_bytes: Sequence[int], layout: str, kind: str
-    ) -> None:
-        super().__init__(root, planned_shard_bytes, layout, kind)
+    def _fresh(self) -> None:
         self._env: Any = None
         self._txn: Any = None
         self._count = 0

@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
@@ -61,10 +60,7 @@ class Writer(WriterBase):
 
     SHARD_SUFFIX = SHARD_SUFFIX
 
-    def __init__(
-        self, root: Path, planned_shard_bytes: Sequence[int], layout: str, kind: str
-    ) -> None:
-        super().__init__(root, planned_shard_bytes, layout, kind)
+    def _fresh(self) -> None:
         self._file: BinaryIO | None = None
         self._count = 0
         self._size = 0
