@@ -132,29 +132,9 @@ def convert(
     Raises:
         PackerError: bad arguments, a bad source or destination, or (with ``strict``) a bad file.
     """
+    given = dict(locals())  # exactly the parameters above, as passed: the plan checks them all
     plan = plan_conversion(
-        src,
-        dst,
-        format=format,
-        shard_size=shard_size,
-        workers=workers,
-        overwrite=overwrite,
-        strict=strict,
-        check=check,
-        resume=resume,
-        progress=progress,
-        kind=kind,
-        on_event=on_event,
-        max_file_size=max_file_size,
-        max_pixels=max_pixels,
-        split=split,
-        classes=classes,
-        labels=labels,
-        allow_empty=allow_empty,
-        executor=executor,
-        part=part,
-        prepared=prepared,
-        **video_options,
+        **{k: v for k, v in given.items() if k != "video_options"}, **video_options
     )
     return _convert_splits(plan) if plan.splits is not None else _convert_folder(plan)
 
