@@ -105,8 +105,46 @@ def resume(loader: Any, sampler: Any, state: dict[str, Any], workers: int) -> No
         loader.load_state_dict(state["loader"])
         print(f"resumed the loader at step {state['step']}", flush=True)
     else:
-        sampler.load_state_dict({**sampler.state_dict(), "consumed": state["position"]})
+        saved = {"epoch": state["epoch"], "consumed": state["position"]}
+        sampler.load_state_dict({**sampler.state_dict(), **saved})
         print(f"resumed the sampler at position {state['position']}", flush=True)
+
+
+class Run:
+    """What one epoch of the loop needs: arguments, rank, loader, model, optimizer, log."""
+
+    def __init__(self, args: Any, rank: int, world: int, *parts: Any) -> None:
+        self.args, self.rank, self.world = args, rank, world
+        self.loader, self.model, self.optimizer, self.log = parts
+
+    def epoch(self, epoch: int, step: int, position: int) -> int:
+        """Train to the end of the loader's epoch from global step ``step``; ``position``: the
+        samples of this epoch consumed before (a resume point). Returns the step reached."""
+        args, start, per_step = self.args, step, self.loader.batch_size * self.world
+        for keys, features, labels in self.loader:
+            self.log.write("".join(f"{step} {slot} {key}\n" for slot, key in enumerate(keys)))
+            self.log.flush()
+            os.fsync(self.log.fileno())
+            self.optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(self.model(features), labels)
+            loss.backward()
+            self.optimizer.step()
+            step += 1
+            if self.rank == 0 and step % args.every == 0:
+                print(f"saving {step}", flush=True)
+                state = {
+                    "loader": self.loader.state_dict(),
+                    "model": self.model.module.state_dict(),
+                    "optimizer": self.optimizer.state_dict(),
+                    "step": step,
+                    "epoch": epoch,
+                    "position": position + (step - start) * per_step,
+                    "workers": args.workers,
+                }
+                save(Path(args.dir) / "ckpt.pt", state, hold=step == args.hold_in_save)
+            if self.rank == 0 and step == args.hold:
+                wait_for_kill(Path(args.dir))
+        return step
 
 
 def main() -> None:
@@ -118,6 +156,7 @@ def main() -> None:
     p.add_argument("--hold", type=int, default=-1)
     p.add_argument("--hold-in-save", type=int, default=-1)
     p.add_argument("--log", default="log")
+    p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--persistent", action="store_true")
     args = p.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -143,38 +182,22 @@ def main() -> None:
     )
     model = DistributedDataParallel(torch.nn.Linear(4, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    ckpt, step, position = run_dir / "ckpt.pt", 0, 0
+    ckpt, step, first, position = run_dir / "ckpt.pt", 0, 0, 0
     if ckpt.exists():
         state = torch.load(ckpt, weights_only=False)
         resume(loader, sampler, state, args.workers)
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        step, position = state["step"], state["position"]
-    start = step
-    log_dir = run_dir / args.log
-    log_dir.mkdir(exist_ok=True)
-    with open(log_dir / f"rank{rank}.txt", "a") as log:
-        for keys, features, labels in loader:
-            log.write("".join(f"{step} {slot} {key}\n" for slot, key in enumerate(keys)))
-            log.flush()
-            os.fsync(log.fileno())
-            optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(model(features), labels).backward()
-            optimizer.step()
-            step += 1
-            if rank == 0 and step % args.every == 0:
-                print(f"saving {step}", flush=True)
-                state = {
-                    "loader": loader.state_dict(),
-                    "model": model.module.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "step": step,
-                    "position": position + (step - start) * loader.batch_size * world,
-                    "workers": args.workers,
-                }
-                save(ckpt, state, hold=step == args.hold_in_save)
-            if rank == 0 and step == args.hold:
-                wait_for_kill(run_dir)
+        step, first, position = state["step"], state["epoch"], state["position"]
+    (run_dir / args.log).mkdir(exist_ok=True)
+    with open(run_dir / args.log / f"rank{rank}.txt", "a") as log:
+        for epoch in range(first, args.epochs):
+            sampler.set_epoch(epoch)
+            if isinstance(dataset.dataset, packer.Mixture):
+                dataset.dataset.set_epoch(epoch)
+            run = Run(args, rank, world, loader, model, optimizer, log)
+            step = run.epoch(epoch, step, position)
+            position = 0  # the next epoch starts at its beginning
     dist.barrier()
     dist.destroy_process_group()
     print(f"done {step}", flush=True)

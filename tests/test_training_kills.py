@@ -6,9 +6,9 @@ StatefulDataLoader with forked workers, a linear model, a checkpoint every 2 ste
 atomically by rank 0) four times on the same checkpoint file:
 
 1. 2 ranks × 2 workers, killed after a step chosen by a seeded RNG;
-2. 1 rank × 1 worker, killed while the checkpoint of a chosen step is half written;
+2. 1 rank × 2 workers, killed while the checkpoint of a chosen step is half written;
 3. 2 ranks × 1 worker, killed after a chosen step;
-4. 1 rank × 2 workers, run to the end of the epoch.
+4. 1 rank × 1 worker, run to the end of the epoch.
 
 The kill takes every process of the run (ranks and their DataLoader workers, each rank in its own
 session) with SIGKILL, once rank 0 holds at the chosen point (it touches ``held`` and sleeps), so
@@ -28,6 +28,15 @@ The concatenation over the four runs must equal the keys of ``ShardedSampler(dat
 with one rank: every sample once for a packed dataset, and for a ``packer.Mixture`` exactly the
 uninterrupted order (its small source repeats by the mixture's rule, so a multiset check alone
 would be weaker).
+
+**Worker counts.** torchdata restores a loader state only into a loader with the same number of
+workers (``assert self._num_workers == ...`` in ``_restore_main_state``). The script therefore
+restores the loader's own state when the worker count is the saved one (into runs 2 and 4) and
+otherwise the sampler's state at the global position the checkpoint recorded (into run 3, 2 → 1
+worker): both paths are exercised, each across a change of the rank count.
+
+A third case runs two epochs with ``persistent_workers=True`` and resumes from a checkpoint taken
+after the epoch boundary.
 """
 
 from __future__ import annotations
@@ -102,7 +111,9 @@ def kill(procs: list[subprocess.Popen]) -> None:
 
 
 def launch(run: Path, data: list[str], ranks: int, workers: int, tag: str, *extra: str) -> None:
-    """Run the script on ``ranks`` ranks; with a hold point, SIGKILL it once rank 0 holds."""
+    """Run the script on ``ranks`` ranks (each in its own session) to its end; with a hold
+    point, SIGKILL every process of the run once rank 0 holds. Bounded by ``TIMEOUT``: a run
+    that ends early, fails or hangs is killed and the test fails with its output."""
     (run / "held").unlink(missing_ok=True)
     env = {**os.environ, "WORLD_SIZE": str(ranks), "MASTER_PORT": str(free_port())}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -120,7 +131,8 @@ def launch(run: Path, data: list[str], ranks: int, workers: int, tag: str, *extr
                     start_new_session=True,
                 )
             )
-    holding, deadline = bool(extra), time.monotonic() + TIMEOUT
+    holding = bool({"--hold", "--hold-in-save"} & set(extra))
+    deadline = time.monotonic() + TIMEOUT
     try:
         while time.monotonic() < deadline:
             if holding and (run / "held").exists():
@@ -195,3 +207,28 @@ def test_killed_runs_resume_exactly_on_other_rank_and_worker_counts(
     assert got == want, f"{kind}: received {len(got)} keys, {len(want)} in one epoch"
     if kind == "dataset":
         assert Counter(got) == Counter(str(k) for k in expected.dataset.keys)
+
+
+def test_persistent_workers_resume_a_checkpoint_taken_after_an_epoch_boundary(
+    data: dict[str, list[str]], tmp_path: Path
+) -> None:
+    """Two epochs with ``persistent_workers=True``: 2 ranks × 2 workers killed in epoch 1 (the
+    workers crossed the boundary alive), resumed on 1 rank × 2 workers from a checkpoint taken in
+    epoch 1: epoch 0 then epoch 1, each exactly once and in its own order."""
+    train = load_script()
+    expected = train.open_data(data["dataset"])
+    sampler = packer.ShardedSampler(expected, num_replicas=1, rank=0, seed=3)
+    want = []
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        want += [expected.key(int(i)) for i in sampler.order()]
+    epoch_steps = steps_left(0, 2)  # steps of epoch 0 on two ranks
+    at = int(np.random.default_rng(24).integers(epoch_steps + EVERY, 2 * epoch_steps - 1))
+    common = ("--epochs", "2", "--persistent")
+    launch(tmp_path, data["dataset"], 2, 2, "run0", *common, "--hold", str(at))
+    saved = torch.load(tmp_path / "ckpt.pt", weights_only=False)
+    assert (saved["step"], saved["epoch"]) == (at // EVERY * EVERY, 1)
+    got = received(tmp_path, "run0", 0, saved["step"])
+    launch(tmp_path, data["dataset"], 1, 2, "run1", *common)
+    got += received(tmp_path, "run1", saved["step"], None)
+    assert got == want, f"received {len(got)} keys, {len(want)} in two epochs"
