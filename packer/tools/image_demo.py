@@ -34,7 +34,7 @@ def photo_like(rng: np.random.Generator, width: int = 400, height: int = 350) ->
     draw = ImageDraw.Draw(image)
     for _ in range(int(rng.integers(3, 8))):
         x0, y0 = int(rng.integers(0, width)), int(rng.integers(0, height))
-        x1, y1 = x0 + int(rng.integers(20, width // 2)), y0 + int(rng.integers(20, height // 2))
+        x1, y1 = x0 + _extent(rng, width), y0 + _extent(rng, height)
         colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
         if rng.random() < 0.5:
             draw.ellipse((x0, y0, x1, y1), fill=colour)
@@ -45,6 +45,14 @@ def photo_like(rng: np.random.Generator, width: int = 400, height: int = 350) ->
     grain = grain + 24.0 * rng.standard_normal((height, width, 3), dtype=np.float32)
     pixels = np.clip(np.asarray(image, dtype=np.float32) + grain, 0, 255).astype(np.uint8)
     return Image.fromarray(pixels, "RGB")
+
+
+def _extent(rng: np.random.Generator, side: int) -> int:
+    """A shape's extent along a side: 20 to side/2 pixels (the draw of photo-sized images is
+    unchanged), at least 1 on a small image."""
+    if side // 2 > 20:
+        return int(rng.integers(20, side // 2))
+    return int(rng.integers(1, side // 2 + 2))
 
 
 @dataclass
