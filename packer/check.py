@@ -10,7 +10,7 @@ from types import TracebackType
 from PIL import Image
 
 from packer.errors import InputFileError, PackerError
-from packer.fast_decoders import JpegInfo, jpeg_info
+from packer.fast_decoders import JpegInfo, jpeg_info, pixels_text
 
 __all__ = [
     "ALLOWED_FORMATS",
@@ -123,8 +123,8 @@ def check_image(data: bytes, check: str = "fast", max_pixels: int = DEFAULT_MAX_
 def _check_size(width: int, height: int, max_pixels: int) -> None:
     if width * height > max_pixels:
         raise InputFileError(
-            f"{width}×{height} is {width * height / 1e6:.0f} Mpx, over the "
-            f"{max_pixels / 1e6:.0f} Mpx limit (--max-pixels)"
+            f"{width}×{height} is {pixels_text(width * height)}, over the "
+            f"{pixels_text(max_pixels)} limit (--max-pixels)"
         )
 
 

@@ -59,11 +59,18 @@ class DecodeFailed(ValueError):
     """A fast library rejected data it was given: Pillow is to judge it, no other decoder."""
 
 
+def pixels_text(count: int) -> str:
+    """A pixel count for a message: ``90 Mpx``, ``3.5 Mpx`` or, under a million, ``3,072 px``."""
+    if count < 1_000_000:
+        return f"{count:,} px"
+    return f"{count / 1e6:.1f}".removesuffix(".0") + " Mpx"
+
+
 def check_pixels(width: int, height: int, limit: int) -> None:
     """Raise ValueError if a ``width × height`` image is over ``limit`` pixels."""
     if width * height > limit:
         raise ValueError(
-            f"{width}×{height} is over the {limit / 1e6:.0f} Mpx limit "
+            f"{width}×{height} is over the {pixels_text(limit)} limit "
             "(packer.decoders.MAX_PIXELS); refusing to decompress it"
         )
 
