@@ -386,11 +386,11 @@ def test_keys_stay_those_of_the_opened_dataset_after_an_overwrite(
     root = copy(packed, suffix, tmp_path)
     old_keys = manifest_keys(packed[suffix])  # the original's: this dataset's keys untouched
     dataset = packer.open_dataset(root, output="bytes")
-    labels = [int(dataset[i][1]) for i in range(len(dataset))]
+    samples = [dataset[i] for i in range(len(dataset))]  # (bytes, label) as opened
     convert_again(other_source, root)
     assert dataset.keys[0] == old_keys[0] and list(dataset.keys) == old_keys
     try:  # the old sample, or a clear refusal: never the new output's bytes under old keys
-        assert [int(dataset[i][1]) for i in range(len(dataset))] == labels
+        assert [dataset[i] for i in range(len(dataset))] == samples
     except FormatError as exc:
         assert "replaced after the dataset was opened" in str(exc)
 
