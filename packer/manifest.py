@@ -44,7 +44,7 @@ from packer._version import __version__
 from packer.errors import FormatError
 from packer.keytable import escape_key, unescape_key
 from packer.manifest_schema import Invalid, check_manifest
-from packer.tablefile import check_runs, parse_table, read_checked
+from packer.tablefile import check_runs, fd_checksum, parse_table, read_checked
 
 __all__ = [
     "INDEX_NAME",
@@ -102,15 +102,14 @@ def bytes_checksum(data: bytes | memoryview) -> int:
     return int(xxhash.xxh3_64_intdigest(data))
 
 
-def file_checksum(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
-    """xxh3_64 hex digest of a whole file, read in 1 MiB chunks (measured on a cached 41 MB
-    file: 5 ms, against 21 ms with 8 MiB chunks, which were also a peak of a conversion's
-    memory)."""
-    digest = xxhash.xxh3_64()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+def file_checksum(path: str | os.PathLike[str]) -> str:
+    """xxh3_64 hex digest of a whole file (:func:`packer.tablefile.fd_checksum`: 1 MiB reads;
+    measured on a cached 41 MB file: 5 ms, against 21 ms with 8 MiB chunks)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return fd_checksum(fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass

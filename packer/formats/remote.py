@@ -94,11 +94,6 @@ class RemoteReader(ReaderBase):
                 out[j] = bytes(view[a - start : a - start + n])
         return out
 
-    def _read_file(
-        self, file: int, records: list[int], starts: list[int], lengths: list[int]
-    ) -> list[bytes]:
-        return self.read_many(records)
-
     def read_into(
         self,
         records: Sequence[int] | np.ndarray,
