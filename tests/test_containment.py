@@ -443,3 +443,24 @@ def test_a_manifest_linked_to_another_datasets(packed: dict[str, Path], tmp_path
     with pytest.raises(FormatError, match="packer.json' is a symbolic link"):
         packer.open_dataset(root, output="bytes")
     assert "packer.json: a symbolic link" in cli_verify(root)
+
+
+def test_verify_reports_a_socket_inside_a_dataset(videos: dict[str, Path], tmp_path: Path) -> None:
+    """A socket (like a FIFO or device) has no place in a dataset: verify names it, exit 1."""
+    import socket
+
+    root = copy(videos, ".bmp", tmp_path)
+    folder = per_sample_files(root)[0].parent
+    server = socket.socket(socket.AF_UNIX)
+    cwd = os.getcwd()
+    os.chdir(folder)  # a short relative name: AF_UNIX paths are limited to 108 bytes
+    try:
+        server.bind("s")
+    finally:
+        os.chdir(cwd)
+    try:
+        out = cli_verify(root)
+    finally:
+        server.close()
+    assert "a FIFO, device or socket where only folders and regular files belong" in out
+    assert "/s" in out
