@@ -104,6 +104,9 @@ def _open_walk(dir_fd: int, name: str, flags: int) -> int:
             os.close(current)
 
 
+_PLAIN_PARTS = frozenset(("", ".", ".."))  # components a plain relative name never has
+
+
 def check_relative(name: str, what: str = "name") -> str:
     """``name`` if it is a plain relative path: no absolute path, no empty, ``.`` or ``..``
     component, no NUL byte.
@@ -115,7 +118,7 @@ def check_relative(name: str, what: str = "name") -> str:
         raise FormatError(
             f"{what} {name!r} is empty or not a string; expected a plain relative name"
         )
-    bad = "\0" in name or name.startswith("/") or any(p in ("", ".", "..") for p in name.split("/"))
+    bad = "\0" in name or name[0] == "/" or not _PLAIN_PARTS.isdisjoint(name.split("/"))
     if bad:
         raise FormatError(
             f"{what} {name!r} is not a plain relative name (absolute, '..', '.', an empty "
@@ -151,12 +154,12 @@ def open_beneath(
     """
     check_relative(name, what)
     flags = _FOLDER if folder else _FILE
-    path = Path(where) / name
     try:
         fd = _open_kernel(dir_fd, name, flags)
         if fd is None:
             fd = _open_walk(dir_fd, name, flags)
     except OSError as exc:
+        path = Path(where) / name  # built for the message only: not on the way of every open
         if exc.errno in _REFUSED:
             raise FormatError(
                 f"cannot open {str(path)!r}: {_why(dir_fd, name)} inside the dataset; refusing to "
@@ -167,6 +170,7 @@ def open_beneath(
     kind = stat.S_ISDIR(st.st_mode) if folder else stat.S_ISREG(st.st_mode)
     if not kind:
         os.close(fd)
+        path = Path(where) / name
         expected = "a folder" if folder else "a regular file (a FIFO, device or socket?)"
         raise FormatError(f"{str(path)!r} is not {expected}; refusing to read it")
     if not folder:
