@@ -28,7 +28,7 @@ from packer.plan import DEFAULT_SHARD_SIZE, ConversionPlan, plan_conversion
 from packer.resume import Progress, fingerprint
 from packer.sources import SkippedInput
 from packer.splits import build_splits
-from packer.write import Event, Prepared, finalize, plan_shards, write_shards
+from packer.write import Event, finalize, plan_shards, write_shards
 
 __all__ = ["DEFAULT_SHARD_SIZE", "ConvertResult", "convert", "convert_video", "plan_shards"]
 
@@ -83,7 +83,6 @@ def convert(
     allow_empty: bool = False,
     executor: Any = None,
     part: tuple[int, int] | None = None,
-    prepared: Prepared | None = None,
     **video_options: Any,
 ) -> ConvertResult:
     """Convert the folder ``src`` into a packed dataset at ``dst``.
@@ -122,8 +121,6 @@ def convert(
             then runs in the tasks (see :mod:`packer.distributed`).
         part: ``(i, n)``: write only the planned shards ``k % n == i``, into ``DST.part-i``,
             for :func:`packer.merge.merge` to join.
-        prepared: the source already scanned and checked (a split planned by
-            :func:`packer.splits.plan_splits`); ``src``'s kind and labels are then not looked at.
         video_options: for images and video, ``quality``, ``max_side``, ``short_side`` and
             ``reencode`` (write-time resize, :mod:`packer.resize`); for images into ``.npy``,
             ``size`` (decoded size×size pixels, :mod:`packer.pixels`); for video, ``fps``,

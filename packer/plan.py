@@ -201,7 +201,6 @@ def plan_conversion(
     allow_empty: bool = False,
     executor: Any = None,
     part: tuple[int, int] | None = None,
-    prepared: Prepared | None = None,
     **video_options: Any,
 ) -> ConversionPlan:
     """Validate :func:`packer.convert.convert`'s arguments (same names, same meaning), scan the
@@ -218,7 +217,7 @@ def plan_conversion(
     limits = Limits(parse_size(max_file_size), int(max_pixels))
     if limits.max_pixels < 1:
         raise PackerError(f"invalid max_pixels {max_pixels}; expected 1 or more")
-    found = find_splits(src_path) if kind != "video" and prepared is None else []
+    found = find_splits(src_path) if kind != "video" else []
     wanted = [split] if isinstance(split, str) else list(split or found)
     unknown = [w for w in wanted if w not in found]
     if unknown:
@@ -246,7 +245,7 @@ def plan_conversion(
         classes=tuple(classes) if classes is not None else None,
         labels_file=None,
         how="given" if kind else "detected",
-        prepared=prepared,
+        prepared=None,
         splits=None,
         on_event=on_event,
         executor=executor,
@@ -284,14 +283,14 @@ def _plan_folder(plan: ConversionPlan, labels: Labels | None) -> ConversionPlan:
     kind, how = plan.kind or None, plan.how
     if not kind:
         how = "a labels file" if file is not None else "detected"
-    if kind is None and file is None and plan.prepared is None:
+    if kind is None and file is None:
         detection = detect(plan.src, class_dirs(plan.src))
         kind, how = detection.kind, f"detected: {detection.reason}"
     kind = kind or "image"
     fmt = plan.fmt
     classes = list(plan.classes) if plan.classes is not None else None
     limits = dataclasses.asdict(plan.limits)
-    prepared = plan.prepared or prepare(
+    prepared = prepare(
         kind,
         plan.src,
         fmt,
