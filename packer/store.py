@@ -63,7 +63,8 @@ def validate_tables(
     path: Path | str, manifest: Manifest, index: np.ndarray, records: np.ndarray
 ) -> None:
     """Everything a reader will use, checked once at open: shard names are plain file names in
-    the folder, labels lie in the class range, every record lies in its file.
+    the folder, labels lie in the class range, every record lies in its file, records lie in
+    shard order (each shard's records one run of the table, of the shard's record count).
 
     Raises:
         FormatError: the first problem, naming the table row.
@@ -129,6 +130,13 @@ def _check_block(
         raise _bad(path, "a record names a file that is not the dataset's", start, bad_file)
     if layout == "shards":
         held += np.bincount(file, minlength=len(held))[: len(held)]
+        # Records lie in shard order (a conversion writes them so): each shard's records are
+        # one run of the table, which LMDB's keys (a record's number in its shard) rely on.
+        before = records["file"][start - 1 : start].astype(np.int64)
+        backwards = np.diff(np.concatenate((before, file))) < 0
+        if backwards.any():
+            what = "a record lies in an earlier shard than the record before it"
+            raise _bad(path, what, start + (1 - len(before)), backwards)
     if module.OFFSETS == "bytes" and layout == "shards":
         sizes = np.array([s.bytes for s in manifest.shards], dtype=np.int64)
         unknown = (offset == -1) if module.NAME == "lmdb" else np.zeros(len(offset), bool)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -249,34 +250,97 @@ class Reader(ReaderBase):
 
         return self.handles.get(shard, opener)
 
-    def _get(self, file: int, records: list[int], starts: list[int], lengths: list[int]) -> Any:
-        handle = self._shard(file)
-        if not self.readahead and len(records) > 1 and starts[0] >= 0:
-            handle.prefetch(starts, lengths)
-        numbers = np.asarray(records, dtype=np.int64) - self.shard_first[file]
-        outside = (numbers < 0) | (numbers >= self.shard_counts[file])
-        if outside.any():  # a record table whose file column was changed: not in shard order
-            raise FormatError(
-                f"{str(self.root)!r} is damaged or crafted: record {records[int(outside.argmax())]} "
-                f"is not in shard {self.shard_names[file]!r}; convert the source again"
-            )
-        keys = [n.to_bytes(8, "big") for n in numbers.tolist()]
+    def _lookup(self, file: int, records: np.ndarray, buffers: bool) -> list[Any]:
+        """The values of ``records`` (ascending, all of shard ``file``), in that order:
+        ``bytes``, or views of the map with ``buffers``.
+
+        A record's key is its number less its shard's first record's: the table was checked at
+        open to list records in shard order, each shard's run of its record count
+        (:func:`packer.store.validate_tables`), so every key lies in its shard. A run of
+        consecutive records is one walk of the cursor (no lookup per record); any other batch
+        one ``getmulti``."""
+        first = int(records[0]) - int(self.shard_first[file])
+        n = len(records)
+        cursor = self._shard(file).cursor
         try:
-            pairs = handle.cursor.getmulti(keys)
+            if n > 1 and int(records[-1]) - int(records[0]) == n - 1:
+                if bool((records[1:] - records[:-1] == 1).all()):
+                    values = self._walk(cursor, file, first, n)
+                    return values if buffers else [bytes(v) for v in values]
+            keys = (records - self.shard_first[file]).astype(">u8").view("V8").tolist()
+            pairs = cursor.getmulti(keys)
         except lmdb.Error as exc:
             raise FormatError(f"cannot read {self.shard_names[file]!r}: {exc}") from exc
-        if len(pairs) != len(keys):
+        if len(pairs) != n:
             missing = sorted(set(keys) - {bytes(k) for k, _ in pairs})
+            raise self._missing(file, int.from_bytes(missing[0], "big"))
+        return [value for _, value in pairs] if buffers else [bytes(v) for _, v in pairs]
+
+    def _walk(self, cursor: Any, file: int, first: int, n: int) -> list[Any]:
+        """The values of keys ``first ... first + n - 1``, walking the cursor from ``first``.
+
+        Keys are distinct and the walk ascends: ending on key ``first + n - 1`` after ``n``
+        values proves no key of the run is missing."""
+        if not cursor.set_key(record_key(first)):
+            raise self._missing(file, first)
+        values = list(islice(cursor.iternext(keys=False, values=True), n))
+        if len(values) != n or cursor.key() != record_key(first + n - 1):
             raise FormatError(
-                f"record {int.from_bytes(missing[0], 'big')} is missing from "
-                f"{self.shard_names[file]!r}"
+                f"records {first} to {first + n - 1} of {self.shard_names[file]!r} are not "
+                "consecutive keys there: the shard is damaged; convert the source again"
             )
-        return pairs
+        return values
+
+    def _missing(self, file: int, number: int) -> FormatError:
+        return FormatError(
+            f"record {number} is missing from {self.shard_names[file]!r}: the shard is damaged; "
+            "convert the source again"
+        )
+
+    def _prefetch(self, file: int, records: np.ndarray) -> None:
+        """Without readahead, ask for the pages of several records at once (see
+        :meth:`Handle.prefetch`) where their offsets are known."""
+        if not self.readahead and len(records) > 1:
+            starts = self.offset[records]
+            if starts[0] >= 0:
+                self._shard(file).prefetch(starts.tolist(), self.length[records].tolist())
+
+    def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
+        """The stored bytes of each record, in the order asked.
+
+        A batch within one shard (records lie in shard order, so its lowest and highest record
+        tell) is one ``getmulti``, its keys ascending (a batch that is not is sorted, then put
+        back in the order asked); a batch across shards goes shard by shard
+        (:meth:`ReaderBase.read_many`).
+        """
+        asked = np.asarray(records, dtype=np.int64)
+        if asked.ndim != 1 or len(asked) == 0:
+            return super().read_many(asked)
+        rec, order = asked, None
+        if len(rec) > 1 and (rec[1:] < rec[:-1]).any():
+            order = np.argsort(rec, kind="stable")
+            rec = rec[order]
+        low, high = int(rec[0]), int(rec[-1])
+        if low < 0 or high >= len(self.length):
+            raise IndexError(f"record out of range for a dataset of {len(self.length)} records")
+        file = int(self.file[low])
+        if file != int(self.file[high]):
+            return super().read_many(asked)
+        self._prefetch(file, rec)
+        values = self._lookup(file, rec, False)
+        if order is None:
+            return values
+        out: list[bytes] = [b""] * len(rec)
+        for j, value in zip(order.tolist(), values):
+            out[j] = value
+        return out
 
     def _read_file(
         self, file: int, records: list[int], starts: list[int], lengths: list[int]
     ) -> list[bytes]:
-        return [bytes(value) for _, value in self._get(file, records, starts, lengths)]
+        rec = np.asarray(records, dtype=np.int64)
+        self._prefetch(file, rec)
+        return self._lookup(file, rec, False)
 
     def _read_file_into(
         self,
@@ -287,7 +351,9 @@ class Reader(ReaderBase):
         out: memoryview,
         where: list[int],
     ) -> None:
-        for (_, value), w, n in zip(self._get(file, records, starts, lengths), where, lengths):
+        rec = np.asarray(records, dtype=np.int64)
+        self._prefetch(file, rec)
+        for value, w, n in zip(self._lookup(file, rec, True), where, lengths):
             if len(value) != n:
                 raise FormatError(f"a record of {self.shard_names[file]!r} has the wrong length")
             out[w : w + n] = value
