@@ -112,16 +112,24 @@ class SampleDataset(Dataset):
         return int(i) % n
 
     def _positions(self, indices: Sequence[int]) -> list[int]:
+        return self._position_array(indices).tolist()
+
+    def _position_array(self, indices: Sequence[int]) -> np.ndarray:
+        """The positions of a batch of indices (negative ones count from the end), as int64."""
         n = len(self.targets)
         idx = np.asarray(indices)
         if idx.ndim != 1:
             raise TypeError("a batch of indices must be a flat sequence of integers")
-        if len(idx) and idx.dtype.kind not in "iu":
-            return [self._position(i) for i in indices]  # raises the precise error
-        if len(idx) and (idx.min() < -n or idx.max() >= n):
+        if not len(idx):
+            return np.zeros(0, dtype=np.int64)
+        if idx.dtype.kind not in "iu":
+            return np.array([self._position(i) for i in indices], dtype=np.int64)  # or raises
+        low, high = idx.min(), idx.max()
+        if low < -n or high >= n:
             bad = next(int(i) for i in idx if not -n <= i < n)
             raise IndexError(f"index {bad} out of range for a dataset of {n} {self.UNIT}")
-        return (idx.astype(np.int64) % n).tolist() if n else []
+        idx = idx.astype(np.int64, copy=False)
+        return idx % n if low < 0 else idx
 
     def _describe(self, i: int) -> str:
         return f"sample {i}"

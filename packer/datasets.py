@@ -139,11 +139,15 @@ class PackedDataset(PackedSamples, ImageDataset):
         return self.reader.read_many(self.first[np.asarray(positions, dtype=np.int64)])
 
     def __getitems__(self, indices: Sequence[int]) -> Sequence[tuple[Any, Any]]:
-        """A whole batch; raw bytes go straight into one buffer (see the class docstring)."""
-        if not (self.batch_buffer and self._raw()):
-            return super().__getitems__(indices)
-        positions = np.asarray(self._positions(indices), dtype=np.int64)
+        """A whole batch, read in one pass (one ``getmulti`` per LMDB shard), then decoded; raw
+        bytes go straight into one buffer with ``batch_buffer`` (see the class docstring)."""
+        positions = self._position_array(indices)
         records = self.first[positions]
+        if not (self.batch_buffer and self._raw()):
+            data = self.reader.read_many(records)
+            if self._raw():
+                return list(zip(data, self.targets[positions].tolist()))
+            return [self._item(d, i) for d, i in zip(data, positions.tolist())]
         offsets = np.zeros(len(records) + 1, dtype=np.int64)
         np.cumsum(self.reader.lengths(records), out=offsets[1:])
         data = empty_bytes(int(offsets[-1]))
