@@ -144,10 +144,10 @@ class PackedDataset(PackedSamples, ImageDataset):
         positions = self._position_array(indices)
         records = self.first[positions]
         if not (self.batch_buffer and self._raw()):
-            data = self.reader.read_many(records)
+            stored = self.reader.read_many(records)
             if self._raw():
-                return list(zip(data, self.targets[positions].tolist()))
-            return [self._item(d, i) for d, i in zip(data, positions.tolist())]
+                return list(zip(stored, self.targets[positions].tolist()))
+            return [self._item(d, i) for d, i in zip(stored, positions.tolist())]
         offsets = np.zeros(len(records) + 1, dtype=np.int64)
         np.cumsum(self.reader.lengths(records), out=offsets[1:])
         data = empty_bytes(int(offsets[-1]))

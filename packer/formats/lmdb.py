@@ -251,14 +251,14 @@ class Reader(ReaderBase):
         return self.handles.get(shard, opener)
 
     def _lookup(self, file: int, records: np.ndarray, buffers: bool) -> list[Any]:
-        """The values of ``records`` (ascending, all of shard ``file``), in that order:
-        ``bytes``, or views of the map with ``buffers``.
+        """The values of ``records`` (all of shard ``file``), in the order given: ``bytes``, or
+        views of the map with ``buffers``.
 
         A record's key is its number less its shard's first record's: the table was checked at
         open to list records in shard order, each shard's run of its record count
         (:func:`packer.store.validate_tables`), so every key lies in its shard. A run of
-        consecutive records is one walk of the cursor (no lookup per record); any other batch
-        one ``getmulti``."""
+        consecutive records, ascending, is one walk of the cursor (no lookup per record); any
+        other batch one ``getmulti``."""
         first = int(records[0]) - int(self.shard_first[file])
         n = len(records)
         cursor = self._shard(file).cursor
