@@ -130,13 +130,7 @@ def _check_block(
         raise _bad(path, "a record names a file that is not the dataset's", start, bad_file)
     if layout == "shards":
         held += np.bincount(file, minlength=len(held))[: len(held)]
-        # Records lie in shard order (a conversion writes them so): each shard's records are
-        # one run of the table, which LMDB's keys (a record's number in its shard) rely on.
-        before = records["file"][start - 1 : start].astype(np.int64)
-        backwards = np.diff(np.concatenate((before, file))) < 0
-        if backwards.any():
-            what = "a record lies in an earlier shard than the record before it"
-            raise _bad(path, what, start + (1 - len(before)), backwards)
+        _check_shard_order(path, records, start, file)
     if module.OFFSETS == "bytes" and layout == "shards":
         sizes = np.array([s.bytes for s in manifest.shards], dtype=np.int64)
         unknown = (offset == -1) if module.NAME == "lmdb" else np.zeros(len(offset), bool)
@@ -149,6 +143,19 @@ def _check_block(
         outside = offset < 0
     if outside.any():
         raise _bad(path, "a record lies outside its file", start, outside)
+
+
+def _check_shard_order(path: Path | str, records: np.ndarray, start: int, file: np.ndarray) -> None:
+    """Records ``start ...`` (their shards ``file``) lie in shard order, as a conversion writes
+    them: each shard's records are one run of the table, which LMDB's keys (a record's number
+    in its shard) rely on."""
+    backwards = file[1:] < file[:-1]  # backwards[k]: record start + 1 + k
+    first = start + 1
+    if start > 0 and len(file) and int(records["file"][start - 1]) > file[0]:
+        backwards, first = np.concatenate(([True], backwards)), start
+    if backwards.any():
+        what = "a record lies in an earlier shard than the record before it"
+        raise _bad(path, what, first, backwards)
 
 
 def _folder_id(fd: int) -> tuple[int, int]:

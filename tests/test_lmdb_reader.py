@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import packer
+from packer import store
 from packer.errors import FormatError
 from packer.formats.lmdb import record_key
 from packer.sources import scan
@@ -114,13 +115,20 @@ def reseal(root: Path, records: np.ndarray | None = None) -> dict:  # type: igno
     return manifest
 
 
+@pytest.mark.parametrize("block", [store.BLOCK, 1, 4])
 @pytest.mark.parametrize("suffix", [".lmdb", ".npy"])
 def test_records_out_of_shard_order_are_refused_at_open(
-    source: tuple[Path, list[bytes], list[int]], tmp_path: Path, suffix: str
+    source: tuple[Path, list[bytes], list[int]],
+    tmp_path: Path,
+    suffix: str,
+    block: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The last record of shard 0 and the first of shard 1 swap shards: every shard keeps its
     record count, but shard 0's records are no longer one run (an LMDB key is a record's
-    position in its run)."""
+    position in its run). The tables are checked in blocks of samples: the step back is found
+    inside a block and across two (``block``: samples per block)."""
+    monkeypatch.setattr(store, "BLOCK", block)
     root = tmp_path / f"images{suffix}"
     packer.convert(source[0], root, shard_size="8kB", progress=False)
     records = np.load(root / "records.npy")
