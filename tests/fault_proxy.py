@@ -6,12 +6,15 @@ requests matching a pattern get the faults of a schedule:
 - ``"drop"``: the server's headers and half its body are sent, then the connection is closed;
 - ``"short"``: the headers say half the body's length and only that half is sent (a body
   truncated on the way, well formed to the client).
+
+``delay`` (seconds) holds every forwarded request that long first: a store far away.
 """
 
 from __future__ import annotations
 
 import http.client
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,6 +35,7 @@ class FaultProxy:
         self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
         self.faults: list[str] = []
         self.match = ""
+        self.delay = 0.0  # seconds each forwarded request waits before it is forwarded
         self.served: list[str] = []  # "METHOD path -> fault or status", in order
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -65,6 +69,7 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             proxy.served.append(f"{request} -> {fault or 'forwarded'}")
             if fault in _CODES:
                 return self._status(int(fault), *_CODES[fault])
+            time.sleep(proxy.delay)
             conn = http.client.HTTPConnection(*proxy.upstream, timeout=30)
             headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
             conn.request(self.command, self.path, body=body, headers=headers)
