@@ -98,7 +98,7 @@ def _report(runs: list[Any], costs: list[Any], options: dict[str, Any], complete
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, metavar="PATH|URL...")
 @click.option("--workers", default="0,2,4", show_default=True, help="num_workers values to sweep.")
 @batch_size_option()
 @click.option("--mode", "modes", default="bytes", show_default=True,
@@ -119,15 +119,18 @@ def _report(runs: list[Any], costs: list[Any], options: dict[str, Any], complete
 @positive_int("--short-side",
               text="Also bench a copy of each dataset's samples stored at this short side "
               "(what packer convert --short-side N gives), side by side.")  # fmt: skip
+@storage_option()
 @json_options
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Save a PNG plot here.")
 @friendly
-def bench(paths: tuple[Path, ...], workers: str, modes: str, json_value: str | None,
+def bench(paths: tuple[Any, ...], workers: str, modes: str, json_value: str | None,
           json_out: Path | None, plot_path: Path | None, storage: bool, short_side: int | None,
-          **kw: Any) -> None:  # fmt: skip
+          storage_options: dict[str, Any], **kw: Any) -> None:  # fmt: skip
     """Time reading packer outputs and image folders through a real DataLoader.
 
     The first PATH is the baseline of the ratios. Ctrl-C prints what was measured so far.
+    A URL (s3://, https://; --storage-option for the endpoint) is read from the store: its
+    storage counters are not measured and --cold evicts nothing of it (no local files).
 
     \b
     Example:
@@ -141,13 +144,20 @@ def bench(paths: tuple[Path, ...], workers: str, modes: str, json_value: str | N
     from packer.tools.targets import cold_supported, path_labels
 
     as_json, json_out, stray = _json_mode(json_value, json_out)
-    paths = (Path(stray), *paths) if stray else paths
-    if not paths:
+    texts = (stray, *paths) if stray else paths
+    if not texts:
         raise click.UsageError("give at least one PATH to bench")
-    spec = BenchSpec(workers=_int_list(workers, "--workers"), modes=modes.split(","), **kw)
+    urls = [t for t in texts if is_url(t)]
+    if storage_options and not urls:
+        raise click.UsageError("--storage-option is for a URL dataset (s3://..., https://...)")
+    if urls and short_side is not None:
+        raise click.UsageError(f"--short-side needs local datasets, not {urls[0]}")
+    paths = tuple(t if is_url(t) else Path(t) for t in texts)
+    spec = BenchSpec(workers=_int_list(workers, "--workers"), modes=modes.split(","),
+                     storage_options=storage_options or None, **kw)  # fmt: skip
     spec.validate()
     check_decoder(spec.decoder)
-    check_paths(paths)
+    check_paths(paths, spec.storage_options)
     if short_side is not None:
         paths = _with_resized(paths, short_side, spec.limit)
     options = {**kw, "paths": [str(p) for p in paths], "workers": spec.workers,
@@ -163,7 +173,8 @@ def bench(paths: tuple[Path, ...], workers: str, modes: str, json_value: str | N
             click.echo("warning: /proc/<pid>/io is not readable; no storage counters", err=True)
         elif storage:
             for path, label in zip(paths, path_labels(paths)):
-                costs.append(measure_storage(path, label, spec.limit, spec.batch_size))
+                if not is_url(path):  # kernel counters see no store's bytes
+                    costs.append(measure_storage(path, label, spec.limit, spec.batch_size))
         for run in run_bench(paths, spec):
             runs.append(run)
             click.echo(f"[{len(runs)}/{total}] {run.label} {run.mode} workers={run.workers} "

@@ -1,6 +1,6 @@
-"""``packer doctor URL`` (issue 21, item 7): the store measured through a real S3 API server on
-the loopback with a latency injected by a real proxy; the figures follow the injected latency and
-the recommendations follow the figures."""
+"""``packer doctor URL`` and ``packer bench URL`` (issue 21, item 7): the store measured through a
+real S3 API server on the loopback with a latency injected by a real proxy; the figures follow the
+injected latency and the recommendations follow the figures; bench reads every sample of a URL."""
 
 from __future__ import annotations
 
@@ -81,3 +81,23 @@ def test_cli_doctor_on_a_url(url: str, server: S3Server, tmp_path: Path) -> None
 def test_bad_arguments_are_packer_errors(url: str, server: S3Server) -> None:
     with pytest.raises(PackerError, match="batch_size"):
         doctor_remote(url, server.options, batch_size=0)
+
+
+def test_bench_reads_a_url_beside_its_local_copy(
+    url: str, server: S3Server, tmp_path: Path
+) -> None:
+    local = tmp_path / "local.npy"
+    server.filesystem().get(url, str(local), recursive=True)
+    runner = CliRunner()
+    option = f"endpoint_url={server.endpoint}"
+    args = ["bench", str(local), url, "--workers", "0,2", "--storage-option", option, "--json"]
+    out = runner.invoke(main, args)
+    assert out.exit_code == 0, out.output
+    runs = json.loads(out.stdout)["runs"]  # progress lines go to stderr
+    assert [(r["path"], r["workers"]) for r in runs] == [
+        (str(local), 0), (url, 0), (str(local), 2), (url, 2),
+    ]  # fmt: skip
+    assert all(r["images"] == 12 and r["bytes"] > 0 for r in runs)
+    assert runs[1]["bytes"] == runs[0]["bytes"] and runs[1]["ratio"] > 0
+    refused = runner.invoke(main, ["bench", str(local), "--storage-option", option])
+    assert refused.exit_code == 2 and "is for a URL dataset" in refused.output
