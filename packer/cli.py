@@ -285,13 +285,18 @@ def inspect(dst: Any, skipped: bool, num_keys: int, as_json: bool, storage_optio
     from packer.inspect import describe, inspect_dict
     from packer.manifest import load_manifest
     from packer.splits import describe_splits
+    from packer.store_remote import url_manifest
 
-    if as_json or isinstance(dst, str):  # a URL: the description of its tables
-        text = json.dumps(inspect_dict(dst, storage_options or None), indent=2) if as_json else ""
-        click.echo(text or describe(dst, skipped, num_keys, storage_options or None))
+    options = storage_options or None
+    if as_json:
+        click.echo(json.dumps(inspect_dict(dst, options), indent=2))
         return
-    if load_manifest(dst).kind == "splits":
-        click.echo(describe_splits(dst))
+    top = url_manifest(dst, options) if isinstance(dst, str) else load_manifest(dst)
+    if top.kind == "splits":
+        click.echo(describe_splits(dst, top))
+        return
+    if isinstance(dst, str):  # a URL: the description of its tables
+        click.echo(describe(dst, skipped, num_keys, options))
         return
     click.echo(describe(dst, show_skipped=skipped, num_keys=num_keys))
     if load_manifest(dst).kind == "video":

@@ -31,7 +31,7 @@ from packer.manifest import (
 from packer.storage import RemoteFolder
 from packer.tablefile import check_digest, parse_table
 
-__all__ = ["RemoteOutput", "open_remote", "remote_manifest"]
+__all__ = ["RemoteOutput", "open_remote", "remote_manifest", "url_manifest"]
 
 
 class RemoteOutput(NamedTuple):
@@ -161,3 +161,11 @@ def open_remote(
     reader = RemoteReader(folder, manifest, records, module.Reader.SAMPLE_SUFFIX)
     reader.pin((0, 0), None, keys)
     return RemoteOutput(where, manifest, index, records, reader)
+
+
+def url_manifest(url: str, storage_options: dict[str, Any] | None) -> Manifest:
+    """The manifest at ``url`` as it is (an output holding splits: its top manifest)."""
+    folder = RemoteFolder(url, storage_options)
+    return parse_manifest(
+        folder.read_whole(MANIFEST_NAME), folder.url_of(MANIFEST_NAME), folder.url
+    )
