@@ -146,6 +146,7 @@ def plan_splits(
     labels: Any = None,
     classes: list[str] | None = None,
     strict: bool = False,
+    found: list[str] | None = None,
 ) -> SplitPlan:
     """Check every split of ``src`` to convert and scan it, before anything is written.
 
@@ -154,11 +155,13 @@ def plan_splits(
     ``classes`` if given, else the class folders of the training split (``train``, or the first
     split), converted or not.
 
+    ``found`` is the splits of ``src`` when the caller listed them already.
+
     Raises:
         SourceError: every problem found, one per split: an empty split, a flat split without
             labels, labels for no flat split, labels or class folders unknown to the index.
     """
-    found = find_splits(src)
+    found = find_splits(src) if found is None else found
     index_split = "train" if "train" in found else found[0]
     shapes = {s: _shape(src / s) for s in dict.fromkeys([*wanted, index_split])}
     flat = [s for s in wanted if not shapes[s][0] and shapes[s][1]]
