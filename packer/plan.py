@@ -270,7 +270,7 @@ def _plan_splits(
     (:func:`plan_splits`, which also applies ``--strict`` to each)."""
     if plan.part is not None:
         raise PackerError("--part does not take a root of splits; convert each --split")
-    check_destination(plan.dst, plan.overwrite, plan.src, plan.resume)
+    check_destination(plan.dst, plan.overwrite, plan.src, plan.resume, published_ok=plan.resume)
     classes = list(plan.classes) if plan.classes is not None else None
     split_plan = plan_splits(
         plan.src, wanted, _prepare_split(plan), labels, classes, plan.strict, found
