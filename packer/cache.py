@@ -1,0 +1,362 @@
+"""The node-local shard cache: whole objects of remote datasets (LMDB shards, and NPY/HDF5
+shards when asked) downloaded once per node, shared by every process and DataLoader worker.
+
+Coordinated through files and ``flock`` only — no shared memory, no daemon, nothing a crash
+leaves blocking (a lock dies with its process). In ``cache_dir``, per object ``K`` (a hash of
+its URL, size, ETag and the manifest's xxh3, so a re-uploaded object is a new entry):
+
+- ``K.data``: the object, renamed into place only after its size and xxh3 were checked;
+- ``K.lock``: every process reading ``K.data`` holds a shared lock on it; eviction takes it
+  exclusively without waiting, so an object in use is never removed;
+- ``K.part``: a download in progress, itself the download lock (exclusive): other processes
+  wanting ``K`` wait on it, then use the finished file. A killed downloader's part is unlocked:
+  the next process truncates and redoes it, or removes it (eviction, ``packer cache clear``);
+- ``K.json``: what the object is (URL, size, ETag, xxh3), for ``packer cache ls``.
+
+Eviction is least recently used (a file's mtime is touched at each open) under ``limit``
+bytes; objects in use are skipped, so the cache exceeds the limit by at most the objects being
+read. A lock file may be unlinked only by a holder of its exclusive lock; whoever locks a file
+checks that the path still names it, else locks the new one (:func:`_lock`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import time
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packer.errors import FormatError, PackerError
+from packer.sizes import format_size, parse_size
+from packer.storage import RETRY, RemoteFolder
+
+__all__ = ["CacheEntry", "Cached", "ShardCache", "default_cache_dir", "parse_limit"]
+
+_EVICT = ".evict.lock"  # held while one process makes room, so two do not both evict
+
+
+def default_cache_dir() -> Path:
+    """``$PACKER_CACHE_DIR``, else ``$XDG_CACHE_HOME/packer``, else ``~/.cache/packer``."""
+    if os.environ.get("PACKER_CACHE_DIR"):
+        return Path(os.environ["PACKER_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "packer"
+
+
+def parse_limit(limit: int | str | None) -> int | None:
+    """``cache_limit`` as bytes (``"200GB"``, ``"500MiB"``, 10**9), or None for no limit."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, (int, str)):
+        raise PackerError(f"cache_limit must be bytes or a size such as '200GB', not {limit!r}")
+    return parse_size(limit)
+
+
+def _lock(path: Path, how: int, create: bool = True) -> int | None:
+    """A descriptor of ``path`` holding the ``flock`` ``how``, or None when ``LOCK_NB`` found it
+    taken (or, without ``create``, the file gone). The lock is on the file the path names
+    *now*: one unlinked by its holder while this process waited is dropped and the new one
+    locked."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o644)
+        except FileNotFoundError:
+            if create:
+                raise
+            return None
+        try:
+            fcntl.flock(fd, how)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+        if not create:
+            return None
+
+
+def _unlink(*paths: Path) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+_LIVE: weakref.WeakSet[CacheEntry] = weakref.WeakSet()
+
+
+def _drop_inherited() -> None:
+    """In a forked child: close the parent's lock descriptors (the parent's locks stay: a
+    ``flock`` belongs to the open file, which the parent still holds)."""
+    for entry in list(_LIVE):
+        entry.close()
+
+
+os.register_at_fork(after_in_child=_drop_inherited)
+
+
+class CacheEntry:
+    """One object of the cache, held open: its file, and the shared lock that keeps it from
+    eviction until :meth:`close`."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd = fd
+        _LIVE.add(self)
+
+    def close(self) -> None:
+        """Release the object (never ``LOCK_UN``: a forked copy must not free the parent's)."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class Cached:
+    """An object found in the cache (``packer cache ls``)."""
+
+    key: str
+    url: str
+    bytes: int
+    used: float  # last use (mtime, seconds since the epoch)
+    in_use: bool  # a process holds it (reading, or downloading when ``partial``)
+    partial: bool = False
+
+
+class ShardCache:
+    """Whole objects of remote datasets in the folder ``cache_dir`` (created on first use).
+
+    Picklable as its folder and limit; every process coordinates through the files.
+
+    Args:
+        cache_dir: the folder (default: :func:`default_cache_dir`); a node-local file system
+            (``flock`` is not reliable over NFS).
+        limit: the most bytes kept (``"200GB"``, an int), None for no limit.
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike[str] | None = None, limit: Any = None):
+        self.dir = Path(cache_dir if cache_dir is not None else default_cache_dir()).absolute()
+        self.limit = parse_limit(limit)
+
+    def __repr__(self) -> str:
+        limit = "no limit" if self.limit is None else format_size(self.limit)
+        return f"ShardCache({str(self.dir)!r}, {limit})"
+
+    def check_fits(self, size: int, where: str) -> None:
+        """Refuse an object larger than the limit (at open: before any download)."""
+        if self.limit is not None and size > self.limit:
+            raise PackerError(
+                f"cache_limit={self.limit} bytes ({format_size(self.limit)}) is smaller than "
+                f"{where} ({size} bytes, {format_size(size)}): the cache must hold at least one "
+                f"whole shard. Raise cache_limit to at least {size} (better: several shards)"
+            )
+
+    def _path(self, key: str, suffix: str) -> Path:
+        return self.dir / (key + suffix)
+
+    @staticmethod
+    def key(url: str, size: int, etag: str | None, xxh3: str) -> str:
+        """The entry of an object: changes with its URL, size, ETag or checksum."""
+        text = "\0".join((url, str(size), etag or "", xxh3))
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def open(self, folder: RemoteFolder, name: str, size: int, xxh3: str) -> CacheEntry:
+        """Object ``name`` of ``folder`` (``size`` bytes, xxh3 ``xxh3`` as the manifest
+        records), downloaded first unless cached; held until the entry is closed.
+
+        Raises:
+            PackerError: the object is larger than the limit, cannot be downloaded, or its
+                download never matched the manifest's checksum.
+        """
+        url = folder.url_of(name)
+        self.check_fits(size, f"object {url!r}")
+        key = self.key(url, size, folder.identity.get(name, (size, None))[1], xxh3)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        use = _lock(self._path(key, ".lock"), fcntl.LOCK_SH)
+        assert use is not None
+        data = self._path(key, ".data")
+        try:
+            if not _present(data, size):
+                self._fill(folder, name, key, size, xxh3)
+            os.utime(data)  # least recently used goes first
+        except BaseException:
+            os.close(use)
+            raise
+        return CacheEntry(data, use)
+
+    def _fill(self, folder: RemoteFolder, name: str, key: str, size: int, xxh3: str) -> None:
+        """Download ``name`` into ``K.data`` unless another process does (then wait for it)."""
+        part, data = self._path(key, ".part"), self._path(key, ".data")
+        fd = _lock(part, fcntl.LOCK_EX)
+        assert fd is not None
+        try:
+            if _present(data, size):  # another process finished it while this one waited
+                _unlink(part)
+                return
+            self._make_room(size)
+            meta = {"url": folder.url_of(name), "bytes": size, "xxh3_64": xxh3}
+            meta["etag"] = folder.identity.get(name, (size, None))[1]
+            self._path(key, ".json").write_text(json.dumps(meta))
+            _download(folder, name, fd, size, xxh3)
+            os.rename(part, data)
+        except BaseException:
+            _unlink(part)
+            raise
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def _evicting(self) -> Iterator[None]:
+        fd = _lock(self.dir / _EVICT, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            os.close(fd)  # type: ignore[arg-type]
+
+    def _make_room(self, needed: int) -> None:
+        """Evict unused objects, least recently used first, until ``needed`` more bytes fit
+        under the limit (objects in use stay: the excess is theirs)."""
+        if self.limit is None:
+            return
+        with self._evicting():
+            self._sweep_parts()
+            found = sorted(self._data(), key=lambda item: item[2])
+            total = sum(size for _, size, _ in found)
+            for key, size, _ in found:
+                if total + needed <= self.limit:
+                    break
+                if self._remove(key):
+                    total -= size
+
+    def _remove(self, key: str) -> bool:
+        """Remove object ``key`` unless a process holds it; whether it was removed."""
+        fd = _lock(self._path(key, ".lock"), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if fd is None:
+            return False
+        try:
+            _unlink(self._path(key, ".data"), self._path(key, ".json"), self._path(key, ".lock"))
+        finally:
+            os.close(fd)
+        return True
+
+    def _sweep_parts(self) -> list[str]:
+        """Remove the part files no process holds (their downloader died); their keys."""
+        removed = []
+        for path in self.dir.glob("*.part"):
+            fd = _lock(path, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False)
+            if fd is not None:
+                _unlink(path)
+                os.close(fd)
+                removed.append(path.stem)
+        return removed
+
+    def _data(self) -> list[tuple[str, int, float]]:
+        """``(key, bytes, mtime)`` of every finished object."""
+        out = []
+        for path in self.dir.glob("*.data"):
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            out.append((path.stem, st.st_size, st.st_mtime))
+        return out
+
+    def _in_use(self, path: Path) -> bool:
+        fd = _lock(path, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False)
+        if fd is None:
+            return path.exists()
+        os.close(fd)
+        return False
+
+    def entries(self) -> list[Cached]:
+        """Every object in the cache (finished, then partial), most recently used first."""
+        if not self.dir.is_dir():
+            return []
+        out = []
+        for key, size, used in sorted(self._data(), key=lambda item: -item[2]):
+            in_use = self._in_use(self._path(key, ".lock"))
+            out.append(Cached(key, self._url(key), size, used, in_use))
+        for path in self.dir.glob("*.part"):
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            in_use = self._in_use(path)
+            out.append(
+                Cached(path.stem, self._url(path.stem), st.st_size, st.st_mtime, in_use, True)
+            )
+        return out
+
+    def _url(self, key: str) -> str:
+        try:
+            return str(json.loads(self._path(key, ".json").read_text())["url"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return "?"
+
+    def clear(self) -> tuple[list[Cached], list[Cached]]:
+        """Remove every object no process holds, and stale partial downloads; returns
+        ``(removed, skipped because in use)``."""
+        removed: list[Cached] = []
+        skipped: list[Cached] = []
+        if not self.dir.is_dir():
+            return removed, skipped
+        with self._evicting():
+            found = self.entries()
+            swept = set(self._sweep_parts())
+            for entry in found:
+                gone = entry.key in swept if entry.partial else self._remove(entry.key)
+                (removed if gone else skipped).append(entry)
+            for path in self.dir.glob("*.lock"):  # locks of objects never finished
+                if not self._path(path.stem, ".data").exists():
+                    self._remove(path.stem)
+        return removed, skipped
+
+
+def _present(data: Path, size: int) -> bool:
+    try:
+        return data.stat().st_size == size
+    except FileNotFoundError:
+        return False
+
+
+def _download(folder: RemoteFolder, name: str, fd: int, size: int, xxh3: str) -> None:
+    """Download ``name`` into ``fd``, checked against ``size`` and ``xxh3`` before it may be
+    used; a body that does not match is downloaded again, up to :data:`RETRY`'s attempts.
+
+    Raises:
+        PackerError: every attempt gave other bytes than the manifest's checksum.
+    """
+    url, attempts, began = folder.url_of(name), RETRY.attempts, time.monotonic()
+    for attempt in range(1, attempts + 1):
+        found = folder.download(name, fd, size)
+        if found == xxh3:
+            os.fdatasync(fd)
+            return
+        folder.check_unchanged(url)  # replaced since the open: say so
+        if attempt < attempts:
+            time.sleep(RETRY.delay(attempt))
+    raise FormatError(
+        f"cannot cache {url!r}: {attempts} downloads over {time.monotonic() - began:.1f}s "
+        f"all gave bytes whose xxh3 differs from the manifest's ({xxh3}; last {found}). The "
+        "object is corrupt in the store or on the way; upload the dataset again or check the "
+        "network"
+    )
