@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packer import storage
 from packer.errors import FormatError, PackerError
 from packer.sizes import format_size, parse_size
-from packer.storage import RETRY, RemoteFolder
+from packer.storage import RemoteFolder
 
 __all__ = ["CacheEntry", "Cached", "ShardCache", "default_cache_dir", "parse_limit"]
 
@@ -345,7 +346,7 @@ def _download(folder: RemoteFolder, name: str, fd: int, size: int, xxh3: str) ->
     Raises:
         PackerError: every attempt gave other bytes than the manifest's checksum.
     """
-    url, attempts, began = folder.url_of(name), RETRY.attempts, time.monotonic()
+    url, attempts, began = folder.url_of(name), storage.RETRY.attempts, time.monotonic()
     for attempt in range(1, attempts + 1):
         found = folder.download(name, fd, size)
         if found == xxh3:
@@ -353,7 +354,7 @@ def _download(folder: RemoteFolder, name: str, fd: int, size: int, xxh3: str) ->
             return
         folder.check_unchanged(url)  # replaced since the open: say so
         if attempt < attempts:
-            time.sleep(RETRY.delay(attempt))
+            time.sleep(storage.RETRY.delay(attempt))
     raise FormatError(
         f"cannot cache {url!r}: {attempts} downloads over {time.monotonic() - began:.1f}s "
         f"all gave bytes whose xxh3 differs from the manifest's ({xxh3}; last {found}). The "

@@ -117,6 +117,7 @@ _PASSING_TYPES = frozenset(
         "FSTimeoutError",
         "ResponseParserError",
         "HTTPClientError",
+        "FlexibleChecksumError",  # botocore found the body corrupt on the way
         "Passing",
     }
 )

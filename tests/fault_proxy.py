@@ -5,7 +5,10 @@ requests matching a pattern get the faults of a schedule:
 - ``"503"``, ``"429"``, ``"403"``: answered at once with that status (an S3 XML error body);
 - ``"drop"``: the server's headers and half its body are sent, then the connection is closed;
 - ``"short"``: the headers say half the body's length and only that half is sent (a body
-  truncated on the way, well formed to the client).
+  truncated on the way, well formed to the client);
+- ``"flip"``: the whole body, one byte in its middle flipped (corrupted on the way);
+- ``"stall"``: the headers and half the body, then nothing until ``release()`` (or 60 s), then
+  the connection is closed (a client killed mid-download).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class FaultProxy:
         self.match = ""
         self.served: list[str] = []  # "METHOD path -> fault or status", in order
         self.lock = threading.Lock()
+        self.released = threading.Event()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -42,6 +46,10 @@ class FaultProxy:
         """The next ``len(faults)`` requests whose ``METHOD path`` contains ``match`` get them."""
         with self.lock:
             self.faults, self.match = list(faults), match
+
+    def release(self) -> None:
+        """End every stalled response now."""
+        self.released.set()
 
     def next_fault(self, request: str) -> str | None:
         with self.lock:
@@ -71,7 +79,17 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             answer = conn.getresponse()
             data = answer.read()
             conn.close()
-            cut = len(data) // 2 if fault in ("drop", "short") and len(data) > 1 else len(data)
+            cut = (
+                len(data) // 2
+                if fault in ("drop", "short", "stall") and len(data) > 1
+                else len(data)
+            )
+            if fault == "flip" and data:
+                data = (
+                    data[: len(data) // 2]
+                    + bytes([data[len(data) // 2] ^ 0x10])
+                    + data[len(data) // 2 + 1 :]
+                )
             self.send_response(answer.status, answer.reason)
             for key, value in answer.getheaders():
                 if key.lower() not in ("content-length", "transfer-encoding", "connection"):
@@ -81,7 +99,10 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data[:cut])
-            if fault == "drop":
+            if fault == "stall":
+                self.wfile.flush()
+                proxy.released.wait(60)
+            if fault in ("drop", "stall"):
                 self.wfile.flush()
                 self.close_connection = True
                 self.connection.shutdown(2)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from packer import storage
 from packer.cache import CacheEntry, ShardCache
 from packer.errors import FormatError
 from packer.formats import lmdb
@@ -32,7 +33,7 @@ from packer.formats.files import Folder, MappedFile
 from packer.formats.lmdb_env import Handle
 from packer.keytable import KeyTable
 from packer.manifest import Manifest, bytes_checksum
-from packer.storage import GAP, RETRY, RemoteFolder, coalesce
+from packer.storage import GAP, RemoteFolder, coalesce
 
 __all__ = ["CachedLMDBReader", "CachedShardReader", "HeldKeys", "RemoteReader"]
 
@@ -133,18 +134,18 @@ class RemoteReader(ReaderBase):
         again, up to :data:`RETRY`'s attempts; then a clear error, never the wrong bytes)."""
         assert self.checksum is not None
         expected = [int(self.checksum[rec[piece[1][0]]]) for piece in pieces]
-        for attempt in range(1, RETRY.attempts + 1):
+        for attempt in range(1, storage.RETRY.attempts + 1):
             bad = [k for k, block in enumerate(blocks) if bytes_checksum(block) != expected[k]]
             if not bad:
                 return blocks
-            if attempt == RETRY.attempts:
+            if attempt == storage.RETRY.attempts:
                 url = self.remote.url_of(names[bad[0]])
                 raise FormatError(
                     f"{url!r} differs from its checksum in the record table after "
                     f"{attempt} reads: it was replaced after the conversion or is corrupt in "
                     "the store. Convert and upload the dataset again"
                 )
-            time.sleep(RETRY.delay(attempt))
+            time.sleep(storage.RETRY.delay(attempt))
             again = self.remote.read_runs(
                 [names[k] for k in bad], [0] * len(bad), [sizes[k] for k in bad]
             )
