@@ -7,6 +7,7 @@ requests matching a pattern get the faults of a schedule:
 - ``"short"``: the headers say half the body's length and only that half is sent (a body
   truncated on the way, well formed to the client);
 - ``"flip"``: the whole body, one byte in its middle flipped (corrupted on the way);
+- ``"slow"``: the whole answer, after :data:`SLOW` seconds (a download in progress);
 - ``"stall"``: the headers and half the body, then nothing until ``release()`` (or 60 s), then
   the connection is closed (a client killed mid-download).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import http.client
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +27,9 @@ _CODES = {
     "429": ("SlowDown", "Too Many Requests"),
     "403": ("AccessDenied", "Access Denied"),
 }
+
+
+SLOW = 2.0  # seconds a "slow" answer waits
 
 
 class FaultProxy:
@@ -73,6 +78,8 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             proxy.served.append(f"{request} -> {fault or 'forwarded'}")
             if fault in _CODES:
                 return self._status(int(fault), *_CODES[fault])
+            if fault == "slow":
+                time.sleep(SLOW)
             conn = http.client.HTTPConnection(*proxy.upstream, timeout=30)
             headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
             conn.request(self.command, self.path, body=body, headers=headers)
