@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -65,7 +66,7 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     images = make_image_tree(root / "images", classes=3, per_class=4, size=(64, 48), bad=0)
     frames = make_video_tree(root / "frames", classes=2, per_class=1, frames=(3, 4))
     out = {}
-    for name in ("images.lmdb", "images.bmp"):
+    for name in ("images.lmdb", "images.bmp", "images.npy", "images.h5"):
         out[name] = root / name
         packer.convert(images.root, out[name], shard_size="6kB", workers=1, progress=False)
     for name in ("videos.lmdb", "videos.bmp"):
@@ -166,6 +167,29 @@ def test_remote_video_clips_equal_local(
     for i in range(len(remote)):
         every = range(int(mine.frame_counts[i]))
         assert remote.read_frames(i, every) == mine.read_frames(i, every)
+
+
+@pytest.mark.parametrize("name", ["images.npy", "images.h5"])
+def test_npy_and_hdf5_shards_cached_when_asked(
+    server: S3Server, proxy: FaultProxy, local: dict[str, Path], tmp_path: Path, name: str
+) -> None:
+    """With cache_dir= a shard is downloaded whole on first touch and a warm epoch reads the
+    cache only; without it, records stay ranged GETs and nothing is cached."""
+    url = _upload(server, local[name], f"cached-{name}")
+    expected = _every(packer.open_dataset(local[name], output="bytes"))
+    ranged = packer.open_dataset(url, output="bytes", storage_options=_options(proxy))
+    assert type(ranged.reader).__name__ == "RemoteReader" and _every(ranged) == expected
+    options = {"storage_options": _options(proxy), "cache_dir": tmp_path / "c"}
+    cold = packer.open_dataset(url, output="bytes", **options)
+    assert type(cold.reader).__name__ == "CachedShardReader" and _every(cold) == expected
+    before = _shard_gets(proxy, f"cached-{name}")
+    warm = pickle.loads(pickle.dumps(packer.open_dataset(url, output="bytes", **options)))
+    assert _every(warm) == expected
+    assert _shard_gets(proxy, f"cached-{name}") == before  # no shard GET when warm
+    shards = load_manifest(local[name]).shards
+    assert sorted(p.read_bytes() for p in (tmp_path / "c").glob("*.data")) == sorted(
+        (local[name] / s.name).read_bytes() for s in shards
+    )
 
 
 _READER = """
