@@ -191,18 +191,30 @@ class ShardCache:
         url = folder.url_of(name)
         self.check_fits(size, f"object {url!r}")
         key = self.key(url, size, folder.identity.get(name, (size, None))[1], xxh3)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        use = _lock(self._path(key, ".lock"), fcntl.LOCK_SH)
-        assert use is not None
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            use = _lock(self._path(key, ".lock"), fcntl.LOCK_SH)
+        except OSError as exc:
+            raise self._unusable(exc) from exc
+        assert use is not None  # a blocking lock is always taken
         data = self._path(key, ".data")
         try:
             if not _present(data, size):
                 self._fill(folder, name, key, size, xxh3)
             os.utime(data)  # least recently used goes first
-        except BaseException:
+        except BaseException as exc:
             os.close(use)
+            if isinstance(exc, OSError):  # the network's are PackerErrors already (storage)
+                raise self._unusable(exc) from exc
             raise
         return CacheEntry(data, use)
+
+    def _unusable(self, exc: OSError) -> PackerError:
+        return PackerError(
+            f"cannot use the shard cache {str(self.dir)!r}: {exc.strerror or exc}. Pass "
+            "cache_dir= a writable folder on a local disk with room for cache_limit (or free "
+            "space, or lower cache_limit)"
+        )
 
     def _fill(self, folder: RemoteFolder, name: str, key: str, size: int, xxh3: str) -> None:
         """Download ``name`` into ``K.data`` unless another process does (then wait for it)."""
@@ -240,7 +252,7 @@ class ShardCache:
             return
         with self._evicting():
             self._sweep_parts()
-            found = sorted(self._data(), key=lambda item: item[2])
+            found = sorted(self._files(), key=lambda item: item[2])
             total = sum(size for _, size, _ in found)
             for key, size, _ in found:
                 if total + needed <= self.limit:
@@ -270,10 +282,10 @@ class ShardCache:
                 removed.append(path.stem)
         return removed
 
-    def _data(self) -> list[tuple[str, int, float]]:
-        """``(key, bytes, mtime)`` of every finished object."""
+    def _files(self, suffix: str = ".data") -> list[tuple[str, int, float]]:
+        """``(key, bytes, mtime)`` of every finished object (or part, ``suffix=".part"``)."""
         out = []
-        for path in self.dir.glob("*.data"):
+        for path in self.dir.glob("*" + suffix):
             try:
                 st = path.stat()
             except FileNotFoundError:
@@ -293,18 +305,12 @@ class ShardCache:
         if not self.dir.is_dir():
             return []
         out = []
-        for key, size, used in sorted(self._data(), key=lambda item: -item[2]):
+        for key, size, used in sorted(self._files(), key=lambda item: -item[2]):
             in_use = self._in_use(self._path(key, ".lock"))
             out.append(Cached(key, self._url(key), size, used, in_use))
-        for path in self.dir.glob("*.part"):
-            try:
-                st = path.stat()
-            except FileNotFoundError:
-                continue
-            in_use = self._in_use(path)
-            out.append(
-                Cached(path.stem, self._url(path.stem), st.st_size, st.st_mtime, in_use, True)
-            )
+        for key, size, used in self._files(".part"):
+            in_use = self._in_use(self._path(key, ".part"))
+            out.append(Cached(key, self._url(key), size, used, in_use, partial=True))
         return out
 
     def _url(self, key: str) -> str:

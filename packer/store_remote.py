@@ -130,8 +130,9 @@ def _remote_keys(folder: RemoteFolder, manifest: Manifest) -> HeldKeys:
 @dataclass(frozen=True)
 class CacheOptions:
     """How a remote dataset uses the node's shard cache (``open_packed``'s ``cache=``,
-    ``cache_dir=``, ``cache_limit=``): LMDB always does; NPY/HDF5 shards when ``cache`` is
-    True or a ``cache_dir`` is given; BMP never (its records are whole objects already)."""
+    ``cache_dir=``, ``cache_limit=``): LMDB always does; NPY/HDF5 shards when any of them is
+    given (``cache=False`` aside); BMP records and per-sample files never (each read is one GET
+    of exactly the bytes asked already)."""
 
     cache: bool | None = None
     cache_dir: str | os.PathLike[str] | None = None
@@ -161,7 +162,7 @@ class CacheOptions:
                 )
         elif manifest.format == "bmp" or layout != "shards":
             return None  # whole-record objects, or per-sample files read by ranges
-        elif not (self.cache or (self.cache_dir is not None and self.cache is not False)):
+        elif not self.cache and (self.cache is False or not self.given()):
             return None
         cache = ShardCache(self.cache_dir, self.cache_limit)
         if manifest.shards:

@@ -317,6 +317,10 @@ def test_a_limit_below_one_shard_is_a_clear_error(
         packer.open_dataset(url, cache_limit="lots", **options)
     assert not _shard_gets(proxy, "small.lmdb")  # refused at open: nothing downloaded
     assert packer.open_dataset(url, cache_limit=largest.bytes, **options)[0]
+    (tmp_path / "a-file").write_text("not a folder")
+    options["cache_dir"] = tmp_path / "a-file"
+    with pytest.raises(PackerError, match="cannot use the shard cache .*a-file.*writable folder"):
+        packer.open_dataset(url, **options)[0]
 
 
 def test_a_reupload_is_not_served_from_the_old_cache(
