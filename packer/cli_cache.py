@@ -27,7 +27,14 @@ def _cache_dir() -> Any:
 
 @click.group(context_settings=CONTEXT)
 def cache() -> None:
-    """The node-local shard cache that remote datasets are read through."""
+    """The node-local shard cache that remote datasets are read through (LMDB shards, and
+    NPY/HDF5 shards when asked): list it, or clear what no process is reading.
+
+    \b
+    Example:
+      packer cache ls
+      packer cache clear --cache-dir /scratch/packer-cache
+    """
 
 
 @cache.command("ls", context_settings=CONTEXT)
