@@ -85,6 +85,7 @@ def _lock(path: Path, how: int, create: bool = True) -> int | None:
         except FileNotFoundError:
             same = False
         if same:
+            _HELD.add(fd)
             return fd
         os.close(fd)
         if not create:
@@ -99,14 +100,28 @@ def _unlink(*paths: Path) -> None:
             pass
 
 
+def _release(fd: int) -> None:
+    """Close a descriptor :func:`_lock` gave (its lock goes with it)."""
+    _HELD.discard(fd)
+    os.close(fd)
+
+
+_HELD: set[int] = set()  # this process's lock descriptors
 _LIVE: weakref.WeakSet[CacheEntry] = weakref.WeakSet()
 
 
 def _drop_inherited() -> None:
-    """In a forked child: close the parent's lock descriptors (the parent's locks stay: a
-    ``flock`` belongs to the open file, which the parent still holds)."""
+    """In a forked child: close the parent's lock descriptors, so no lock outlives the
+    parent's release of it in a child (a ``flock`` belongs to the open file, shared by both:
+    the parent keeps its locks, and waiters are not kept waiting by a DataLoader worker)."""
     for entry in list(_LIVE):
-        entry.close()
+        entry._fd = -1  # the number may be reused in the child: never close it again
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
 
 
 os.register_at_fork(after_in_child=_drop_inherited)
@@ -125,7 +140,7 @@ class CacheEntry:
         """Release the object (never ``LOCK_UN``: a forked copy must not free the parent's)."""
         fd, self._fd = self._fd, -1
         if fd >= 0:
-            os.close(fd)
+            _release(fd)
 
     def __del__(self) -> None:
         self.close()
@@ -203,7 +218,7 @@ class ShardCache:
                 self._fill(folder, name, key, size, xxh3)
             os.utime(data)  # least recently used goes first
         except BaseException as exc:
-            os.close(use)
+            _release(use)
             if isinstance(exc, OSError):  # the network's are PackerErrors already (storage)
                 raise self._unusable(exc) from exc
             raise
@@ -235,7 +250,7 @@ class ShardCache:
             _unlink(part)
             raise
         finally:
-            os.close(fd)
+            _release(fd)
 
     @contextmanager
     def _evicting(self) -> Iterator[None]:
@@ -243,7 +258,7 @@ class ShardCache:
         try:
             yield
         finally:
-            os.close(fd)  # type: ignore[arg-type]
+            _release(fd)  # type: ignore[arg-type]
 
     def _make_room(self, needed: int) -> None:
         """Evict unused objects, least recently used first, until ``needed`` more bytes fit
@@ -268,7 +283,7 @@ class ShardCache:
         try:
             _unlink(self._path(key, ".data"), self._path(key, ".json"), self._path(key, ".lock"))
         finally:
-            os.close(fd)
+            _release(fd)
         return True
 
     def _sweep_parts(self) -> list[str]:
@@ -278,7 +293,7 @@ class ShardCache:
             fd = _lock(path, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False)
             if fd is not None:
                 _unlink(path)
-                os.close(fd)
+                _release(fd)
                 removed.append(path.stem)
         return removed
 
@@ -297,7 +312,7 @@ class ShardCache:
         fd = _lock(path, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False)
         if fd is None:
             return path.exists()
-        os.close(fd)
+        _release(fd)
         return False
 
     def entries(self) -> list[Cached]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from packer.cache import ShardCache, _lock, default_cache_dir, parse_limit
+from packer.cache import ShardCache, _lock, _release, default_cache_dir, parse_limit
 from packer.cli import main
 from packer.errors import PackerError
 
@@ -62,6 +62,30 @@ def test_a_lock_unlinked_while_waiting_is_not_kept(tmp_path: Path) -> None:
     assert got and got[0] is not None
     assert os.fstat(got[0]).st_ino == os.stat(path).st_ino
     os.close(got[0])
+
+
+def test_a_forked_child_keeps_no_lock(tmp_path: Path) -> None:
+    """A process forked (a DataLoader worker) while its parent holds a lock (a download in
+    progress) must not keep that lock once the parent releases it: waiters would hang for as
+    long as the child lives."""
+    path = tmp_path / "k.part"
+    fd = _lock(path, fcntl.LOCK_EX)
+    assert fd is not None
+    ready, started = os.pipe()
+    child = os.fork()
+    if child == 0:  # the worker (its fork hooks have run): lives on, never touches the lock
+        os.write(started, b"1")
+        time.sleep(5)
+        os._exit(0)
+    try:
+        assert os.read(ready, 1) == b"1"
+        _release(fd)  # the parent's download is done
+        assert _lock(path, fcntl.LOCK_EX | fcntl.LOCK_NB) is not None  # free for the others
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        os.close(ready)
+        os.close(started)
 
 
 _HOLDER = """
