@@ -16,7 +16,7 @@ its URL, size, ETag and the manifest's xxh3, so a re-uploaded object is a new en
 Eviction is least recently used (a file's mtime is touched at each open) under ``limit``
 bytes; objects in use are skipped, so the cache exceeds the limit by at most the objects being
 read. A lock file may be unlinked only by a holder of its exclusive lock; whoever locks a file
-checks that the path still names it, else locks the new one (:func:`_lock`).
+checks that the path still names it, else locks the new one (:func:`packer.file_locks.lock`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import time
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from typing import Any
 
 from packer import storage
 from packer.errors import FormatError, PackerError
+from packer.file_locks import CacheEntry, lock, release, unlink_quietly
 from packer.sizes import format_size, parse_size
 from packer.storage import RemoteFolder
 
@@ -58,92 +58,6 @@ def parse_limit(limit: int | str | None) -> int | None:
     if isinstance(limit, bool) or not isinstance(limit, (int, str)):
         raise PackerError(f"cache_limit must be bytes or a size such as '200GB', not {limit!r}")
     return parse_size(limit)
-
-
-def _lock(path: Path, how: int, create: bool = True) -> int | None:
-    """A descriptor of ``path`` holding the ``flock`` ``how``, or None when ``LOCK_NB`` found it
-    taken (or, without ``create``, the file gone). The lock is on the file the path names
-    *now*: one unlinked by its holder while this process waited is dropped and the new one
-    locked."""
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o644)
-        except FileNotFoundError:
-            if create:
-                raise
-            return None
-        try:
-            fcntl.flock(fd, how)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        except BaseException:
-            os.close(fd)
-            raise
-        try:
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            _HELD.add(fd)
-            return fd
-        os.close(fd)
-        if not create:
-            return None
-
-
-def _unlink(*paths: Path) -> None:
-    for path in paths:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-
-
-def _release(fd: int) -> None:
-    """Close a descriptor :func:`_lock` gave (its lock goes with it)."""
-    _HELD.discard(fd)
-    os.close(fd)
-
-
-_HELD: set[int] = set()  # this process's lock descriptors
-_LIVE: weakref.WeakSet[CacheEntry] = weakref.WeakSet()
-
-
-def _drop_inherited() -> None:
-    """In a forked child: close the parent's lock descriptors, so no lock outlives the
-    parent's release of it in a child (a ``flock`` belongs to the open file, shared by both:
-    the parent keeps its locks, and waiters are not kept waiting by a DataLoader worker)."""
-    for entry in list(_LIVE):
-        entry._fd = -1  # the number may be reused in the child: never close it again
-    for fd in list(_HELD):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _HELD.clear()
-
-
-os.register_at_fork(after_in_child=_drop_inherited)
-
-
-class CacheEntry:
-    """One object of the cache, held open: its file, and the shared lock that keeps it from
-    eviction until :meth:`close`."""
-
-    def __init__(self, path: Path, fd: int) -> None:
-        self.path = path
-        self._fd = fd
-        _LIVE.add(self)
-
-    def close(self) -> None:
-        """Release the object (never ``LOCK_UN``: a forked copy must not free the parent's)."""
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            _release(fd)
-
-    def __del__(self) -> None:
-        self.close()
 
 
 @dataclass(frozen=True)
@@ -208,7 +122,7 @@ class ShardCache:
         key = self.key(url, size, folder.identity.get(name, (size, None))[1], xxh3)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            use = _lock(self._path(key, ".lock"), fcntl.LOCK_SH)
+            use = lock(self._path(key, ".lock"), fcntl.LOCK_SH)
         except OSError as exc:
             raise self._unusable(exc) from exc
         assert use is not None  # a blocking lock is always taken
@@ -218,7 +132,7 @@ class ShardCache:
                 self._fill(folder, name, key, size, xxh3)
             os.utime(data)  # least recently used goes first
         except BaseException as exc:
-            _release(use)
+            release(use)
             if isinstance(exc, OSError):  # the network's are PackerErrors already (storage)
                 raise self._unusable(exc) from exc
             raise
@@ -234,11 +148,11 @@ class ShardCache:
     def _fill(self, folder: RemoteFolder, name: str, key: str, size: int, xxh3: str) -> None:
         """Download ``name`` into ``K.data`` unless another process does (then wait for it)."""
         part, data = self._path(key, ".part"), self._path(key, ".data")
-        fd = _lock(part, fcntl.LOCK_EX)
+        fd = lock(part, fcntl.LOCK_EX)
         assert fd is not None
         try:
             if _present(data, size):  # another process finished it while this one waited
-                _unlink(part)
+                unlink_quietly(part)
                 return
             self._make_room(size)
             meta = {"url": folder.url_of(name), "bytes": size, "xxh3_64": xxh3}
@@ -247,18 +161,18 @@ class ShardCache:
             _download(folder, name, fd, size, xxh3)
             os.rename(part, data)
         except BaseException:
-            _unlink(part)
+            unlink_quietly(part)
             raise
         finally:
-            _release(fd)
+            release(fd)
 
     @contextmanager
     def _evicting(self) -> Iterator[None]:
-        fd = _lock(self.dir / _EVICT, fcntl.LOCK_EX)
+        fd = lock(self.dir / _EVICT, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            _release(fd)  # type: ignore[arg-type]
+            release(fd)  # type: ignore[arg-type]
 
     def _make_room(self, needed: int) -> None:
         """Evict unused objects, least recently used first, until ``needed`` more bytes fit
@@ -277,23 +191,25 @@ class ShardCache:
 
     def _remove(self, key: str) -> bool:
         """Remove object ``key`` unless a process holds it; whether it was removed."""
-        fd = _lock(self._path(key, ".lock"), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd = lock(self._path(key, ".lock"), fcntl.LOCK_EX | fcntl.LOCK_NB)
         if fd is None:
             return False
         try:
-            _unlink(self._path(key, ".data"), self._path(key, ".json"), self._path(key, ".lock"))
+            unlink_quietly(
+                self._path(key, ".data"), self._path(key, ".json"), self._path(key, ".lock")
+            )
         finally:
-            _release(fd)
+            release(fd)
         return True
 
     def _sweep_parts(self) -> list[str]:
         """Remove the part files no process holds (their downloader died); their keys."""
         removed = []
         for path in self.dir.glob("*.part"):
-            fd = _lock(path, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False)
+            fd = lock(path, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False)
             if fd is not None:
-                _unlink(path)
-                _release(fd)
+                unlink_quietly(path)
+                release(fd)
                 removed.append(path.stem)
         return removed
 
@@ -309,10 +225,10 @@ class ShardCache:
         return out
 
     def _in_use(self, path: Path) -> bool:
-        fd = _lock(path, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False)
+        fd = lock(path, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False)
         if fd is None:
             return path.exists()
-        _release(fd)
+        release(fd)
         return False
 
     def entries(self) -> list[Cached]:

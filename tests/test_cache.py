@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from packer.cache import ShardCache, _lock, _release, default_cache_dir, parse_limit
+from packer.cache import ShardCache, default_cache_dir, parse_limit
 from packer.cli import main
 from packer.errors import PackerError
+from packer.file_locks import lock, release
 
 
 def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -51,9 +52,9 @@ def test_a_lock_unlinked_while_waiting_is_not_kept(tmp_path: Path) -> None:
     """An evictor unlinks a lock file it holds: a process that waited on that file locks the
     new one, never the removed one (else two processes would each hold "the" lock)."""
     path = tmp_path / "k.lock"
-    evictor = _lock(path, fcntl.LOCK_EX)
+    evictor = lock(path, fcntl.LOCK_EX)
     got: list[int | None] = []
-    waiter = threading.Thread(target=lambda: got.append(_lock(path, fcntl.LOCK_SH)))
+    waiter = threading.Thread(target=lambda: got.append(lock(path, fcntl.LOCK_SH)))
     waiter.start()
     time.sleep(0.2)  # the waiter has opened the old file and waits on it
     os.unlink(path)
@@ -69,7 +70,7 @@ def test_a_forked_child_keeps_no_lock(tmp_path: Path) -> None:
     progress) must not keep that lock once the parent releases it: waiters would hang for as
     long as the child lives."""
     path = tmp_path / "k.part"
-    fd = _lock(path, fcntl.LOCK_EX)
+    fd = lock(path, fcntl.LOCK_EX)
     assert fd is not None
     ready, started = os.pipe()
     child = os.fork()
@@ -79,8 +80,8 @@ def test_a_forked_child_keeps_no_lock(tmp_path: Path) -> None:
         os._exit(0)
     try:
         assert os.read(ready, 1) == b"1"
-        _release(fd)  # the parent's download is done
-        assert _lock(path, fcntl.LOCK_EX | fcntl.LOCK_NB) is not None  # free for the others
+        release(fd)  # the parent's download is done
+        assert lock(path, fcntl.LOCK_EX | fcntl.LOCK_NB) is not None  # free for the others
     finally:
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
