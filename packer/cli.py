@@ -383,10 +383,12 @@ def verify(
 
 
 def _register_measure_commands() -> None:
+    from packer.cli_cache import cache
     from packer.cli_merge import merge
     from packer.tools.commands import bench, doctor
 
     main.add_command(bench)
+    main.add_command(cache)
     main.add_command(doctor)
     main.add_command(merge)
 

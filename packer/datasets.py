@@ -312,8 +312,10 @@ def open_dataset(
     with ``train/`` and ``val/``).
 
     Args:
-        path: the output or folder, or the URL of an NPY or HDF5 output (``s3://...``,
-            ``https://...``, any fsspec protocol; ``storage_options={...}`` goes to fsspec).
+        path: the output or folder, or the URL of an output (``s3://...``, ``https://...``,
+            any fsspec protocol; ``storage_options={...}`` goes to fsspec; LMDB shards are
+            read through the node's shard cache, ``cache_dir=`` and ``cache_limit=``, which
+            also caches NPY/HDF5 shards when given: ``packer.cache``).
         split: the split to open (``"train"``, ``"val"``, ...) of an output or folder that has
             splits.
         kind: ``"image"`` or ``"video"`` to say what you expect (and get a precise static type:
