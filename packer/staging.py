@@ -2,7 +2,7 @@
 staging folder, with all its checks, ``resume`` and checksums, then uploaded by
 :mod:`packer.upload` (data first, manifest last) and the staging folder removed.
 
-The staging folder of ``s3://bucket/out.lmdb`` is ``<root>/<hash of the URL and endpoint>/``,
+The staging folder of ``s3://bucket/out.lmdb`` is ``<root>/<hash of the URL>/``,
 holding ``out.lmdb`` (or ``out.lmdb.partial`` while it is built), the upload journal and a
 lock; ``<root>`` is ``staging=`` (``--staging DIR``), else ``$PACKER_CACHE_DIR/staging``, else
 ``$XDG_CACHE_HOME/packer/staging`` (``~/.cache/packer/staging``). It needs room for the whole
@@ -46,10 +46,11 @@ def staging_root(staging: str | os.PathLike[str] | None = None) -> Path:
     return Path(cache) / "packer" / "staging"
 
 
-def staging_folder(url: str, options: dict[str, Any] | None, staging: Any = None) -> Path:
-    """The staging folder of ``url`` (reached with ``options``) under :func:`staging_root`."""
-    endpoint = str((options or {}).get("endpoint_url", ""))
-    key = hashlib.sha256(f"{url.rstrip('/')}\n{endpoint}".encode()).hexdigest()[:20]
+def staging_folder(url: str, staging: Any = None) -> Path:
+    """The staging folder of ``url`` under :func:`staging_root`: named by a hash of the URL
+    only, so a run resumed through another endpoint (a proxy, another name of the same store)
+    finds it; the journal's ETags decide what is already at the store."""
+    key = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:20]
     return staging_root(staging) / key
 
 
@@ -66,10 +67,10 @@ def _name_of(url: str) -> str:
 
 
 @contextmanager
-def _staged(url: str, options: dict[str, Any] | None, staging: Any, fresh: bool) -> Iterator[Path]:
+def _staged(url: str, staging: Any, fresh: bool) -> Iterator[Path]:
     """Hold the staging folder of ``url`` (one writer at a time); with ``fresh``, empty it
     first (only a folder packer made: it has our mark)."""
-    folder = staging_folder(url, options, staging)
+    folder = staging_folder(url, staging)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(folder / _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -153,7 +154,7 @@ def convert_to_url(
     """
     name = _name_of(url)
     options = dict(storage_options or {})
-    with _staged(url, options, staging, fresh=not resume and part is None) as folder:
+    with _staged(url, staging, fresh=not resume and part is None) as folder:
         local = folder / name
         uploader = Uploader(url, options, Journal(folder / JOURNAL_NAME))
         if part is None:
@@ -187,7 +188,7 @@ def merge_to_url(
     does; run again after an interruption, it resumes the upload."""
     name = _name_of(url)
     options = dict(storage_options or {})
-    with _staged(url, options, staging, fresh=False) as folder:
+    with _staged(url, staging, fresh=False) as folder:
         local = folder / name
         uploader = Uploader(url, options, Journal(folder / JOURNAL_NAME))
         uploader.check(overwrite, local)

@@ -6,19 +6,27 @@ conversion's files byte for byte (the manifest up to its ``created`` time)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from fault_proxy import fault_proxy
+from fault_proxy import FaultProxy, fault_proxy
 from s3_server import S3Server, s3_server
 
 import packer
 from packer.cli import main
 from packer.convert import convert_video
 from packer.errors import DestinationError
+from packer.staging import staging_folder
 from packer.tools.image_demo import make_image_tree
 from packer.tools.video_demo import make_video_tree
 
@@ -179,3 +187,73 @@ def test_refusals_are_clear(server: S3Server, sources: dict[str, Path], tmp_path
     assert objects(server, "s3://write/foreign.npy") == {"notes.txt": b"someone's data"}
     with pytest.raises(DestinationError, match="convert_to_url"):
         packer.convert(src, "s3://write/y.npy", workers=1, progress=False)
+
+
+class HoldingProxy(FaultProxy):
+    """A fault proxy whose requests containing ``hold`` get no answer until ``released`` is
+    set; then they are answered 503 without reaching the server (their client is gone)."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream)
+        self.hold, self.held, self.released = "", [], threading.Event()
+
+    def next_fault(self, request: str) -> str | None:
+        if self.hold and self.hold in request:
+            self.held.append(request)
+            self.released.wait(60)
+            return "503"
+        return super().next_fault(request)
+
+
+@contextmanager
+def holding_proxy(upstream: str) -> Iterator[HoldingProxy]:
+    proxy = HoldingProxy(upstream)
+    thread = threading.Thread(target=proxy.server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield proxy
+    finally:
+        proxy.released.set()
+        proxy.server.shutdown()
+        proxy.server.server_close()
+
+
+def test_upload_killed_then_resumed_equals_an_uninterrupted_one(
+    server: S3Server, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    """A real ``packer convert`` process SIGKILLed while its uploads of class_01/ hang (the
+    others done): no manifest is at the URL; ``--resume`` sends only what is missing, and the
+    objects equal an uninterrupted upload's."""
+    src, url, staging = str(sources["images"]), "s3://write/killed.bmp", tmp_path / "staging"
+    with holding_proxy(server.endpoint) as proxy:
+        proxy.hold = "PUT /write/killed.bmp/class_01/"
+        journal = staging_folder(url, staging)
+        journal /= "upload-journal.jsonl"
+        command = [sys.executable, "-m", "packer", "convert", src, url, "--workers", "1", "-q"]
+        command += ["--staging", str(staging), "--storage-option", f"endpoint_url={proxy.endpoint}"]
+        env = {**os.environ, "PYTHONPATH": str(Path(packer.__file__).parents[1])}
+        child = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 60
+            while not (
+                len(proxy.held) == 4
+                and journal.is_file()
+                and len(journal.read_text().splitlines()) == 7
+            ):
+                assert child.poll() is None, child.communicate()[1]
+                assert time.monotonic() < deadline, (proxy.held, proxy.served)
+                time.sleep(0.02)
+        finally:
+            os.kill(child.pid, signal.SIGKILL)
+            child.communicate()
+        at_kill = objects(server, url)
+        assert len(at_kill) == 7 and "packer.json" not in at_kill  # the manifest comes last
+        with fault_proxy(server.endpoint) as counting:
+            resumed = run(counting.endpoint, staging, "convert", src, url, "-q", "--resume")
+            puts = [r for r in counting.served if r.startswith("PUT /write/killed.bmp/")]
+    assert resumed.exit_code == 0, resumed.output
+    assert "7 already uploaded" in resumed.output and len(puts) == 5, puts
+    straight = run(server.endpoint, tmp_path / "other", "convert", src, "s3://write/straight.bmp")
+    assert straight.exit_code == 0, straight.output
+    assert_same_dataset(objects(server, url), objects(server, "s3://write/straight.bmp"))
+    assert not staging.exists() or not any(staging.iterdir())
