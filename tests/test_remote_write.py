@@ -255,5 +255,7 @@ def test_upload_killed_then_resumed_equals_an_uninterrupted_one(
     assert "7 already uploaded" in resumed.output and len(puts) == 5, puts
     straight = run(server.endpoint, tmp_path / "other", "convert", src, "s3://write/straight.bmp")
     assert straight.exit_code == 0, straight.output
-    assert_same_dataset(objects(server, url), objects(server, "s3://write/straight.bmp"))
+    final = objects(server, url)
+    assert_same_dataset(final, objects(server, "s3://write/straight.bmp"))
+    assert "packer.json" in final and len(final) == 12
     assert not staging.exists() or not any(staging.iterdir())
