@@ -48,9 +48,13 @@ def upload_order(folder: Path) -> list[str]:
     """The files of ``folder`` (relative POSIX names) in upload order: every data file and
     table (sorted), then the manifests, deepest first, the top ``packer.json`` last."""
     names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
-    data = [n for n in names if n.rsplit("/", 1)[-1] != MANIFEST_NAME]
+    data = [n for n in names if not _is_manifest(n)]
     manifests = sorted(set(names) - set(data), key=lambda n: (-n.count("/"), n))
     return data + manifests
+
+
+def _is_manifest(name: str) -> bool:
+    return name.rsplit("/", 1)[-1] == MANIFEST_NAME
 
 
 @dataclass
@@ -236,10 +240,10 @@ class Uploader:
         todo = [n for n in names if not self.ours(n, staged / n, listing)]
         report = UploadReport(self.url, skipped=len(names) - len(todo))
         total = sum((staged / n).stat().st_size for n in todo)
+        manifests = [n for n in todo if _is_manifest(n)]  # deepest first, the top one last
         with _bar(total, progress) as bar:
-            data = [n for n in todo if n.rsplit("/", 1)[-1] != MANIFEST_NAME]
-            self._put_many(staged, data, bar)
-            for name in todo[len(data) :]:  # the manifests, in order, the top one last
+            self._put_many(staged, [n for n in todo if not _is_manifest(n)], bar)
+            for name in manifests:  # one at a time, once every data file is there
                 self._put(staged, name, bar)
         stale = sorted(set(listing) - set(names))
         if stale:
@@ -253,7 +257,7 @@ class Uploader:
     def _drop_old_manifests(self, staged: Path, listing: dict[str, tuple[int, str | None]]) -> None:
         """Delete every manifest at the destination that is not this upload's (the top one
         first), so that no reader opens an old dataset whose objects are being replaced."""
-        old = [n for n in listing if n.rsplit("/", 1)[-1] == MANIFEST_NAME]
+        old = [n for n in listing if _is_manifest(n)]
         old = [n for n in old if not self.ours(n, staged / n, listing)]
         fs = self.folder.fs()
         for name in sorted(old, key=lambda n: (n.count("/"), n)):
