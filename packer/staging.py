@@ -67,9 +67,10 @@ def _name_of(url: str) -> str:
 
 
 @contextmanager
-def _staged(url: str, staging: Any, fresh: bool) -> Iterator[Path]:
-    """Hold the staging folder of ``url`` (one writer at a time); with ``fresh``, empty it
-    first (only a folder packer made: it has our mark)."""
+def _staged(url: str, staging: Any, fresh: bool, shared: bool = False) -> Iterator[Path]:
+    """Hold the staging folder of ``url``: one writer at a time, or (``shared``) any number of
+    ``--part`` tasks, each locking its own part as the converter does; with ``fresh``, empty
+    it first (only a folder packer made: it has our mark)."""
     folder = staging_folder(url, staging)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -79,27 +80,28 @@ def _staged(url: str, staging: Any, fresh: bool) -> Iterator[Path]:
             f"cannot create the staging folder {str(folder)!r} of {url!r}: {exc.strerror}. "
             "Choose a writable place with --staging DIR"
         ) from exc
+    alone = False  # holding the lock exclusively: may remove the folder at the end
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             raise DestinationError(
                 f"{url!r} is being written by another packer process (its staging folder "
                 f"{str(folder)!r} is locked); wait for it to finish or stop it first"
             ) from None
-        mark = folder / _MARK
-        if fresh:
-            for entry in folder.iterdir():
-                if entry.name != _LOCK and mark.is_file():
-                    _remove(entry)
-        elif any(e.name != _LOCK for e in folder.iterdir()) and not mark.is_file():
+        alone, mark = not shared, folder / _MARK
+        others = [e for e in folder.iterdir() if e.name != _LOCK]
+        if others and not mark.is_file():
             raise DestinationError(
                 f"{str(folder)!r} is not a packer staging folder: choose another"
             )
-        mark.write_text(json.dumps({"url": url.rstrip("/")}) + "\n", encoding="utf-8")
+        for entry in others if fresh else ():
+            _remove(entry)
+        if not mark.is_file():
+            mark.write_text(json.dumps({"url": url.rstrip("/")}) + "\n", encoding="utf-8")
         yield folder
     finally:
-        if [e.name for e in folder.iterdir()] == [_LOCK]:  # uploaded: leave nothing behind
+        if alone and [e.name for e in folder.iterdir()] == [_LOCK]:  # all uploaded
             os.unlink(folder / _LOCK)
             folder.rmdir()
         os.close(fd)
@@ -154,7 +156,8 @@ def convert_to_url(
     """
     name = _name_of(url)
     options = dict(storage_options or {})
-    with _staged(url, staging, fresh=not resume and part is None) as folder:
+    fresh = not resume and part is None
+    with _staged(url, staging, fresh, shared=part is not None) as folder:
         local = folder / name
         uploader = Uploader(url, options, Journal(folder / JOURNAL_NAME))
         if part is None:

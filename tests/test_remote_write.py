@@ -5,6 +5,7 @@ conversion's files byte for byte (the manifest up to its ``created`` time)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -259,3 +260,28 @@ def test_upload_killed_then_resumed_equals_an_uninterrupted_one(
     assert_same_dataset(final, objects(server, "s3://write/straight.bmp"))
     assert "packer.json" in final and len(final) == 12
     assert not staging.exists() or not any(staging.iterdir())
+
+
+def test_parts_staged_then_merged_into_a_url(
+    server: S3Server, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    """--part tasks share the staging folder (a whole conversion to the same URL is refused
+    meanwhile) and upload nothing; packer merge URL joins them and uploads one dataset."""
+    src, url, staging = str(sources["images"]), "s3://write/parts.lmdb", tmp_path / "shared"
+    folder = staging_folder(url, staging)
+    folder.mkdir(parents=True)
+    with open(folder / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_SH)  # as a running --part task holds it
+        whole = run(server.endpoint, staging, "convert", src, url, "-q")
+        assert whole.exit_code == 1 and "being written by another packer process" in whole.output
+        assert (folder / ".lock").is_file()  # the refused process left the holder's lock alone
+        for i in range(2):
+            given = ["--part", f"{i}/2", "--shard-size", "8kB", "-q"]
+            part = run(server.endpoint, staging, "convert", src, url, *given)
+            assert part.exit_code == 0 and f"packer merge {url}" in part.output, part.output
+    assert objects(server, url) == {}
+    merged = run(server.endpoint, staging, "merge", url)
+    assert merged.exit_code == 0 and "the manifest last" in merged.output, merged.output
+    packer.convert(src, tmp_path / "local.lmdb", shard_size="8kB", workers=1, progress=False)
+    assert_same_dataset(objects(server, url), files(tmp_path / "local.lmdb"))
+    assert not folder.exists()
