@@ -285,3 +285,27 @@ def test_parts_staged_then_merged_into_a_url(
     packer.convert(src, tmp_path / "local.lmdb", shard_size="8kB", workers=1, progress=False)
     assert_same_dataset(objects(server, url), files(tmp_path / "local.lmdb"))
     assert not folder.exists()
+
+
+def test_full_staging_disk_is_a_clear_error_then_resumes(
+    server: S3Server, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    """Staging on a real 40 kB tmpfs (CI runs as root): the .bmp output does not fit, the
+    error says it is the upload's staging folder and how to move it; nothing is uploaded;
+    after the disk grows, --resume finishes and uploads the same dataset."""
+    src, url, disk = str(sources["images"]), "s3://write/full.bmp", tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40k", "tmpfs", str(disk)])
+    assert mounted.returncode == 0, "mounting a tmpfs needs root, as in CI"
+    try:
+        full = run(server.endpoint, disk, "convert", src, url, "-q")
+        assert full.exit_code == 1, full.output
+        assert "disk full" in full.output and "staging folder of the upload" in full.output
+        assert "--staging DIR" in full.output and objects(server, url) == {}
+        subprocess.run(["mount", "-o", "remount,size=4m", str(disk)], check=True)
+        resumed = run(server.endpoint, disk, "convert", src, url, "-q", "--resume")
+        assert resumed.exit_code == 0, resumed.output
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
+    packer.convert(src, tmp_path / "local.bmp", workers=1, progress=False)
+    assert_same_dataset(objects(server, url), files(tmp_path / "local.bmp"))
