@@ -7,9 +7,9 @@ A reader opens a dataset through its ``packer.json``; so the order is:
    ``overwrite``, or an upload of ours that a kill interrupted (recorded in the journal);
 2. with ``overwrite``, the old manifests are deleted first (the top one, then the splits'), so
    no reader opens the old dataset while its objects are replaced;
-3. every data file and table is uploaded (several at once, multipart for large files as the
-   backend does it: s3fs from 100 MiB in 50 MiB parts), then each split's ``packer.json``,
-   then the top ``packer.json`` last;
+3. every data file and table is uploaded (small ones several at once, a large one alone,
+   multipart as the backend does it: s3fs from 100 MiB, in 50 MiB parts, 4 in flight, so
+   memory stays near 200 MiB), then each split's ``packer.json``, then the top one last;
 4. objects of an old output that the new one does not have are deleted.
 
 Each finished upload appends one line to a journal in the staging folder (the local file's
@@ -40,7 +40,9 @@ __all__ = ["JOURNAL_NAME", "Journal", "UploadReport", "Uploader", "upload_order"
 
 T = TypeVar("T")
 JOURNAL_NAME = "upload-journal.jsonl"
-THREADS = 8  # objects in flight together (small per-sample files need many)
+THREADS = 8  # small objects in flight together (small per-sample files need many)
+LARGE = 16 << 20  # a file this large is sent alone (s3fs holds a file < 100 MiB in memory)
+PARTS = 4  # parts of one multipart upload in flight (s3fs: 50 MiB each): ~200 MiB of memory
 _READ_ONLY = ("http", "https")
 
 
@@ -241,8 +243,12 @@ class Uploader:
         report = UploadReport(self.url, skipped=len(names) - len(todo))
         total = sum((staged / n).stat().st_size for n in todo)
         manifests = [n for n in todo if _is_manifest(n)]  # deepest first, the top one last
+        data = [n for n in todo if not _is_manifest(n)]
+        small = [n for n in data if (staged / n).stat().st_size < LARGE]
         with _bar(total, progress) as bar:
-            self._put_many(staged, [n for n in todo if not _is_manifest(n)], bar)
+            self._put_many(staged, small, bar)
+            for name in sorted(set(data) - set(small)):  # one at a time: bounded memory
+                self._put(staged, name, bar)
             for name in manifests:  # one at a time, once every data file is there
                 self._put(staged, name, bar)
         stale = sorted(set(listing) - set(names))
@@ -283,11 +289,13 @@ class Uploader:
         local, url = staged / name, join_url(self.url, name)
         st = local.stat()
         fs = self.folder.fs()
+        s3 = self.url.split("://", 1)[0] in ("s3", "s3a")
+        extra = {"max_concurrency": PARTS} if s3 and st.st_size >= LARGE else {}
 
         def put() -> tuple[int, str | None]:
             sent = _Sent(bar)
             try:
-                fs.put_file(str(local), url, callback=sent.callback())
+                fs.put_file(str(local), url, callback=sent.callback(), **extra)
             except BaseException:
                 sent.undo()
                 raise
