@@ -67,10 +67,10 @@ def _name_of(url: str) -> str:
 
 
 @contextmanager
-def _staged(url: str, staging: Any, fresh: bool, shared: bool = False) -> Iterator[Path]:
+def _staged(url: str, staging: Any, shared: bool = False) -> Iterator[Path]:
     """Hold the staging folder of ``url``: one writer at a time, or (``shared``) any number of
-    ``--part`` tasks, each locking its own part as the converter does; with ``fresh``, empty
-    it first (only a folder packer made: it has our mark)."""
+    ``--part`` tasks, each locking its own part as the converter does. A folder that holds
+    anything must be a packer staging folder (our mark)."""
     folder = staging_folder(url, staging)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -95,8 +95,6 @@ def _staged(url: str, staging: Any, fresh: bool, shared: bool = False) -> Iterat
             raise DestinationError(
                 f"{str(folder)!r} is not a packer staging folder: choose another"
             )
-        for entry in others if fresh else ():
-            _remove(entry)
         if not mark.is_file():
             mark.write_text(json.dumps({"url": url.rstrip("/")}) + "\n", encoding="utf-8")
         yield folder
@@ -105,6 +103,13 @@ def _staged(url: str, staging: Any, fresh: bool, shared: bool = False) -> Iterat
             os.unlink(folder / _LOCK)
             folder.rmdir()
         os.close(fd)
+
+
+def _clear(folder: Path, keep: tuple[str, ...] = (_LOCK,)) -> None:
+    """Remove everything in ``folder`` but ``keep``."""
+    for entry in folder.iterdir():
+        if entry.name not in keep:
+            _remove(entry)
 
 
 def _remove(path: Path) -> None:
@@ -156,12 +161,14 @@ def convert_to_url(
     """
     name = _name_of(url)
     options = dict(storage_options or {})
-    fresh = not resume and part is None
-    with _staged(url, staging, fresh, shared=part is not None) as folder:
-        local = folder / name
-        uploader = Uploader(url, options, Journal(folder / JOURNAL_NAME))
+    with _staged(url, staging, shared=part is not None) as folder:
+        local, journal = folder / name, Journal(folder / JOURNAL_NAME)
+        uploader = Uploader(url, options, journal, resume)
         if part is None:
             uploader.check(overwrite, local)  # before the conversion: refuse early
+        if not resume and part is None:  # start over, still owning an upload of ours
+            _clear(folder, keep=(_LOCK, _MARK, JOURNAL_NAME))
+            journal.reset(url.rstrip("/"))
         try:
             result = convert(src, local, resume=resume, progress=progress, part=part, **kwargs)
         except DestinationError as exc:
@@ -191,9 +198,9 @@ def merge_to_url(
     does; run again after an interruption, it resumes the upload."""
     name = _name_of(url)
     options = dict(storage_options or {})
-    with _staged(url, staging, fresh=False) as folder:
+    with _staged(url, staging) as folder:
         local = folder / name
-        uploader = Uploader(url, options, Journal(folder / JOURNAL_NAME))
+        uploader = Uploader(url, options, Journal(folder / JOURNAL_NAME), resume=True)
         uploader.check(overwrite, local)
         if not (local / "packer.json").is_file() or any(folder.glob(f"{name}.part-*")):
             result = merge(local, overwrite=True, progress=progress)
@@ -228,7 +235,5 @@ def _upload(
     if keep_staging:
         result.notes.append(f"the staged output is kept in {str(local)!r}")
     else:  # the lock and the folder go when it is released
-        for entry in local.parent.iterdir():
-            if entry.name != _LOCK:
-                _remove(entry)
+        _clear(local.parent)
     return result

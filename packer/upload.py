@@ -91,6 +91,7 @@ class Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.entries: dict[str, dict[str, Any]] = {}
+        self.owned = False  # the journal exists: this staging folder writes that URL
         self._lock = threading.Lock()
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
@@ -99,9 +100,18 @@ class Journal:
         for line in lines:
             try:
                 entry = json.loads(line)
-                self.entries[str(entry["name"])] = entry
-            except (ValueError, KeyError, TypeError):
+                self.owned = self.owned or "owner" in entry
+                if "name" in entry:
+                    self.entries[str(entry["name"])] = entry
+            except (ValueError, TypeError):
                 continue  # a line torn by a crash: that object is uploaded again
+
+    def reset(self, url: str) -> None:
+        """Start over: forget every upload, but keep saying that the objects at ``url`` are
+        this staging folder's (an interrupted upload of ours may be there)."""
+        with self._lock:
+            self.path.write_text(json.dumps({"owner": url}) + "\n", encoding="utf-8")
+            self.entries, self.owned = {}, True
 
     def record(self, name: str, local: os.stat_result, size: int, etag: str | None) -> None:
         """Note that ``name`` (the local file of ``local``) is at the store with ``size`` and
@@ -109,7 +119,7 @@ class Journal:
         entry = {"name": name, "local": [local.st_size, local.st_mtime_ns], "size": size}
         entry["etag"] = etag
         with self._lock:
-            self.entries[name] = entry
+            self.entries[name], self.owned = entry, True
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(entry) + "\n")
 
@@ -136,7 +146,13 @@ class Uploader:
         journal: the journal of this upload (in the staging folder).
     """
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None, journal: Journal) -> None:
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None,
+        journal: Journal,
+        resume: bool = False,
+    ) -> None:
         protocol = url.split("://", 1)[0].lower()
         if protocol in _READ_ONLY:
             raise PackerError(
@@ -145,7 +161,7 @@ class Uploader:
             )
         self.folder = RemoteFolder(url, storage_options)
         self.url = self.folder.url
-        self.journal = journal
+        self.journal, self.resume = journal, resume
 
     def attempt(self, url: str, what: str, request: Callable[[], T]) -> T:
         """``request()``, tried again after a passing failure (the backoff of
@@ -213,14 +229,18 @@ class Uploader:
         listing = self.listing()
         if not listing:
             return listing
-        mine = staged is not None and self.ours(MANIFEST_NAME, staged / MANIFEST_NAME, listing)
+        mine = (  # resumed after its manifest was uploaded
+            self.resume
+            and staged is not None
+            and self.ours(MANIFEST_NAME, staged / MANIFEST_NAME, listing)
+        )
         if MANIFEST_NAME in listing and not (overwrite or mine):
             raise DestinationError(
                 f"{self.url!r} already holds a packer dataset (its {MANIFEST_NAME}). Pass "
                 "--overwrite to replace it (its manifest is deleted first, so no reader mixes "
                 "the two), or choose another URL"
             )
-        if MANIFEST_NAME not in listing and not self.journal.entries:
+        if MANIFEST_NAME not in listing and not self.journal.owned:
             raise DestinationError(
                 f"{self.url!r} holds {len(listing)} object(s) (e.g. {min(listing)!r}) but no "
                 f"{MANIFEST_NAME}: not a packer dataset, or an upload whose staging folder is "
