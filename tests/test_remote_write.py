@@ -24,6 +24,7 @@ from fault_proxy import FaultProxy, fault_proxy
 from s3_server import S3Server, s3_server
 
 import packer
+from packer import storage
 from packer.cli import main
 from packer.convert import convert_video
 from packer.errors import DestinationError
@@ -329,3 +330,35 @@ def test_a_fresh_run_takes_over_its_own_interrupted_upload(
     assert "already uploaded" not in again.output  # started over: every object sent again
     packer.convert(src, tmp_path / "local.h5", workers=1, progress=False)
     assert_same_dataset(objects(server, url), files(tmp_path / "local.h5"))
+
+
+def test_dask_conversion_into_a_url(
+    server: S3Server, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    """--dask local:2: the shards are written by worker processes into the staging folder
+    (which they share), then uploaded: the same objects as a local conversion."""
+    src, url = str(sources["images"]), "s3://write/dask.npy"
+    given = ["--dask", "local:2", "--shard-size", "8kB", "-q"]
+    done = run(server.endpoint, tmp_path / "staging", "convert", src, url, *given)
+    assert done.exit_code == 0, done.output
+    packer.convert(src, tmp_path / "local.npy", shard_size="8kB", workers=1, progress=False)
+    assert_same_dataset(objects(server, url), files(tmp_path / "local.npy"))
+
+
+def test_endless_503_names_the_object_then_resume_sends_the_rest(
+    server: S3Server, sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(storage, "RETRY", storage.Retry(attempts=2, base=0.01))
+    src, url, staging = str(sources["images"]), "s3://write/throttled.npy", tmp_path / "s"
+    with fault_proxy(server.endpoint) as proxy:
+        proxy.inject(["503"] * 2, match="PUT /write/throttled.npy/shard-00001")
+        failed = run(proxy.endpoint, staging, "convert", src, url, "--shard-size", "8kB", "-q")
+    assert failed.exit_code == 1
+    assert (
+        "cannot upload to 's3://write/throttled.npy/shard-00001.npy': 2 attempts" in failed.output
+    )
+    assert "--resume" in failed.output and "packer.json" not in objects(server, url)
+    resumed = run(server.endpoint, staging, "convert", src, url, "--shard-size", "8kB", "--resume")
+    assert resumed.exit_code == 0 and "already uploaded" in resumed.output, resumed.output
+    packer.convert(src, tmp_path / "local.npy", shard_size="8kB", workers=1, progress=False)
+    assert_same_dataset(objects(server, url), files(tmp_path / "local.npy"))
