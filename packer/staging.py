@@ -200,9 +200,12 @@ def merge_to_url(
     options = dict(storage_options or {})
     with _staged(url, staging) as folder:
         local = folder / name
-        uploader = Uploader(url, options, Journal(folder / JOURNAL_NAME), resume=True)
-        uploader.check(overwrite, local)
-        if not (local / "packer.json").is_file() or any(folder.glob(f"{name}.part-*")):
+        remerge = not (local / "packer.json").is_file() or any(folder.glob(f"{name}.part-*"))
+        journal = Journal(folder / JOURNAL_NAME)
+        uploader = Uploader(url, options, journal, resume=not remerge)
+        uploader.check(overwrite, local)  # a new merge replaces a dataset only with overwrite
+        if remerge:
+            journal.reset(url.rstrip("/"))  # a new upload, of ours
             result = merge(local, overwrite=True, progress=progress)
         else:  # merged before an interrupted upload: upload it
             result = ConvertResult(

@@ -267,10 +267,12 @@ def test_upload_killed_then_resumed_equals_an_uninterrupted_one(
 
 
 def test_parts_staged_then_merged_into_a_url(
-    server: S3Server, sources: dict[str, Path], tmp_path: Path
+    server: S3Server, sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--part tasks share the staging folder (a whole conversion to the same URL is refused
-    meanwhile) and upload nothing; packer merge URL joins them and uploads one dataset."""
+    meanwhile) and upload nothing; packer merge URL joins them and uploads one dataset; a
+    merge whose upload failed is run again and sends only the rest; parts staged again are
+    not merged over the uploaded dataset without --overwrite."""
     src, url, staging = str(sources["images"]), "s3://write/parts.lmdb", tmp_path / "shared"
     folder = staging_folder(url, staging)
     folder.mkdir(parents=True)
@@ -284,11 +286,21 @@ def test_parts_staged_then_merged_into_a_url(
             part = run(server.endpoint, staging, "convert", src, url, *given)
             assert part.exit_code == 0 and f"packer merge {url}" in part.output, part.output
     assert objects(server, url) == {}
+    monkeypatch.setattr(storage, "RETRY", storage.Retry(attempts=2, base=0.01))
+    with fault_proxy(server.endpoint) as proxy:
+        proxy.inject(["503"] * 2, match="PUT /write/parts.lmdb/shard-00001")
+        cut = run(proxy.endpoint, staging, "merge", url)
+    assert cut.exit_code == 1 and "shard-00001.mdb': 2 attempts" in cut.output, cut.output
     merged = run(server.endpoint, staging, "merge", url)
-    assert merged.exit_code == 0 and "the manifest last" in merged.output, merged.output
+    assert merged.exit_code == 0 and "already uploaded" in merged.output, merged.output
     packer.convert(src, tmp_path / "local.lmdb", shard_size="8kB", workers=1, progress=False)
     assert_same_dataset(objects(server, url), files(tmp_path / "local.lmdb"))
     assert not folder.exists()
+    for i in range(2):
+        given = ["--part", f"{i}/2", "--shard-size", "8kB", "-q", "--overwrite"]
+        assert run(server.endpoint, staging, "convert", src, url, *given).exit_code == 0
+    again = run(server.endpoint, staging, "merge", url)
+    assert again.exit_code == 1 and "already holds a packer dataset" in again.output
 
 
 def test_full_staging_disk_is_a_clear_error_then_resumes(
