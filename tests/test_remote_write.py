@@ -291,16 +291,18 @@ def test_parts_staged_then_merged_into_a_url(
         proxy.inject(["503"] * 2, match="PUT /write/parts.lmdb/shard-00001")
         cut = run(proxy.endpoint, staging, "merge", url)
     assert cut.exit_code == 1 and "shard-00001.mdb': 2 attempts" in cut.output, cut.output
-    merged = run(server.endpoint, staging, "merge", url)
+    merged = run(server.endpoint, staging, "merge", url, "--keep-staging")
     assert merged.exit_code == 0 and "already uploaded" in merged.output, merged.output
     packer.convert(src, tmp_path / "local.lmdb", shard_size="8kB", workers=1, progress=False)
     assert_same_dataset(objects(server, url), files(tmp_path / "local.lmdb"))
-    assert not folder.exists()
+    assert files(folder / "parts.lmdb") == objects(server, url)  # kept: what was uploaded
     for i in range(2):
         given = ["--part", f"{i}/2", "--shard-size", "8kB", "-q", "--overwrite"]
         assert run(server.endpoint, staging, "convert", src, url, *given).exit_code == 0
+    before = (folder / "parts.lmdb" / "packer.json").stat().st_mtime_ns
     again = run(server.endpoint, staging, "merge", url)
     assert again.exit_code == 1 and "already holds a packer dataset" in again.output
+    assert (folder / "parts.lmdb" / "packer.json").stat().st_mtime_ns == before  # refused first
 
 
 def test_full_staging_disk_is_a_clear_error_then_resumes(
