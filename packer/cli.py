@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from packer import __version__
+from packer.cli_upload import OutputPath, converter, kept_in, upload_kwargs, upload_options
 from packer.cliutil import (
     CONTEXT,
     DatasetPath,
@@ -35,7 +36,7 @@ def main() -> None:
 
 @main.command(context_settings=CONTEXT)
 @click.argument("src", type=click.Path(path_type=Path))
-@click.argument("dst", type=click.Path(path_type=Path))
+@click.argument("dst", type=OutputPath())
 @click.option(
     "--format",
     "fmt",
@@ -156,6 +157,7 @@ def main() -> None:
     help="Convert only planned shards k with k % N == I, into DST.part-I/ (e.g. one SLURM "
     "array task each); then join the parts with packer merge DST.",
 )
+@upload_options()
 @quiet_flag()
 @friendly
 def convert(
@@ -186,6 +188,9 @@ def convert(
     as_json: bool,
     dask: str | None,
     part: str | None,
+    staging: Path | None,
+    keep_staging: bool,
+    storage_options: dict[str, Any],
     quiet: bool,
 ) -> None:
     """Convert the image folder SRC (<class>/<image>) into the packed dataset DST.
@@ -202,6 +207,10 @@ def convert(
     unchanged (except .bmp, which stores decoded pixels, and --short-side/--max-side/--size). Unusable files are skipped and listed.
     An interrupted run leaves DST.partial/; run the same command with --resume to finish it.
 
+    A URL DST (s3://bucket/out.lmdb, any writable fsspec store) is built in a local staging
+    folder (--staging), then uploaded, packer.json last, so a reader never sees half a
+    dataset; --resume continues an interrupted upload without sending finished objects again.
+
     \b
     Example:
       packer convert imagenet/ imagenet.lmdb
@@ -213,8 +222,8 @@ def convert(
       packer convert ucf101/ ucf101.npy --short-side 256 --fps 10
       packer convert imagenet/train train.lmdb --dask tcp://scheduler:8786
       packer convert imagenet/train train.lmdb --part $SLURM_ARRAY_TASK_ID/16
+      packer convert imagenet/ s3://bucket/imagenet.lmdb --storage-option endpoint_url=http://minio:9000
     """
-    from packer.convert import convert as run
     from packer.labels import labels_option, pinned_classes
 
     classes = pinned_classes(classes_file, classes_from)
@@ -228,12 +237,12 @@ def convert(
     if size is not None:
         video["size"] = size
     from packer.cluster import dask_client
-    from packer.distributed import parse_part, part_path
+    from packer.distributed import parse_part
 
     part_of = parse_part(part) if part else None
     executor = click.get_current_context().with_resource(dask_client(dask)) if dask else None
     try:
-        result = run(
+        result = converter(dst)(
             src,
             dst,
             format=fmt,
@@ -254,9 +263,10 @@ def convert(
             executor=executor,
             part=part_of,
             **video,
+            **upload_kwargs(dst, staging, keep_staging, storage_options),
         )
     except KeyboardInterrupt:
-        kept = str(part_path(dst, part_of[0]) if part_of else dst)
+        kept = kept_in(dst, part_of, staging, storage_options)
         again = " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "--resume")
         click.echo(
             f"\ninterrupted: the finished shards are kept in {kept}.partial/; continue with\n"
