@@ -36,7 +36,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.convert_stages import FINISHER, PARALLEL, WRITER, measure_stages, project, scan_share
+from harness.convert_stages import (
+    FINISHER,
+    PARALLEL,
+    RECEIVER,
+    WRITER,
+    measure_stages,
+    project,
+    scan_share,
+)
 from harness.throughput_report import machine_info
 
 import packer
@@ -190,7 +198,8 @@ def print_stages(stages: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
         if name.startswith("_"):
             continue
         where = ("pool" if name in PARALLEL else "writing thread" if name in WRITER
-                 else "finishing thread" if name in FINISHER else "—")  # fmt: skip
+                 else "finishing thread" if name in FINISHER
+                 else "receiving thread" if name == RECEIVER else "—")  # fmt: skip
         part = f"{share[name]:.0%}" if name in share else "—"
         print(f"| {name} | {where} | {cost['cpu'] * 1e6:.0f} | {cost['wall'] * 1e6:.0f} | {part} |")
     projections = []

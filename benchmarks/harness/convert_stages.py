@@ -28,11 +28,12 @@ from packer.overlap import keep_heap_for_writes
 from packer.sources import scan
 from packer.write import _LOAD_BATCH_BYTES
 
-__all__ = ["PARALLEL", "WRITER", "FINISHER", "measure_stages", "project"]
+__all__ = ["FINISHER", "PARALLEL", "RECEIVER", "WRITER", "measure_stages", "project"]
 
 # Where each stage runs in the pipeline: on every pool worker, or on one thread of the parent.
 PARALLEL = ("read", "check fast", "check scan", "xxh3")
-WRITER = ("lmdb put + commits", "pool results (parent)")
+RECEIVER = "pool results (parent)"  # the process pool's results, received by the parent
+WRITER = ("lmdb put + commits",)
 FINISHER = ("lmdb commit + fsync", "value offsets", "shard checksum")
 
 
@@ -137,28 +138,31 @@ def measure_stages(src: Path, work: Path, repeats: int = 3) -> dict[str, dict[st
 
 
 def project(stages: dict[str, dict[str, float]], check: str, cores: int, files: int) -> dict:
-    """Seconds for ``files`` such images on ``cores`` cores, if the pipeline keeps its three
-    kinds of thread busy at once: the pool's stages spread over the cores the writing and
-    finishing threads leave, each of those threads as long as its own stages."""
+    """Seconds for ``files`` such images on ``cores`` cores, if the pipeline keeps its threads
+    busy at once: the pool's stages spread over all cores but one (the converting process's
+    threads take about one), and each of the converting process's threads — receiving a process
+    pool's results (the scan check's), writing, finishing shards — as long as its own stages."""
     parallel = sum(stages[s]["cpu"] for s in ("read", f"check {check}", "xxh3"))
-    # a process pool (the scan check's) hands each image's bytes back to the writing thread
-    writer = sum(stages[s]["cpu"] for s in WRITER if check != "fast" or "pool" not in s)
-    finisher = sum(stages[s]["wall"] for s in FINISHER)
-    pool_cores = max(1, cores - 1)  # the writing and finishing threads take about one core
-    per_image = max(parallel / pool_cores, writer, finisher)
-    bound = {parallel / pool_cores: "pool", writer: "writing thread", finisher: "finishing thread"}
+    per_thread = {
+        "pool": parallel / max(1, cores - 1),
+        "receiving thread": stages[RECEIVER]["cpu"] if check != "fast" else 0.0,
+        "writing thread": sum(stages[s]["cpu"] for s in WRITER),
+        "finishing thread": sum(stages[s]["wall"] for s in FINISHER),
+    }
+    bound = max(per_thread, key=lambda k: per_thread[k])
+    cpu = parallel + per_thread["receiving thread"] + per_thread["writing thread"]
     return {
         "cores": cores,
         "files": files,
-        "seconds": per_image * files,
-        "bound_by": bound[per_image],
-        "cpu_seconds": (parallel + writer) * files,
+        "seconds": per_thread[bound] * files,
+        "bound_by": bound,
+        "cpu_seconds": (cpu + sum(stages[s]["cpu"] for s in FINISHER)) * files,
     }
 
 
 def scan_share(stages: dict[str, dict[str, float]]) -> dict[str, float]:
     """Each pipeline stage's share of a default (``scan``) conversion's CPU seconds."""
-    names = ("read", "check scan", "xxh3", *WRITER, *FINISHER)
+    names = ("read", "check scan", "xxh3", RECEIVER, *WRITER, *FINISHER)
     total = sum(stages[s]["cpu"] for s in names)
     return {s: stages[s]["cpu"] / total for s in names}
 
