@@ -25,8 +25,10 @@ import fcntl
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +110,33 @@ class ShardCache:
         """The entry of an object: changes with its URL, size, ETag or checksum."""
         text = "\0".join((url, str(size), etag or "", xxh3))
         return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def prefetch(self, folder: RemoteFolder, name: str, size: int, xxh3: str) -> bool:
+        """Start downloading object ``name`` into the cache on a background thread of this
+        process, unless it is cached or this process fetches it already; whether a download
+        started. Not held once there: eviction may take it before its read (which then
+        downloads it again); a failure is left to that read to report."""
+        self.check_fits(size, f"object {folder.url_of(name)!r}")
+        key = self.key(folder.url_of(name), size, folder.identity.get(name, (size, None))[1], xxh3)
+        if _present(self._path(key, ".data"), size):
+            return False
+        pool, fetching = _background()
+        with _FETCH_LOCK:
+            if key in fetching:
+                return False
+            fetching.add(key)
+
+        def fetch() -> None:
+            try:
+                self.open(folder, name, size, xxh3).close()
+            except Exception:  # noqa: S110 - the read that needs the object reports it
+                pass
+            finally:
+                with _FETCH_LOCK:
+                    fetching.discard(key)
+
+        pool.submit(fetch)
+        return True
 
     def open(self, folder: RemoteFolder, name: str, size: int, xxh3: str) -> CacheEntry:
         """Object ``name`` of ``folder`` (``size`` bytes, xxh3 ``xxh3`` as the manifest
@@ -267,6 +296,30 @@ class ShardCache:
                 if not self._path(path.stem, ".data").exists():
                     self._remove(path.stem)
         return removed, skipped
+
+
+PREFETCH_THREADS = 4  # background downloads in flight per process
+_FETCH_LOCK = threading.Lock()
+_BACKGROUND: dict[int, tuple[ThreadPoolExecutor, set[str]]] = {}  # by process id
+
+
+def _background() -> tuple[ThreadPoolExecutor, set[str]]:
+    """This process's prefetch threads and the keys they fetch (a forked child starts its own:
+    its parent's threads did not survive the fork)."""
+    with _FETCH_LOCK:
+        pid = os.getpid()
+        if pid not in _BACKGROUND:
+            pool = ThreadPoolExecutor(PREFETCH_THREADS, thread_name_prefix="packer-prefetch")
+            _BACKGROUND[pid] = (pool, set())
+        return _BACKGROUND[pid]
+
+
+def _fresh_lock_in_child() -> None:
+    global _FETCH_LOCK
+    _FETCH_LOCK = threading.Lock()  # a parent's thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 def _present(data: Path, size: int) -> bool:

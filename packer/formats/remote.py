@@ -184,6 +184,15 @@ class _CachedShards:
         name = self.shard_names[file]
         return self.cache.open(self.remote, name, self.shard_sizes[file], self.shard_digests[file])
 
+    def prefetch(self, files: Sequence[int]) -> int:
+        """Start background downloads (this process) of shards ``files`` not yet in the cache;
+        how many started (:meth:`packer.cache.ShardCache.prefetch`)."""
+        started = 0
+        for file in dict.fromkeys(int(f) for f in files):
+            name, size = self.shard_names[file], self.shard_sizes[file]
+            started += self.cache.prefetch(self.remote, name, size, self.shard_digests[file])
+        return started
+
     def _capacity(self, handles: Any, manifest: Manifest) -> None:
         """Keep at most as many shards open (held in the cache) as fit under its limit, less
         the one being opened, so one process alone never holds the cache above its limit."""
