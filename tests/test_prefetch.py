@@ -86,3 +86,52 @@ def test_dataset_prefetch_fetches_the_shards_of_given_samples(
         for (data, label), i in zip(local, wanted)
     )
     ds.close()
+
+
+def test_sampler_fetches_the_next_blocks_while_one_is_read(
+    url: str, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    """ShardedSampler(prefetch=2): before the first sample is read, the shards of the first
+    three blocks are being fetched, and no other; entering each next block starts the one two
+    blocks further. A whole epoch then reads every sample with each shard fetched once."""
+    options = {"endpoint_url": proxy.endpoint}
+    ds = packer.open_dataset(url, output="bytes", storage_options=options, cache_dir=tmp_path)
+    names, shards = ds.reader.shard_names, ds.shard_of_sample()
+    order = list(packer.ShardedSampler(ds, seed=3, prefetch=0))  # the same order, no fetch
+    assert cached(tmp_path) == set()
+    sampler = packer.ShardedSampler(ds, seed=3, prefetch=2)
+    blocks = list(dict.fromkeys(int(shards[i]) for i in order))  # blocks in reading order
+    assert len(blocks) >= 4
+    proxy.served.clear()
+    it = iter(sampler)
+    first = next(it)
+    assert first == order[0]
+    wait_for(lambda: cached(tmp_path) == {names[b] for b in blocks[:3]})
+    time.sleep(0.2)  # nothing else is on its way
+    assert cached(tmp_path) == {names[b] for b in blocks[:3]}
+    got = [first]
+    for i in it:  # into the second block: the fourth is fetched
+        got.append(i)
+        if shards[i] == blocks[1]:
+            break
+    wait_for(lambda: names[blocks[3]] in cached(tmp_path))
+    got += list(it)
+    assert got == order
+    data = [ds[i][0] for i in got]
+    assert len(data) == len(ds) and all(isinstance(d, bytes) for d in data)
+    assert shard_gets_per_shard(proxy) == {names[b]: 1 for b in blocks}
+    ds.close()
+
+
+def shard_gets_per_shard(proxy: FaultProxy) -> dict[str, int]:
+    """Downloads per shard: a shard is fetched by ranged GETs of one download (8 MiB each, so
+    one GET for these small shards)."""
+    return dict(shard_gets(proxy))
+
+
+def test_a_local_dataset_prefetches_nothing(tmp_path: Path) -> None:
+    tree = make_image_tree(tmp_path / "images", classes=2, per_class=3, size=(32, 24), bad=0)
+    packer.convert(tree.root, tmp_path / "out.lmdb", shard_size="4kB", workers=1, progress=False)
+    ds = packer.open_dataset(tmp_path / "out.lmdb", output="bytes")
+    assert ds.prefetch(range(len(ds))) == 0
+    assert sorted(packer.ShardedSampler(ds, prefetch=3)) == list(range(len(ds)))
