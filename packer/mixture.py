@@ -170,6 +170,7 @@ class Mixture:
         length = sum(sizes) if epoch_size is None else _integer("epoch_size", epoch_size, 1)
         shares = largest_remainder(_weights(self.names, sizes, weights), length)
         self.counts = dict(zip(self.names, shares))
+        self._length = sum(shares)  # every index check needs it: computed once
         empty = [n for n in self.names if self.counts[n] and not self.sizes[n]]
         if empty:
             raise PackerError(f"sources {empty} are empty but their weights give them samples")
@@ -200,7 +201,7 @@ class Mixture:
         return qualified, offsets
 
     def __len__(self) -> int:
-        return sum(self.counts.values())
+        return self._length
 
     @property
     def epoch(self) -> int:
@@ -266,7 +267,7 @@ class Mixture:
         return np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
 
     def _position(self, i: Any) -> int:
-        n = len(self)
+        n = self._length
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
             raise TypeError(f"mixture indices must be integers, not {type(i).__name__}")
         if not -n <= i < n:
@@ -292,7 +293,7 @@ class Mixture:
         packer dataset then reads each shard once), in the order asked."""
         source, index = self.layout()
         positions = np.asarray(indices)
-        n = len(self)
+        n = self._length
         if (
             positions.ndim != 1
             or positions.dtype.kind not in "iu"
