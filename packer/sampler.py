@@ -36,7 +36,10 @@ sampler's state from the loop.) The state is the same on every rank (save it fro
 holds ints and bools only.
 
 The resume point serves the iterations of its epoch until one runs to its end; ``set_epoch``
-with another epoch starts that epoch from its beginning.
+with another epoch starts that epoch from its beginning. ``len(sampler)`` is always a whole
+epoch's count on this rank (as torch's and torchdata's samplers do), so a framework that counts
+an epoch's batches from ``len(loader)`` and restores how many were done (PyTorch Lightning) ends
+the resumed epoch where it ends.
 """
 
 from __future__ import annotations
@@ -204,8 +207,11 @@ class ShardedSampler(Sampler[int]):
             self._at(0)
 
     def __len__(self) -> int:
-        """Samples of the current (or, before it starts, the next) iteration on this rank."""
-        return per_rank(self.n - self._start, self.num_replicas, self.drop_last)
+        """Samples of a whole epoch on this rank, also after a resume (an iteration resumed
+        mid-epoch yields only the rest). Frameworks count an epoch's batches from it and restore
+        how many were done: PyTorch Lightning ends a resumed epoch at its restored batch count
+        plus what is left, which a length of the rest alone would cut short."""
+        return per_rank(self.n, self.num_replicas, self.drop_last)
 
     def __iter__(self) -> Iterator[int]:
         if self._done:  # the resumed part of the epoch was read: the next pass is a whole one
