@@ -37,7 +37,11 @@ batch's indices to a worker and gives back the one of the last batch the loop re
 holds ints and bools only (~110 pickled bytes, whatever the dataset's size).
 
 The resume point serves the iterations of its epoch until one runs to its end; ``set_epoch``
-with another epoch starts that epoch from its beginning. ``len(sampler)`` is always a whole
+with another epoch starts that epoch from its beginning. A dataset with a ``set_epoch`` of its
+own (a :class:`packer.Mixture`, whose draws change each epoch; a clip dataset) follows the
+sampler: ``set_epoch`` and ``load_state_dict`` pass the epoch on, so a framework that only calls
+the sampler's ``set_epoch`` (PyTorch Lightning, accelerate) and a resume from a checkpoint move
+the dataset to the right epoch too. ``len(sampler)`` is always a whole
 epoch's count on this rank (as torch's and torchdata's samplers do), so a framework that counts
 an epoch's batches from ``len(loader)`` and restores how many were done (PyTorch Lightning) ends
 the resumed epoch where it ends.
@@ -186,6 +190,8 @@ class ShardedSampler(Sampler[int]):
         # the blocks' checksum, in every state_dict: hashed once (a 1M-sample index has ~1000s)
         self._blocks_crc = zlib.crc32(self.starts.tobytes()) if self.shuffle else 0
         self.epoch = 0
+        follow = getattr(dataset, "set_epoch", None)  # a Mixture's draws follow our epoch
+        self._dataset_set_epoch = follow if callable(follow) else None
         self._order: tuple[int, np.ndarray] | None = None  # (epoch, its global order)
         self._at(0)
 
@@ -203,11 +209,17 @@ class ShardedSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch``; another epoch than the current one starts at its
-        beginning, the current one keeps a resume point."""
+        beginning, the current one keeps a resume point. Passed on to a dataset with a
+        ``set_epoch`` (a :class:`packer.Mixture`, a clip dataset)."""
         epoch = _integer("epoch", epoch)
         if epoch != self.epoch:
             self.epoch = epoch
             self._at(0)
+        self._pass_epoch_on()
+
+    def _pass_epoch_on(self) -> None:
+        if self._dataset_set_epoch is not None:
+            self._dataset_set_epoch(self.epoch)
 
     def __len__(self) -> int:
         """Samples of a whole epoch on this rank, also after a resume (an iteration resumed
@@ -286,3 +298,4 @@ class ShardedSampler(Sampler[int]):
             raise PackerError(f"consumed={position} is past the epoch's {self.n} samples")
         self.epoch = epoch
         self._at(position)
+        self._pass_epoch_on()

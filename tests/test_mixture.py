@@ -332,3 +332,19 @@ def test_indices_cover_minus_len_to_len_and_no_further(keyed: dict[str, Keyed]) 
         with pytest.raises(IndexError, match=f"index {outside} out of range"):
             mixture.__getitems__([0, outside])
     assert len(pickle.loads(pickle.dumps(mixture))) == n  # what a spawned worker gets
+
+
+def test_the_sampler_moves_the_mixtures_epoch_also_on_resume(keyed: dict[str, Keyed]) -> None:
+    """Frameworks call only the sampler's set_epoch (Lightning) and a StatefulDataLoader only its
+    load_state_dict: both reach the mixture, whose draws then are the epoch's."""
+    mixture = packer.Mixture(keyed, weights={"a": 1, "b": 1}, epoch_size=10, seed=3)
+    sampler = packer.ShardedSampler(mixture, num_replicas=1, rank=0, seed=3)
+    sampler.set_epoch(4)
+    assert mixture.epoch == 4
+    state = sampler.state_dict(consumed=3)
+    fresh = packer.Mixture(keyed, weights={"a": 1, "b": 1}, epoch_size=10, seed=3)
+    resumed = packer.ShardedSampler(fresh, num_replicas=1, rank=0, seed=3)
+    resumed.load_state_dict(state)
+    assert fresh.epoch == 4
+    assert [fresh[i][0] for i in list(resumed)] == [mixture[i][0] for i in list(sampler)[3:]]
+    assert fresh.draws("a", 4).tolist() != fresh.draws("a", 0).tolist()  # the epoch matters
