@@ -6,8 +6,9 @@ JPEGs) against reading the two one after the other, with the same sampler
 Each pass reads ``--epochs`` epochs (every sample of both outputs once per epoch: the mixture's
 default weights) in a freshly forked child. ``cold``: every data file of both outputs is evicted
 from the page cache before each epoch (``POSIX_FADV_DONTNEED`` after ``sync``); ``warm``: every
-file is read in before each epoch. Also recorded: the CPU seconds per image of the pass's process
-and its DataLoader workers, which another process's load changes far less than the wall time. The
+file is read in before each epoch. Also recorded, for the pass's process and its DataLoader workers:
+the CPU seconds per image and the bytes fetched from storage per epoch (``/proc/self/io``
+``read_bytes``), which other processes' load changes far less than the wall time. The
 passes of a round run interleaved (mixture, baseline, then the other way round the next round),
 so the ratio compares passes made under the same load; the table gives the median images/s of
 each and the median of the rounds' ratios. See ``harness.mixture_bench`` for the baseline.
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.forked import in_child
+from harness.host_load import QuietWaiter
 from harness.mixture_bench import KINDS, one_pass
 from harness.record import report_head, save_report, stamped_log
 from harness.throughput_report import machine_info
@@ -51,6 +53,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--epochs", type=int, default=3, help="epochs per pass (each made cold/warm)")
     p.add_argument("--caches", nargs="+", choices=("cold", "warm"), default=["cold", "warm"])
+    p.add_argument(
+        "--quiet-below",
+        type=float,
+        default=0.3,
+        help="before each pass wait until other processes use less than this share of the CPUs",
+    )
+    p.add_argument(
+        "--wait-budget",
+        type=float,
+        default=120.0,
+        help="seconds the run may spend waiting for a quiet machine in all (0: never wait)",
+    )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/mixture_throughput.json"))
     return p.parse_args(argv)
 
@@ -77,18 +91,22 @@ def prepare(args: argparse.Namespace, log: Any) -> tuple[Path, Path]:
 def run(args: argparse.Namespace, paths: tuple[Path, Path], log: Any) -> list[dict[str, Any]]:
     """Every (cache, kind) ``--repeats`` times, rounds interleaved; one row per cache."""
     passes: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    waiter = QuietWaiter(args.quiet_below, args.wait_budget) if args.wait_budget > 0 else None
     for r in range(args.repeats):
         for cache in args.caches:
             for kind in KINDS if r % 2 == 0 else KINDS[::-1]:
+                waited = waiter.wait() if waiter is not None else 0.0
                 result = in_child(
                     one_pass, kind, paths, cache, args.mode, args.workers, args.batch_size,
                     args.epochs,
                 )  # fmt: skip
+                result["waited_s"] = waited
                 passes.setdefault((cache, kind), []).append(result)
                 log(
                     f"round {r + 1} {cache} {kind}: {result['images_per_s']:,.0f} img/s, "
-                    f"{result['cpu_us_per_image']:.0f} µs CPU/img, resident "
-                    f"{result['resident_before']}"
+                    f"{result['cpu_us_per_image']:.0f} µs CPU/img, "
+                    f"{result['disk_mb_per_epoch']:.0f} MB from disk/epoch, others "
+                    f"{result['others_cpu_share']}, waited {waited:.1f} s"
                 )
     rows = []
     for cache in args.caches:
@@ -104,6 +122,10 @@ def run(args: argparse.Namespace, paths: tuple[Path, Path], log: Any) -> list[di
                 "median_round_ratio": statistics.median(ratios),
                 "mixture_cpu_us_per_image": statistics.median(p["cpu_us_per_image"] for p in mix),
                 "baseline_cpu_us_per_image": statistics.median(p["cpu_us_per_image"] for p in base),
+                "mixture_disk_mb_per_epoch": statistics.median(p["disk_mb_per_epoch"] for p in mix),
+                "baseline_disk_mb_per_epoch": statistics.median(
+                    p["disk_mb_per_epoch"] for p in base
+                ),
                 "round_ratios": ratios,
                 "passes": {"mixture": mix, "one after other": base},
             }
@@ -115,8 +137,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     """The README's table."""
     lines = [
         "| cache | mixture img/s | one after other img/s | ratio of medians | rounds' ratios "
-        f"(median) | ≥ {TARGET}× | CPU µs/img mixture / other |",
-        "|---|---|---|---|---|---|---|",
+        f"(median) | ≥ {TARGET}× | CPU µs/img mixture / other | disk MB/epoch mixture / other |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         each = ", ".join(f"{x:.3f}" for x in r["round_ratios"])
@@ -125,7 +147,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"| {r['cache']} | {r['mixture_images_per_s']:,.0f} | "
             f"{r['baseline_images_per_s']:,.0f} | {r['ratio_of_medians']:.3f} | "
             f"{each} ({r['median_round_ratio']:.3f}) | {ok} | "
-            f"{r['mixture_cpu_us_per_image']:.0f} / {r['baseline_cpu_us_per_image']:.0f} |"
+            f"{r['mixture_cpu_us_per_image']:.0f} / {r['baseline_cpu_us_per_image']:.0f} | "
+            f"{r['mixture_disk_mb_per_epoch']:.0f} / {r['baseline_disk_mb_per_epoch']:.0f} |"
         )
     return "\n".join(lines)
 

@@ -14,7 +14,6 @@ process per epoch), the lookup of each position, and the two outputs' chunks int
 from __future__ import annotations
 
 import gc
-import resource
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -23,7 +22,9 @@ from typing import Any
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 import packer
+from harness.host_load import host_busy_seconds, others_during, own_usage
 from harness.throughput import prewarm, resident_all
+from packer.tools.io_counters import read_counters
 from packer.tools.targets import close_dataset, data_files, evict_page_cache
 
 __all__ = ["KINDS", "OneAfterOther", "Sequenced", "one_pass"]
@@ -86,8 +87,9 @@ def one_pass(
 ) -> dict[str, Any]:
     """``epochs`` epochs of ``kind`` over the two outputs, in this process, the page cache made
     ``cache`` before each (untimed); images per second of the timed epochs, the CPU seconds per
-    image of this process and its reaped DataLoader workers, and the resident fraction of the
-    files before the first epoch."""
+    image and the bytes fetched from storage (``read_bytes``) per epoch of this process and its
+    reaped DataLoader workers, the largest share of the CPUs other processes used during an
+    epoch, and the resident fraction of the files before the first epoch."""
     a = packer.open_dataset(paths[0], output=mode)
     b = packer.open_dataset(paths[1], output=mode)
     if kind == "mixture":
@@ -99,7 +101,7 @@ def one_pass(
     loader = DataLoader(
         dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=_keep
     )
-    images, seconds, cpu, resident = 0, 0.0, 0.0, None
+    images, seconds, cpu, disk, others, resident = 0, 0.0, 0.0, 0, [], None
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
         if cache == "cold":
@@ -108,10 +110,13 @@ def one_pass(
             prewarm(files)
         resident = resident_all(files) if resident is None else resident
         gc.collect()
-        cpu_before, begun = _cpu_seconds(), time.perf_counter()
+        cpu_before, disk_before = own_usage()[0], read_counters().read_bytes
+        host_before, begun = host_busy_seconds(), time.perf_counter()
         images += sum(len(batch) for batch in loader)
-        seconds += time.perf_counter() - begun
-        cpu += _cpu_seconds() - cpu_before
+        took, own = time.perf_counter() - begun, own_usage()[0] - cpu_before
+        seconds, cpu = seconds + took, cpu + own
+        disk += read_counters().read_bytes - disk_before  # reaped workers' reads count here
+        others.append(others_during(host_before, host_busy_seconds(), own, took))
     for ds in (a, b):
         close_dataset(ds)
     return {
@@ -119,14 +124,7 @@ def one_pass(
         "seconds": seconds,
         "images_per_s": images / seconds,
         "cpu_us_per_image": 1e6 * cpu / images,
+        "disk_mb_per_epoch": disk / 1e6 / epochs,
+        "others_cpu_share": max((o for o in others if o is not None), default=None),
         "resident_before": resident,
     }
-
-
-def _cpu_seconds() -> float:
-    """User + system CPU of this process and its reaped children (the epoch's workers)."""
-    own, children = (
-        resource.getrusage(resource.RUSAGE_SELF),
-        resource.getrusage(resource.RUSAGE_CHILDREN),
-    )
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
