@@ -89,7 +89,13 @@ def run(args: argparse.Namespace, log: Any) -> tuple[list[dict[str, Any]], list[
     rows = []
     for c, passes in runs.items():
         row: dict[str, Any] = {**c.__dict__, "passes": passes}
-        for key in ("batch_s", "state_dict_s", "state_dict_max_s", "state_bytes"):
+        for key in (
+            "batch_s",
+            "cpu_s_per_batch",
+            "state_dict_s",
+            "state_dict_max_s",
+            "state_bytes",
+        ):
             values = [p[key] for p in passes if p[key] is not None]
             row[key] = statistics.median(values) if values else None
         rows.append(row)
@@ -104,14 +110,19 @@ def markdown(rows: list[dict[str, Any]], samplers: list[dict[str, Any]]) -> str:
     """The two tables of the README."""
     lines = [
         "| dataset | target | workers | batch (snapshots every step) | batch (no snapshots) | "
-        "snapshot cost | `state_dict()` median / max | share of a batch | state bytes |",
+        "snapshot cost: time / CPU | `state_dict()` median / max | share of a batch | state bytes |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     plain = {(r["size"], r["target"], r["workers"]): r for r in rows if r["snapshot_every"] is None}
     for r in (r for r in rows if r["snapshot_every"] == 1):
         bare = plain.get((r["size"], r["target"], r["workers"]))
         without = f"{1e3 * bare['batch_s']:.2f} ms" if bare else "—"
-        ratio = f"{r['batch_s'] / bare['batch_s']:.2f}×" if bare else "—"
+        ratio = (
+            f"{r['batch_s'] / bare['batch_s']:.2f}× / "
+            f"{r['cpu_s_per_batch'] / bare['cpu_s_per_batch']:.2f}×"
+            if bare
+            else "—"
+        )
         lines.append(
             f"| {r['size']} | {r['target']} | {r['workers']} | {1e3 * r['batch_s']:.2f} ms | "
             f"{without} | {ratio} | {1e6 * r['state_dict_s']:.0f} / "

@@ -8,7 +8,9 @@ size of the state. Its ``snapshot_every`` is torchdata's ``snapshot_every_n_step
 default) makes the loader snapshot the main process's state (the sampler's ``state_dict()``)
 and the workers' state at every batch, whether or not anyone calls ``state_dict()``; ``None``
 never does (``state_dict()`` is then not usable mid-epoch with workers, so the pair measures
-what the per-step snapshots cost inside the batch interval). Also measured on the sampler alone:
+what the per-step snapshots cost inside the batch interval, and in CPU time: this process's and
+its reaped workers', start-up included, per timed batch, which other processes' load changes far
+less than the interval). Also measured on the sampler alone:
 its ``state_dict()`` and a resume (``load_state_dict`` then the first index, which builds the
 epoch's order).
 """
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import packer
+from harness.host_load import own_usage
 from packer.manifest import MANIFEST_NAME, load_manifest
 from packer.tools.image_demo import make_image_tree
 
@@ -85,8 +88,10 @@ def one_pass(dataset: Any, config: Config, batches: int, batch_size: int) -> dic
         multiprocessing_context="fork" if config.workers else None,
     )
     gc.collect()
+    cpu_before = own_usage()[0]
     it = iter(loader)
-    next(it)  # the workers' start and each worker's first layout are not what is measured
+    for _ in range(1 + 4 * config.workers):  # every worker started and past its first batch
+        next(it)
     intervals, calls, size = [], [], 0
     while len(intervals) < batches:
         begun = time.perf_counter()
@@ -102,8 +107,11 @@ def one_pass(dataset: Any, config: Config, batches: int, batch_size: int) -> dic
             calls.append(time.perf_counter() - middle)
             size = len(pickle.dumps(state))
         intervals.append(middle - begun)
-    del it, loader
+    del it, loader  # the workers exit and are reaped: their CPU time is counted
+    gc.collect()
+    cpu = own_usage()[0] - cpu_before
     return {
+        "cpu_s_per_batch": cpu / batches,
         "batch_s": sum(intervals) / len(intervals),  # the mean: workers prefetch, so single
         # intervals swing between a queued batch (µs) and a wait for one
         "state_dict_s": statistics.median(calls) if calls else None,
