@@ -5,8 +5,8 @@ per call, the bytes of the state, and what torchdata's per-step snapshots add to
 NPY output), ``num_workers`` 0 and 2, for small outputs and a 1,000,000-sample LMDB.
 
 The small outputs are ``--images`` demo JPEGs (96×72) each; the large one is made once with
-``harness.scale.make_packed`` (tiny JPEGs written straight through the LMDB writer, 1000 shards:
-~1 s per 100,000 samples). Batches hold raw bytes (no decode), so a batch is as cheap as packer
+``harness.scale.make_packed`` (tiny JPEGs written straight through the LMDB writer, ~1 s per
+100,000 samples; 1000 shards, one per 1000 samples for a smaller ``--large``). Batches hold raw bytes (no decode), so a batch is as cheap as packer
 makes it and the state's share of it is an upper bound. Every setting runs ``--repeats`` times,
 interleaved (every other round backwards); the tables give medians. See
 ``harness.stateful_cost`` for what one pass is.
@@ -58,7 +58,7 @@ def prepare(args: argparse.Namespace) -> dict[str, tuple[Path, Path]]:
         if not (big / MANIFEST_NAME).is_file() or load_manifest(big).num_samples != args.large:
             if big.exists():
                 raise SystemExit(f"{big} exists but is not a {args.large}-sample output: remove it")
-            make_packed(big, args.large, classes=1000, shards=1000)
+            make_packed(big, args.large, classes=1000, shards=max(1, min(1000, args.large // 1000)))
         sizes["1M" if args.large == 1_000_000 else f"{args.large:,}"] = (big, small["npy"])
     return sizes
 

@@ -91,15 +91,12 @@ def one_pass(dataset: Any, config: Config, batches: int, batch_size: int) -> dic
     cpu_before = own_usage()[0]
     it = iter(loader)
     for _ in range(1 + 4 * config.workers):  # every worker started and past its first batch
-        next(it)
+        it = _advance(loader, it)[0]
     intervals, calls, size = [], [], 0
     while len(intervals) < batches:
         begun = time.perf_counter()
-        try:
-            next(it)
-        except StopIteration:  # a small dataset's epoch ended: the next epoch's start is untimed
-            it = iter(loader)
-            next(it)
+        it, restarted = _advance(loader, it)
+        if restarted:  # a small dataset's epoch ended: the next epoch's start is untimed
             continue
         middle = time.perf_counter()
         if config.snapshot_every is not None:
@@ -118,6 +115,17 @@ def one_pass(dataset: Any, config: Config, batches: int, batch_size: int) -> dic
         "state_dict_max_s": max(calls) if calls else None,
         "state_bytes": size or None,
     }
+
+
+def _advance(loader: Any, it: Any) -> tuple[Any, bool]:
+    """Take one batch; at the end of the epoch start the next one (and say so)."""
+    try:
+        next(it)
+        return it, False
+    except StopIteration:
+        it = iter(loader)
+        next(it)
+        return it, True
 
 
 def sampler_costs(dataset: Any, repeats: int = 200) -> dict[str, Any]:
