@@ -41,10 +41,10 @@ with another epoch starts that epoch from its beginning. A dataset with a ``set_
 own (a :class:`packer.Mixture`, whose draws change each epoch; a clip dataset) follows the
 sampler: ``set_epoch`` and ``load_state_dict`` pass the epoch on, so a framework that only calls
 the sampler's ``set_epoch`` (PyTorch Lightning, accelerate) and a resume from a checkpoint move
-the dataset to the right epoch too. ``len(sampler)`` is always a whole
-epoch's count on this rank (as torch's and torchdata's samplers do), so a framework that counts
-an epoch's batches from ``len(loader)`` and restores how many were done (PyTorch Lightning) ends
-the resumed epoch where it ends.
+the dataset to the right epoch too. ``len(sampler)`` is always a whole epoch's count on this
+rank (as torch's and torchdata's samplers do), so a framework that counts an epoch's batches
+from ``len(loader)`` and restores how many were done (PyTorch Lightning) ends the resumed epoch
+where it ends.
 """
 
 from __future__ import annotations
