@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e ".[dev,plot,fast,dask,remote]"
 	$(PY) -m pip install -q --no-deps "torchdata==0.11.0"  # StatefulDataLoader; --no-deps keeps this torch
+	$(PY) -m pip install -q --no-deps "pytorch-lightning==2.6.6" "lightning-utilities==0.15.3" \
+	  "torchmetrics==1.9.0"  # tests/test_lightning.py; --no-deps keeps this torch
 	touch $(STAMP)
 
 demo: install

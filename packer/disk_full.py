@@ -15,12 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from packer.errors import DestinationError
+from packer.manifest import INDEX_NAME, KEYS_NAME, MANIFEST_NAME, RECORDS_NAME
 from packer.resume import Progress
 from packer.sizes import format_size
+from packer.tablefile import temp_name
 
 __all__ = ["disk_full_error", "estimate_need"]
 
-_TABLE_STEMS = {"index", "records", "keys", "packer"}
+_TABLES = frozenset(  # every name a table or the manifest has, finished or being written
+    n for t in (INDEX_NAME, RECORDS_NAME, KEYS_NAME, MANIFEST_NAME) for n in (t, temp_name(t))
+)
 
 
 def _written(partial: Path) -> tuple[int, int]:
@@ -34,7 +38,7 @@ def _written(partial: Path) -> tuple[int, int]:
                 size = os.lstat(os.path.join(root, name)).st_size
             except OSError:
                 continue
-            if Path(root) == partial and name.split(".")[0] in _TABLE_STEMS:
+            if Path(root) == partial and name in _TABLES:
                 tables += size
             else:
                 data += size

@@ -44,7 +44,7 @@ from packer._version import __version__
 from packer.errors import FormatError
 from packer.keytable import escape_key, unescape_key
 from packer.manifest_schema import Invalid, check_manifest
-from packer.tablefile import check_runs, fd_checksum, parse_table, read_checked
+from packer.tablefile import check_runs, fd_checksum, parse_table, read_checked, temp_name
 
 __all__ = [
     "INDEX_NAME",
@@ -188,7 +188,7 @@ def fsync_dir(path: Path) -> None:
 
 
 def _write_atomic(path: Path, payload: bytes | Iterable[bytes]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(temp_name(path.name))
     with open(tmp, "wb") as fh:
         if isinstance(payload, bytes):
             fh.write(payload)
@@ -262,7 +262,7 @@ def parse_manifest(raw: bytes, path: str, root: str) -> Manifest:
 
 
 def _write_table(path: Path, table: np.ndarray, dtype: np.dtype) -> str:
-    tmp = path.with_name(path.stem + ".tmp.npy")
+    tmp = path.with_name(temp_name(path.name))
     with open(tmp, "wb") as fh:
         np.save(fh, np.ascontiguousarray(table, dtype=dtype), allow_pickle=False)
         fh.flush()

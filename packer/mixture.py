@@ -34,10 +34,13 @@ sources' classes in the given order (source ``s``'s label plus the number of cla
 ``classes`` is then one list of qualified ``"source/class"`` names, so two sources' ``"cat"``
 are ``"a/cat"`` and ``"b/cat"`` with distinct indices, never silently merged.
 
-**Epochs.** Call ``mixture.set_epoch(e)`` with the sampler's ``set_epoch(e)`` before each epoch
-(it also reaches sources with a ``set_epoch``, such as clip datasets). The epoch lives in a
-one-number shared-memory tensor that DataLoader workers share under fork and spawn, so
-``persistent_workers=True`` workers follow it too. After resuming, set the epoch you resume in.
+**Epochs.** ``mixture.set_epoch(e)`` before each epoch (it also reaches sources with a
+``set_epoch``, such as clip datasets). A ``ShardedSampler(mixture)`` does it for you: its
+``set_epoch`` and its ``load_state_dict`` (a resume, e.g. by a ``StatefulDataLoader``) pass the
+epoch on, so frameworks that only call the sampler's ``set_epoch`` (Lightning, accelerate) move
+the mixture too; with another sampler, call it yourself, also after resuming. The epoch lives in
+a one-number shared-memory tensor that DataLoader workers share under fork and spawn, so
+``persistent_workers=True`` workers follow it too.
 """
 
 from __future__ import annotations
@@ -144,8 +147,7 @@ class Mixture:
                                  "extra": 0.2}, seed=1)
         sampler = packer.ShardedSampler(mixture, seed=1)
         for epoch in range(epochs):
-            mixture.set_epoch(epoch)
-            sampler.set_epoch(epoch)
+            sampler.set_epoch(epoch)  # also the mixture's
             for sample, label in DataLoader(mixture, batch_size=64, sampler=sampler): ...
     """
 
@@ -170,6 +172,7 @@ class Mixture:
         length = sum(sizes) if epoch_size is None else _integer("epoch_size", epoch_size, 1)
         shares = largest_remainder(_weights(self.names, sizes, weights), length)
         self.counts = dict(zip(self.names, shares))
+        self._length = sum(shares)  # every index check needs it: computed once
         empty = [n for n in self.names if self.counts[n] and not self.sizes[n]]
         if empty:
             raise PackerError(f"sources {empty} are empty but their weights give them samples")
@@ -200,7 +203,7 @@ class Mixture:
         return qualified, offsets
 
     def __len__(self) -> int:
-        return sum(self.counts.values())
+        return self._length
 
     @property
     def epoch(self) -> int:
@@ -266,7 +269,7 @@ class Mixture:
         return np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
 
     def _position(self, i: Any) -> int:
-        n = len(self)
+        n = self._length
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
             raise TypeError(f"mixture indices must be integers, not {type(i).__name__}")
         if not -n <= i < n:
@@ -292,7 +295,7 @@ class Mixture:
         packer dataset then reads each shard once), in the order asked."""
         source, index = self.layout()
         positions = np.asarray(indices)
-        n = len(self)
+        n = self._length
         if (
             positions.ndim != 1
             or positions.dtype.kind not in "iu"

@@ -30,13 +30,21 @@ number of ranks can load it: their iteration deals out the *remaining* samples o
 order, so the samples before and after the restart make exactly one epoch (apart from padding).
 Pass ``consumed`` from the training loop (e.g. ``(step + 1) * batch_size``): a DataLoader takes
 indices from the sampler ahead of the loop (``prefetch_factor`` batches per worker), so what the
-sampler has handed out (the default) overcounts unless ``num_workers=0``. (torchdata's
-``StatefulDataLoader`` would call ``state_dict()`` with no count; it is not tested here: save the
-sampler's state from the loop.) The state is the same on every rank (save it from rank 0); it
-holds ints and bools only.
+sampler has handed out (the default) overcounts unless ``num_workers=0``. torchdata's
+``StatefulDataLoader`` needs no count: it takes the sampler's ``state_dict()`` as it sends each
+batch's indices to a worker and gives back the one of the last batch the loop received
+(``tests/test_stateful.py``). The state is the same on every rank (save it from rank 0); it
+holds ints and bools only (~110 pickled bytes, whatever the dataset's size).
 
 The resume point serves the iterations of its epoch until one runs to its end; ``set_epoch``
-with another epoch starts that epoch from its beginning.
+with another epoch starts that epoch from its beginning. A dataset with a ``set_epoch`` of its
+own (a :class:`packer.Mixture`, whose draws change each epoch; a clip dataset) follows the
+sampler: ``set_epoch`` and ``load_state_dict`` pass the epoch on, so a framework that only calls
+the sampler's ``set_epoch`` (PyTorch Lightning, accelerate) and a resume from a checkpoint move
+the dataset to the right epoch too. ``len(sampler)`` is always a whole epoch's count on this
+rank (as torch's and torchdata's samplers do), so a framework that counts an epoch's batches
+from ``len(loader)`` and restores how many were done (PyTorch Lightning) ends the resumed epoch
+where it ends.
 """
 
 from __future__ import annotations
@@ -144,6 +152,10 @@ class ShardedSampler(Sampler[int]):
         block: samples per block; ``None``: the dataset's shards, else 256.
         mix: blocks whose samples are shuffled together (more classes per batch when shards
             hold one class each, ``mix`` regions read at a time).
+        prefetch: blocks fetched ahead of the one being read, for a dataset with a
+            ``prefetch(samples)`` (a remote dataset read through the node-local shard cache:
+            their shards are downloaded on background threads while the current block is
+            read); 0 turns it off. Nothing is fetched for a local dataset.
 
     Raises:
         PackerError: an argument of the wrong type or out of range.
@@ -169,6 +181,7 @@ class ShardedSampler(Sampler[int]):
         drop_last: bool = False,
         block: int | None = None,
         mix: int = 1,
+        prefetch: int = 2,
     ) -> None:
         self.num_replicas, self.rank = _world(num_replicas, rank)
         self.seed = _integer("seed", seed)
@@ -179,7 +192,14 @@ class ShardedSampler(Sampler[int]):
         shards = getattr(dataset, "shard_of_sample", None)
         layout = shards() if callable(shards) and self.block is None else None
         self.starts = block_starts(self.n, self.block, layout)
+        self.prefetch = _integer("prefetch", prefetch, 0)
+        fetch = getattr(dataset, "prefetch", None)
+        self._fetch = fetch if callable(fetch) and self.prefetch else None
+        # the blocks' checksum, in every state_dict: hashed once (a 1M-sample index has ~1000s)
+        self._blocks_crc = zlib.crc32(self.starts.tobytes()) if self.shuffle else 0
         self.epoch = 0
+        follow = getattr(dataset, "set_epoch", None)  # a Mixture's draws follow our epoch
+        self._dataset_set_epoch = follow if callable(follow) else None
         self._order: tuple[int, np.ndarray] | None = None  # (epoch, its global order)
         self._at(0)
 
@@ -197,15 +217,24 @@ class ShardedSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch``; another epoch than the current one starts at its
-        beginning, the current one keeps a resume point."""
+        beginning, the current one keeps a resume point. Passed on to a dataset with a
+        ``set_epoch`` (a :class:`packer.Mixture`, a clip dataset)."""
         epoch = _integer("epoch", epoch)
         if epoch != self.epoch:
             self.epoch = epoch
             self._at(0)
+        self._pass_epoch_on()
+
+    def _pass_epoch_on(self) -> None:
+        if self._dataset_set_epoch is not None:
+            self._dataset_set_epoch(self.epoch)
 
     def __len__(self) -> int:
-        """Samples of the current (or, before it starts, the next) iteration on this rank."""
-        return per_rank(self.n - self._start, self.num_replicas, self.drop_last)
+        """Samples of a whole epoch on this rank, also after a resume (an iteration resumed
+        mid-epoch yields only the rest). Frameworks count an epoch's batches from it and restore
+        how many were done: PyTorch Lightning ends a resumed epoch at its restored batch count
+        plus what is left, which a length of the rest alone would cut short."""
+        return per_rank(self.n, self.num_replicas, self.drop_last)
 
     def __iter__(self) -> Iterator[int]:
         if self._done:  # the resumed part of the epoch was read: the next pass is a whole one
@@ -214,19 +243,37 @@ class ShardedSampler(Sampler[int]):
             self.order(), self._start, self.num_replicas, self.rank, self.drop_last
         )
         self._yielded = 0
-        for i in indices.tolist():
+        ahead = self._ahead(indices) if self._fetch is not None else {}
+        for k, i in enumerate(indices.tolist()):
+            if k in ahead:
+                self._fetch(ahead[k])  # type: ignore[misc]
             self._yielded += 1
             yield i
         self._done = True
 
+    def _ahead(self, indices: np.ndarray) -> dict[int, np.ndarray]:
+        """Where to ask the dataset to fetch what: at the first sample of each block (in the
+        order blocks first appear here), a sample of the block ``prefetch`` blocks later; at
+        the start, one of each of the first ``prefetch + 1``."""
+        if not len(indices):
+            return {}
+        blocks = np.searchsorted(self.starts, indices, side="right") - 1
+        _, first = np.unique(blocks, return_index=True)
+        first = np.sort(first)  # where each block first appears, in reading order
+        heads = indices[first]
+        ahead = {
+            int(k): heads[j + self.prefetch : j + self.prefetch + 1] for j, k in enumerate(first)
+        }
+        ahead[0] = heads[: self.prefetch + 1]
+        return {k: v for k, v in ahead.items() if len(v)}
+
     def _fingerprint(self) -> dict[str, Any]:
-        blocks = zlib.crc32(self.starts.tobytes()) if self.shuffle else 0
         return {
             "num_samples": self.n,
             "shuffle": self.shuffle,
             "seed": self.seed if self.shuffle else 0,
             "mix": self.mix if self.shuffle else 1,
-            "blocks": blocks,
+            "blocks": self._blocks_crc,
         }
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
@@ -278,3 +325,4 @@ class ShardedSampler(Sampler[int]):
             raise PackerError(f"consumed={position} is past the epoch's {self.n} samples")
         self.epoch = epoch
         self._at(position)
+        self._pass_epoch_on()

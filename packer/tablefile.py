@@ -21,9 +21,15 @@ from numpy.lib import format as npformat
 from packer.contained import Identity, fstat_identity, open_beneath, open_folder
 from packer.errors import FormatError
 
-__all__ = ["check_digest", "check_runs", "fd_checksum", "parse_table", "read_checked"]
+__all__ = ["check_digest", "check_runs", "fd_checksum", "parse_table", "read_checked", "temp_name"]
 
 _CHUNK = 1 << 20  # as manifest.file_checksum: 1 MiB reads
+
+
+def temp_name(name: str) -> str:
+    """The name a table or the manifest is written under before its rename into place
+    (``index.tmp.npy``, ``keys.txt.tmp``, ``packer.json.tmp``)."""
+    return name[:-4] + ".tmp.npy" if name.endswith(".npy") else name + ".tmp"
 
 
 def fd_checksum(fd: int) -> str:

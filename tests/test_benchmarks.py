@@ -133,13 +133,16 @@ def test_bench_decoders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 def test_scale_convert(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = _script("scale_convert")
     args = ["--data", str(tmp_path), "--images", "20", "--dask-workers", "0", "--profile"]
-    args += ["--top", "3", "--out", str(tmp_path)]
+    args += ["--top", "3", "--out", str(tmp_path), "--repeats", "2", "--stages"]
     assert script.main(script.parse_args(args)) == 0
     out = capsys.readouterr().out
-    assert "| tar cf |" in out and "| packer local, --check fast |" in out
+    assert "| tar cf |" in out and "| packer lmdb, --check fast |" in out
     assert "function calls" in out  # the profile
+    assert "| check scan | pool |" in out and "| `--check scan` | 32 |" in out  # --stages
     report = json.loads((tmp_path / "scale_convert.json").read_text())
     assert [r["run"] for r in report["results"]][0] == "tar cf"
+    assert [r["rounds"] for r in report["results"]] == [2, 2, 2]
+    assert all(r["cpu_seconds"] > 0 for r in report["results"][1:])
 
 
 def test_decode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -172,3 +175,29 @@ def test_scale(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert report["open"]["index_bytes_per_sample"] > 0 and report["convert"]["peak_rss_mb"] > 0
     assert len(report["epoch"]["workers"]) == 2
     assert not (tmp_path / "d" / "tree").exists()  # deleted without --keep
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+def test_state_dict_cost(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _script("state_dict_cost")
+    out = tmp_path / "state_dict_cost.json"
+    args = ["--data", str(tmp_path), "--images", "20", "--large", "300", "--batches", "3"]
+    args += ["--batch-size", "4", "--repeats", "1", "--out", str(out)]
+    assert script.main(script.parse_args(args)) == 0
+    assert "| 300 | mixture | 320 |" in capsys.readouterr().out  # 300 + 20: the sampler row
+    report = json.loads(out.read_text())
+    assert len(report["results"]) == 12 and len(report["samplers"]) == 4
+    assert all(r["state_bytes"] < 1000 for r in report["results"] if r["snapshot_every"])
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+def test_mixture_throughput(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _script("mixture_throughput")
+    out = tmp_path / "mixture_throughput.json"
+    args = ["--data", str(tmp_path), "--images", "20", "--shard-size", "200kB", "--repeats", "1"]
+    args += ["--epochs", "1", "--workers", "0", "--wait-budget", "0", "--out", str(out)]
+    assert script.main(script.parse_args(args)) == 0
+    assert "| cold |" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    passes = [p for r in report["results"] for k in r["passes"].values() for p in k]
+    assert len(passes) == 4 and all(p["images"] == 40 for p in passes)

@@ -314,3 +314,37 @@ def test_images_and_clips_mix_and_set_epoch_reaches_the_clips(big: Any, tmp_path
         assert mixture.classes[label].startswith(f"{name}/")
     assert shapes["clip"] is not None and shapes["clip"][0] == 4  # a clip of 4 frames
     assert shapes["img"] is None  # the image source's own output (bytes)
+
+
+def test_indices_cover_minus_len_to_len_and_no_further(keyed: dict[str, Keyed]) -> None:
+    """The length is computed once (review); indexing still accepts exactly ``-n .. n-1``, one
+    by one and batched, and a negative index is the same item as ``i + n``."""
+    mixture = packer.Mixture(keyed, weights={"a": 2, "b": 1}, epoch_size=13, seed=2, block=3)
+    n = len(mixture)
+    assert n == 13 == sum(mixture.counts.values())
+    forward = [mixture[i][0] for i in range(n)]
+    assert forward == expected(mixture)
+    assert [mixture[i - n][0] for i in range(n)] == forward
+    assert [key for key, _ in mixture.__getitems__(list(range(-n, n)))] == forward + forward
+    for outside in (n, -n - 1):
+        with pytest.raises(IndexError, match=f"index {outside} out of range for a mixture of 13"):
+            mixture[outside]
+        with pytest.raises(IndexError, match=f"index {outside} out of range"):
+            mixture.__getitems__([0, outside])
+    assert len(pickle.loads(pickle.dumps(mixture))) == n  # what a spawned worker gets
+
+
+def test_the_sampler_moves_the_mixtures_epoch_also_on_resume(keyed: dict[str, Keyed]) -> None:
+    """Frameworks call only the sampler's set_epoch (Lightning) and a StatefulDataLoader only its
+    load_state_dict: both reach the mixture, whose draws then are the epoch's."""
+    mixture = packer.Mixture(keyed, weights={"a": 1, "b": 1}, epoch_size=10, seed=3)
+    sampler = packer.ShardedSampler(mixture, num_replicas=1, rank=0, seed=3)
+    sampler.set_epoch(4)
+    assert mixture.epoch == 4
+    state = sampler.state_dict(consumed=3)
+    fresh = packer.Mixture(keyed, weights={"a": 1, "b": 1}, epoch_size=10, seed=3)
+    resumed = packer.ShardedSampler(fresh, num_replicas=1, rank=0, seed=3)
+    resumed.load_state_dict(state)
+    assert fresh.epoch == 4
+    assert [fresh[i][0] for i in list(resumed)] == [mixture[i][0] for i in list(sampler)[3:]]
+    assert fresh.draws("a", 4).tolist() != fresh.draws("a", 0).tolist()  # the epoch matters

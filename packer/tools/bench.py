@@ -50,6 +50,7 @@ class BenchSpec:
     step_ms: float = 0.0
     multiprocessing_context: str | None = None
     decoder: str = "auto"
+    storage_options: dict[str, Any] | None = None  # for URL datasets (fsspec options)
 
     def validate(self) -> None:
         """Raise PackerError on a value out of range."""
@@ -136,7 +137,7 @@ def run_config(
     loader: DataLoader | None = None
     for epoch in range(spec.epochs):
         if cache == "cold" or loader is None:
-            dataset = open_for_mode(path, mode, spec.decoder)
+            dataset = open_for_mode(path, mode, spec.decoder, spec.storage_options)
             indices = subset_indices(dataset, spec.limit)
             subset = Subset(dataset, indices) if len(indices) < len(dataset) else dataset  # type: ignore[arg-type]
             loader = _loader(subset, spec, workers, persistent=cache == "warm")
@@ -180,7 +181,9 @@ def plan(paths: Sequence[str | os.PathLike[str]], spec: BenchSpec) -> list[tuple
     ]
 
 
-def check_paths(paths: Sequence[str | os.PathLike[str]]) -> None:
+def check_paths(
+    paths: Sequence[str | os.PathLike[str]], storage_options: dict[str, Any] | None = None
+) -> None:
     """Open every path once so a bad one fails before any measurement.
 
     Raises:
@@ -189,7 +192,7 @@ def check_paths(paths: Sequence[str | os.PathLike[str]]) -> None:
     if not paths:
         raise PackerError("no dataset given; pass one or more packer outputs or image folders")
     for path in paths:
-        close_dataset(open_for_mode(path, "bytes"))
+        close_dataset(open_for_mode(path, "bytes", storage_options=storage_options))
 
 
 def run_bench(paths: Sequence[str | os.PathLike[str]], spec: BenchSpec) -> Iterator[RunResult]:
@@ -199,7 +202,7 @@ def run_bench(paths: Sequence[str | os.PathLike[str]], spec: BenchSpec) -> Itera
     (the baseline) in the same (mode, workers, cache) are filled in as results arrive.
     """
     spec.validate()
-    check_paths(paths)
+    check_paths(paths, spec.storage_options)
     baselines: dict[tuple[str, int, str], float] = {}
     for path, label, mode, workers, cache in plan(paths, spec):
         result = run_config(path, label, mode, workers, cache, spec)

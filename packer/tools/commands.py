@@ -10,8 +10,16 @@ from typing import Any
 
 import click
 
-from packer.cliutil import CONTEXT, batch_size_option, flag, friendly, positive_int
+from packer.cliutil import (
+    CONTEXT,
+    batch_size_option,
+    flag,
+    friendly,
+    positive_int,
+    storage_option,
+)
 from packer.errors import PackerError
+from packer.storage import is_url
 
 __all__ = ["bench", "doctor"]
 
@@ -90,7 +98,7 @@ def _report(runs: list[Any], costs: list[Any], options: dict[str, Any], complete
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, metavar="PATH|URL...")
 @click.option("--workers", default="0,2,4", show_default=True, help="num_workers values to sweep.")
 @batch_size_option()
 @click.option("--mode", "modes", default="bytes", show_default=True,
@@ -111,15 +119,18 @@ def _report(runs: list[Any], costs: list[Any], options: dict[str, Any], complete
 @positive_int("--short-side",
               text="Also bench a copy of each dataset's samples stored at this short side "
               "(what packer convert --short-side N gives), side by side.")  # fmt: skip
+@storage_option()
 @json_options
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Save a PNG plot here.")
 @friendly
-def bench(paths: tuple[Path, ...], workers: str, modes: str, json_value: str | None,
+def bench(paths: tuple[Any, ...], workers: str, modes: str, json_value: str | None,
           json_out: Path | None, plot_path: Path | None, storage: bool, short_side: int | None,
-          **kw: Any) -> None:  # fmt: skip
+          storage_options: dict[str, Any], **kw: Any) -> None:  # fmt: skip
     """Time reading packer outputs and image folders through a real DataLoader.
 
     The first PATH is the baseline of the ratios. Ctrl-C prints what was measured so far.
+    A URL (s3://, https://; --storage-option for the endpoint) is read from the store: its
+    storage counters are not measured and --cold evicts nothing of it (no local files).
 
     \b
     Example:
@@ -133,13 +144,20 @@ def bench(paths: tuple[Path, ...], workers: str, modes: str, json_value: str | N
     from packer.tools.targets import cold_supported, path_labels
 
     as_json, json_out, stray = _json_mode(json_value, json_out)
-    paths = (Path(stray), *paths) if stray else paths
-    if not paths:
+    texts = (stray, *paths) if stray else paths
+    if not texts:
         raise click.UsageError("give at least one PATH to bench")
-    spec = BenchSpec(workers=_int_list(workers, "--workers"), modes=modes.split(","), **kw)
+    urls = [t for t in texts if is_url(t)]
+    if storage_options and not urls:
+        raise click.UsageError("--storage-option is for a URL dataset (s3://..., https://...)")
+    if urls and short_side is not None:
+        raise click.UsageError(f"--short-side needs local datasets, not {urls[0]}")
+    paths = tuple(t if is_url(t) else Path(t) for t in texts)
+    spec = BenchSpec(workers=_int_list(workers, "--workers"), modes=modes.split(","),
+                     storage_options=storage_options or None, **kw)  # fmt: skip
     spec.validate()
     check_decoder(spec.decoder)
-    check_paths(paths)
+    check_paths(paths, spec.storage_options)
     if short_side is not None:
         paths = _with_resized(paths, short_side, spec.limit)
     options = {**kw, "paths": [str(p) for p in paths], "workers": spec.workers,
@@ -155,7 +173,8 @@ def bench(paths: tuple[Path, ...], workers: str, modes: str, json_value: str | N
             click.echo("warning: /proc/<pid>/io is not readable; no storage counters", err=True)
         elif storage:
             for path, label in zip(paths, path_labels(paths)):
-                costs.append(measure_storage(path, label, spec.limit, spec.batch_size))
+                if not is_url(path):  # kernel counters see no store's bytes
+                    costs.append(measure_storage(path, label, spec.limit, spec.batch_size))
         for run in run_bench(paths, spec):
             runs.append(run)
             click.echo(f"[{len(runs)}/{total}] {run.label} {run.mode} workers={run.workers} "
@@ -180,10 +199,11 @@ def _with_resized(paths: tuple[Path, ...], short_side: int, limit: int | None) -
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("path", required=False, type=click.Path(path_type=Path))
+@click.argument("path", required=False, metavar="PATH|URL")
 @click.option("--step-ms", type=click.FloatRange(min=0, min_open=True),
               help="Your training step time; the worker count is computed for it.")  # fmt: skip
 @batch_size_option()
+@storage_option()
 @click.option("--workers", type=click.IntRange(min=0), help="num_workers of the loader run.")
 @click.option("--budget", default=60.0, show_default=True, type=click.FloatRange(min=1),
               help="Upper bound on the measuring time, in seconds.")  # fmt: skip
@@ -192,35 +212,47 @@ def _with_resized(paths: tuple[Path, ...], short_side: int, limit: int | None) -
               help="Batches to time with --loader.")  # fmt: skip
 @json_options
 @friendly
-def doctor(path: Path | None, step_ms: float | None, batch_size: int, workers: int | None,
+def doctor(path: str | None, step_ms: float | None, batch_size: int, workers: int | None,
            budget: float, loader_spec: str | None, steps: int, json_value: str | None,
-           json_out: Path | None) -> None:  # fmt: skip
+           json_out: Path | None, storage_options: dict[str, Any]) -> None:  # fmt: skip
     """Measure where loading time goes on this machine, explain stalls, say what to change.
 
     Give a dataset PATH (packer output or image folder), or --loader module:function for
     your own DataLoader. The report recommends one num_workers, from the measured cost of a
     sample, the step time and the CPUs.
 
+    A URL (s3://, https://, any fsspec protocol; --storage-option for the endpoint) measures
+    the store instead of the disk: the open, the latency of a ranged GET, the bandwidth of one
+    and of several streams, a batch in order and a shuffled batch; it recommends num_workers,
+    prefetch and cache_limit.
+
     \b
     Example:
       packer doctor imagenet/train --step-ms 120
       packer doctor --loader train:make_loader --step-ms 120
       packer doctor images.lmdb --step-ms 120 --json > doctor.json
+      packer doctor s3://bucket/train.npy --storage-option endpoint_url=http://minio:9000
     """
     as_json, json_out, stray = _json_mode(json_value, json_out)
     if stray is not None and path is not None:
         raise click.UsageError(f"--json takes no value, got {stray!r}; --json-out PATH saves it")
-    path = Path(stray) if stray is not None else path
+    path = stray if stray is not None else path
     if (path is None) == (loader_spec is None):
         raise click.UsageError("give either a dataset PATH or --loader module:function")
+    if storage_options and not (path is not None and is_url(path)):
+        raise click.UsageError("--storage-option is for a URL dataset (s3://..., https://...)")
     if loader_spec is not None:
         from packer.tools.diagnose import diagnose, load_loader
 
         report: Any = diagnose(load_loader(loader_spec), steps, step_ms or 0.0, budget)
+    elif is_url(path):
+        from packer.tools.doctor_remote import doctor_remote
+
+        report = doctor_remote(str(path), storage_options, step_ms, batch_size)
     else:
         from packer.tools.doctor import doctor as run
 
-        report = run(path, step_ms, batch_size, workers, budget)  # type: ignore[arg-type]
+        report = run(Path(str(path)), step_ms, batch_size, workers, budget)
     data = json.dumps(report.to_dict(), indent=2, default=str)
     click.echo(data if as_json else str(report))
     if json_out is not None:

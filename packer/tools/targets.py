@@ -18,6 +18,7 @@ from packer.collate import collate_bytes
 from packer.errors import PackerError
 from packer.manifest import MANIFEST_NAME, load_manifest
 from packer.sources import scan
+from packer.storage import is_url
 
 __all__ = [
     "CACHES",
@@ -40,6 +41,8 @@ __all__ = [
 def data_files(path: str | os.PathLike[str]) -> list[Path]:
     """The files holding a dataset's data: a packer output's shards/files, or a folder's images
     (or, for a ``<class>/<video>/<frame>`` tree, its frames and video files)."""
+    if is_url(path):
+        return []  # objects in a store: no local file, no page cache to evict or count
     root = Path(path)
     if (root / MANIFEST_NAME).is_file():
         manifest = load_manifest(root)
@@ -86,12 +89,18 @@ MODES = ("bytes", "decode", "transform")
 CACHES = ("warm", "cold")
 
 
-def open_for_mode(path: str | os.PathLike[str], mode: str, decoder: str = "auto") -> Dataset:
+def open_for_mode(
+    path: str | os.PathLike[str],
+    mode: str,
+    decoder: str = "auto",
+    storage_options: dict[str, Any] | None = None,
+) -> Dataset:
     """Open a packer output or image folder for a bench mode.
 
     ``bytes``: stored bytes, no decode (IO + format cost); ``decode``: decoded H×W×3 arrays;
     ``transform``: decoded then :func:`packer.tools.train_transform.train_transform` (224×224 crops).
     ``decoder`` names the decoder of the decoding modes (see :mod:`packer.decoders`).
+    A URL (``s3://...``) is opened through ``storage_options``.
 
     Raises:
         PackerError: unknown mode, or the path is neither a packer output nor an image folder.
@@ -101,16 +110,19 @@ def open_for_mode(path: str | os.PathLike[str], mode: str, decoder: str = "auto"
 
     if mode not in MODES:
         raise PackerError(f"unknown bench mode {mode!r}; expected one of {', '.join(MODES)}")
-    if not Path(path).exists():
+    remote: dict[str, Any] = {}
+    if is_url(path):
+        remote["storage_options"] = dict(storage_options or {})
+    elif not Path(path).exists():
         raise PackerError(f"{str(path)!r} does not exist")
     if mode == "bytes":  # batches go to collate_bytes: packed images read straight into one
-        dataset = open_dataset(path, output="bytes")
+        dataset = open_dataset(path, output="bytes", **remote)
         if hasattr(dataset, "batch_buffer"):
             dataset.batch_buffer = True
         return dataset
     if mode == "decode":
-        return open_dataset(path, output="numpy", decoder=decoder)
-    return open_dataset(path, output="pil", transform=train_transform(), decoder=decoder)
+        return open_dataset(path, output="numpy", decoder=decoder, **remote)
+    return open_dataset(path, output="pil", transform=train_transform(), decoder=decoder, **remote)
 
 
 def bench_collate(batch: Sequence[Any]) -> Any:
