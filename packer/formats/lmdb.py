@@ -8,7 +8,8 @@ read back from the finished shard; -1 where it cannot be told); a record's key i
 among its shard's records. Only the ``"shards"`` layout exists.
 
 Reading: each process opens each shard once (``readonly=True, lock=False``) and keeps one
-long-lived ``buffers=True`` read transaction; a batch or a clip is one ``getmulti`` per shard.
+long-lived ``buffers=True`` read transaction; a batch or a clip is one ``getmulti`` per shard,
+or one cursor walk where its records are consecutive (an in-order batch).
 Readahead defaults to on for images (measured: off made cold image reads several times slower
 than plain files) and off for video (a clip reads a few frames of a video: readahead would read
 the frames around them too). Without readahead, a clip first asks the kernel for exactly its
@@ -310,9 +311,9 @@ class Reader(ReaderBase):
         """The stored bytes of each record, in the order asked.
 
         A batch within one shard (records lie in shard order, so its lowest and highest record
-        tell) is one ``getmulti``, its keys ascending (a batch that is not is sorted, then put
-        back in the order asked); a batch across shards goes shard by shard
-        (:meth:`ReaderBase.read_many`).
+        tell) is one cursor walk when its records are consecutive, else one ``getmulti``, its
+        keys ascending (a batch that is not is sorted, then put back in the order asked); a
+        batch across shards goes shard by shard (:meth:`ReaderBase.read_many`).
         """
         asked = np.asarray(records, dtype=np.int64)
         if asked.ndim != 1 or len(asked) == 0:
