@@ -101,3 +101,21 @@ def test_bench_reads_a_url_beside_its_local_copy(
     assert runs[1]["bytes"] == runs[0]["bytes"] and runs[1]["ratio"] > 0
     refused = runner.invoke(main, ["bench", str(local), "--storage-option", option])
     assert refused.exit_code == 2 and "is for a URL dataset" in refused.output
+
+
+def test_doctor_reports_what_the_node_local_cache_holds(
+    url: str, server: S3Server, tmp_path: Path
+) -> None:
+    runner = CliRunner()
+    args = ["doctor", url, "--storage-option", f"endpoint_url={server.endpoint}", "--json"]
+    args += ["--cache-dir", str(tmp_path)]
+    empty = json.loads(runner.invoke(main, args).stdout)
+    assert empty["files"] >= 2 and empty["cached_files"] == 0 == empty["cached_bytes"]
+    ds = packer.open_dataset(url, storage_options=server.options, cache_dir=tmp_path)
+    for i in range(len(ds)):  # one epoch through the cache
+        ds[i]
+    ds.close()
+    full = json.loads(runner.invoke(main, args).stdout)
+    assert full["cached_files"] == full["files"] == empty["files"]
+    assert full["cached_bytes"] == sum(s.bytes for s in ds.manifest.shards)
+    assert any("100 % of shard reads" in f for f in full["findings"])

@@ -203,6 +203,8 @@ def _with_resized(paths: tuple[Path, ...], short_side: int, limit: int | None) -
 @click.option("--step-ms", type=click.FloatRange(min=0, min_open=True),
               help="Your training step time; the worker count is computed for it.")  # fmt: skip
 @batch_size_option()
+@click.option("--cache-dir", type=click.Path(path_type=Path),
+              help="A URL's node-local shard cache to report on (default: packer's).")  # fmt: skip
 @storage_option()
 @click.option("--workers", type=click.IntRange(min=0), help="num_workers of the loader run.")
 @click.option("--budget", default=60.0, show_default=True, type=click.FloatRange(min=1),
@@ -214,7 +216,8 @@ def _with_resized(paths: tuple[Path, ...], short_side: int, limit: int | None) -
 @friendly
 def doctor(path: str | None, step_ms: float | None, batch_size: int, workers: int | None,
            budget: float, loader_spec: str | None, steps: int, json_value: str | None,
-           json_out: Path | None, storage_options: dict[str, Any]) -> None:  # fmt: skip
+           json_out: Path | None, storage_options: dict[str, Any],
+           cache_dir: Path | None) -> None:  # fmt: skip
     """Measure where loading time goes on this machine, explain stalls, say what to change.
 
     Give a dataset PATH (packer output or image folder), or --loader module:function for
@@ -248,7 +251,8 @@ def doctor(path: str | None, step_ms: float | None, batch_size: int, workers: in
     elif is_url(path):
         from packer.tools.doctor_remote import doctor_remote
 
-        report = doctor_remote(str(path), storage_options, step_ms, batch_size)
+        where = str(cache_dir) if cache_dir else None
+        report = doctor_remote(str(path), storage_options, step_ms, batch_size, cache_dir=where)
     else:
         from packer.tools.doctor import doctor as run
 

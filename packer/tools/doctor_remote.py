@@ -16,7 +16,6 @@ step time), ``prefetch`` (shards fetched ahead so a shard is local before it is 
 from __future__ import annotations
 
 import math
-import os
 import shutil
 import statistics
 import time
@@ -26,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from packer.cache import ShardCache, default_cache_dir
 from packer.cpus import available_cpus
 from packer.errors import PackerError
 from packer.sizes import format_size
@@ -56,6 +56,9 @@ class RemoteReport:
     in_order_ms: float = 0.0  # one batch of consecutive samples
     shuffled_ms: float = 0.0  # one batch of samples at random positions
     cache_free_bytes: int | None = None
+    cached_files: int = 0  # this dataset's data files in the node-local cache
+    cached_bytes: int = 0
+    files: int = 0  # its data files in all
     workers: int = 0
     prefetch: int = 0
     cache_limit: int = 0
@@ -223,24 +226,31 @@ def doctor_remote(
     report.in_order_ms = _batch_ms(packed, np.arange(start, start + size))
     report.shuffled_ms = _batch_ms(packed, np.random.default_rng(seed + 1).permutation(n)[:size])
     report.cache_free_bytes = _free_bytes(cache_dir)
+    _cache_state(report, packed.reader.url, names, cache_dir)  # type: ignore[attr-defined]
     _advise(report)
     packed.reader.close()
     report.elapsed_s = time.perf_counter() - began
     return report
 
 
-def _default_cache_dir() -> Path:
-    """Where the node-local cache lives by default (``$PACKER_CACHE_DIR``, else the user's
-    cache folder)."""
-    if os.environ.get("PACKER_CACHE_DIR"):
-        return Path(os.environ["PACKER_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "packer"
+def _cache_state(r: RemoteReport, url: str, names: list[str], cache_dir: str | None) -> None:
+    """How much of the dataset the node-local cache holds: the hit rate the next epoch starts
+    with (finished downloads only)."""
+    wanted = {f"{url}/{name}" for name in names}
+    held = [e for e in ShardCache(cache_dir).entries() if not e.partial and e.url in wanted]
+    r.files, r.cached_files = len(names), len({e.url for e in held})
+    r.cached_bytes = sum(e.bytes for e in held)
+    share = r.cached_files / max(1, r.files)
+    r.findings.append(
+        f"the node-local cache ({cache_dir or default_cache_dir()}) holds {r.cached_files} of "
+        f"{r.files} data files ({format_size(r.cached_bytes)}): {100 * share:.0f} % of shard "
+        "reads would hit it now"
+    )
 
 
 def _free_bytes(cache_dir: str | None) -> int | None:
     """Free bytes of the file system the cache folder (or its nearest existing parent) is on."""
-    folder = Path(cache_dir) if cache_dir else _default_cache_dir()
+    folder = Path(cache_dir) if cache_dir else default_cache_dir()
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     try:
