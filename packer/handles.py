@@ -21,15 +21,14 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["HandleCache", "keep_freed_heap"]
+__all__ = ["HandleCache", "keep_freed_heap", "set_malloc"]
 
 _FORK_SENSITIVE: weakref.WeakSet[HandleCache] = weakref.WeakSet()
-_TUNED_PID = 0
 _TRIM_THRESHOLD = 64 << 20
 _MMAP_THRESHOLD = 32 << 20  # glibc's largest allowed value on 64-bit
 
 
-def keep_freed_heap() -> bool:
+def keep_freed_heap(trim: int = _TRIM_THRESHOLD) -> bool:
     """Let glibc keep up to 64 MiB of freed heap in this process instead of returning it at once.
 
     Readers hand out ~100 KB ``bytes`` per sample; with glibc's default 128 KiB trim threshold
@@ -41,17 +40,28 @@ def keep_freed_heap() -> bool:
     per image). Done once per process on the first handle a reader opens; set
     ``PACKER_NO_MALLOPT=1`` to leave malloc alone. Returns whether the settings were applied.
     """
-    global _TUNED_PID
-    if _TUNED_PID == os.getpid():
-        return True
-    _TUNED_PID = os.getpid()
+    return set_malloc(trim, _MMAP_THRESHOLD)
+
+
+_SET: dict[tuple[int, int, int], bool] = {}  # (process id, trim, mmap): in effect
+
+
+def set_malloc(trim: int, mmap: int) -> bool:
+    """glibc's ``M_TRIM_THRESHOLD`` and ``M_MMAP_THRESHOLD`` in this process, tried once per
+    process and setting (``PACKER_NO_MALLOPT=1``, or a libc that is not glibc: nothing);
+    whether they are in effect."""
+    key = (os.getpid(), trim, mmap)
+    if key not in _SET:
+        _SET[key] = _mallopt(trim, mmap)
+    return _SET[key]
+
+
+def _mallopt(trim: int, mmap: int) -> bool:
     if os.environ.get("PACKER_NO_MALLOPT") or not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL("libc.so.6")
-        trim = libc.mallopt(-1, _TRIM_THRESHOLD)  # -1 is M_TRIM_THRESHOLD
-        mmap = libc.mallopt(-3, _MMAP_THRESHOLD)  # -3 is M_MMAP_THRESHOLD
-        return bool(trim and mmap)
+        return bool(libc.mallopt(-1, trim) and libc.mallopt(-3, mmap))  # M_TRIM, M_MMAP
     except (OSError, AttributeError):  # not glibc (musl, ...)
         return False
 

@@ -11,12 +11,11 @@ finished shards are checkpointed in order. ``workers=1`` keeps everything on the
 
 from __future__ import annotations
 
-import ctypes
-import os
-import sys
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
+
+from packer.handles import set_malloc
 
 __all__ = ["ShardFinisher", "keep_heap_for_writes"]
 
@@ -26,7 +25,6 @@ __all__ = ["ShardFinisher", "keep_heap_for_writes"]
 # a fresh mmap each.
 _TRIM_THRESHOLD = 256 << 20
 _MMAP_THRESHOLD = 32 << 20
-_TUNED_PID = 0
 
 
 def keep_heap_for_writes() -> bool:
@@ -37,19 +35,7 @@ def keep_heap_for_writes() -> bool:
     defaults every commit's free shrinks the heap and the next transaction faults it back in.
     ``PACKER_NO_MALLOPT=1`` leaves malloc alone (as it does for readers). Returns whether the
     settings are in effect."""
-    global _TUNED_PID
-    if _TUNED_PID == os.getpid():
-        return True
-    if os.environ.get("PACKER_NO_MALLOPT") or not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        trim = libc.mallopt(-1, _TRIM_THRESHOLD)  # -1 is M_TRIM_THRESHOLD
-        mmap = libc.mallopt(-3, _MMAP_THRESHOLD)  # -3 is M_MMAP_THRESHOLD
-    except (OSError, AttributeError):  # not glibc (musl, ...)
-        return False
-    _TUNED_PID = os.getpid()
-    return bool(trim and mmap)
+    return set_malloc(_TRIM_THRESHOLD, _MMAP_THRESHOLD)
 
 
 class ShardFinisher:
