@@ -1,12 +1,15 @@
-"""Shared fixtures: tiny real image trees made by the same generator as `make demo`."""
+"""Shared fixtures: tiny real image trees made by the same generator as `make demo`; a real S3
+API server and the fault proxy for the remote tests (one per module, its ``BUCKET``)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from fault_proxy import FaultProxy, fault_proxy
+from s3_server import S3Server, s3_server
 
 import packer
 from packer.formats import FORMATS
@@ -75,3 +78,18 @@ def _tree_files(root: Path) -> dict[str, bytes]:
 def tree_files() -> Callable[[Path], dict[str, bytes]]:
     """Every file under a folder, relative path -> bytes (the manifest without its time)."""
     return _tree_files
+
+
+@pytest.fixture(scope="module")
+def server(request: pytest.FixtureRequest) -> Iterator[S3Server]:
+    """A real S3 API server (moto) on the loopback for the module, with one empty bucket: the
+    module's ``BUCKET``."""
+    with s3_server(getattr(request.module, "BUCKET", "data")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def proxy(server: S3Server) -> Iterator[FaultProxy]:
+    """The fault-injecting proxy in front of the module's server."""
+    with fault_proxy(server.endpoint) as running:
+        yield running

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from fault_proxy import FaultProxy, fault_proxy
-from s3_server import S3Server, s3_server
+from s3_server import S3Server
 
 import packer
 from packer.cli import main
@@ -22,12 +22,7 @@ from packer.tools.doctor_remote import doctor_remote
 from packer.tools.image_demo import make_image_tree
 
 DELAY = 0.05  # seconds the proxy holds every request
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[S3Server]:
-    with s3_server() as running:
-        yield running
+BUCKET = "data"  # the module's bucket on the shared S3 server (conftest)
 
 
 @pytest.fixture(scope="module")

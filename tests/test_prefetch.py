@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from fault_proxy import FaultProxy, fault_proxy
-from s3_server import S3Server, s3_server
+from fault_proxy import FaultProxy
+from s3_server import S3Server
 
 import packer
 from packer.cache import ShardCache
@@ -21,18 +20,6 @@ from packer.manifest import load_manifest
 from packer.tools.image_demo import make_image_tree
 
 BUCKET = "prefetch"
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[S3Server]:
-    with s3_server(BUCKET) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def proxy(server: S3Server) -> Iterator[FaultProxy]:
-    with fault_proxy(server.endpoint) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,11 @@ from __future__ import annotations
 import logging
 import pickle
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from s3_server import S3Server, s3_server
+from s3_server import S3Server
 from torch.utils.data import DataLoader
 
 import packer
@@ -26,12 +25,7 @@ from packer.tools.video_demo import make_video_tree
 
 IMAGES = ("images.npy", "images.h5")
 VIDEOS = ("videos.npy", "videos.h5")
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[S3Server]:
-    with s3_server() as running:
-        yield running
+BUCKET = "data"  # the module's bucket on the shared S3 server (conftest)
 
 
 @pytest.fixture(scope="module")

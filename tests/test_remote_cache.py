@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from fault_proxy import FaultProxy, fault_proxy
-from s3_server import S3Server, s3_server
+from fault_proxy import FaultProxy
+from s3_server import S3Server
 from torch.utils.data import ConcatDataset, DataLoader
 
 import packer
@@ -36,18 +36,6 @@ from packer.tools.video_demo import make_video_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 BUCKET = "cache"
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[S3Server]:
-    with s3_server(BUCKET) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def proxy(server: S3Server) -> Iterator[FaultProxy]:
-    with fault_proxy(server.endpoint) as running:
-        yield running
 
 
 @pytest.fixture(autouse=True)

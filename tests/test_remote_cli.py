@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from s3_server import S3Server, s3_server
+from s3_server import S3Server
 
 import packer
 from packer.cli import main
@@ -22,12 +21,7 @@ from packer.tools.video_demo import make_video_tree
 from packer.verify import verify
 
 NAMES = ("images.npy", "images.h5", "videos.h5")
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[S3Server]:
-    with s3_server("cli") as running:
-        yield running
+BUCKET = "cli"  # the module's bucket on the shared S3 server (conftest)
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,11 @@ botocore's and s3fs's own retries are off for s3 by default (packer.storage._one
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fault_proxy import FaultProxy, fault_proxy
-from s3_server import S3Server, s3_server
+from fault_proxy import FaultProxy
+from s3_server import S3Server
 
 import packer
 from packer import storage
@@ -25,17 +24,7 @@ from packer.tools.image_demo import make_image_tree
 from packer.tools.video_demo import make_video_tree
 from packer.verify import verify
 
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[S3Server]:
-    with s3_server("faults") as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def proxy(server: S3Server) -> Iterator[FaultProxy]:
-    with fault_proxy(server.endpoint) as running:
-        yield running
+BUCKET = "faults"  # the module's bucket on the shared S3 server (conftest)
 
 
 @pytest.fixture(autouse=True)

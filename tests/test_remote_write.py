@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 from fault_proxy import FaultProxy, fault_proxy
-from s3_server import S3Server, s3_server
+from s3_server import S3Server
 
 import packer
 from packer import storage
@@ -32,11 +32,7 @@ from packer.staging import staging_folder
 from packer.tools.image_demo import make_image_tree
 from packer.tools.video_demo import make_video_tree
 
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[S3Server]:
-    with s3_server("write") as running:
-        yield running
+BUCKET = "write"  # the module's bucket on the shared S3 server (conftest)
 
 
 @pytest.fixture(scope="module")
