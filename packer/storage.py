@@ -370,13 +370,19 @@ class RemoteFolder:
             return -1
 
 
+POOL = 64  # connections an s3 client keeps (botocore's default, 10, caps a batch's ranged GETs)
+
+
 def _one_retry_layer(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` with botocore's own retries off for s3 unless the caller set them: packer's
-    :data:`RETRY` is then the one bounded retry layer (no 5 x 5 attempts)."""
-    config = dict(options.get("config_kwargs") or {})
-    if protocol not in ("s3", "s3a") or "retries" in config:
+    """``options`` for s3 with botocore's own retries off unless the caller set them (packer's
+    :data:`RETRY` is then the one bounded retry layer: no 5 x 5 attempts) and a pool of
+    :data:`POOL` connections unless set (a shuffled batch's ~50 ranged GETs go out together
+    instead of 10 at a time: 268 → 154 ms a batch in ``benchmarks/harness/remote_clients.py``)."""
+    if protocol not in ("s3", "s3a"):
         return options
-    config["retries"] = {"total_max_attempts": 1}
+    config = dict(options.get("config_kwargs") or {})
+    config.setdefault("retries", {"total_max_attempts": 1})
+    config.setdefault("max_pool_connections", POOL)
     return {**options, "config_kwargs": config}
 
 

@@ -43,6 +43,7 @@ class FaultProxy:
         self.faults: list[str] = []
         self.match = ""
         self.delay = 0.0  # seconds each forwarded request waits before it is forwarded
+        self.in_flight = self.most_in_flight = 0  # requests being served now, and at most
         self.served: list[str] = []  # "METHOD path -> fault or status", in order
         self.lock = threading.Lock()
         self.released = threading.Event()
@@ -82,7 +83,12 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             proxy.served.append(f"{request} -> {fault or 'forwarded'}")
             if fault in _CODES:
                 return self._status(int(fault), *_CODES[fault])
+            with proxy.lock:
+                proxy.in_flight += 1
+                proxy.most_in_flight = max(proxy.most_in_flight, proxy.in_flight)
             time.sleep(proxy.delay)
+            with proxy.lock:
+                proxy.in_flight -= 1
             if fault == "slow":
                 time.sleep(SLOW)
             conn = http.client.HTTPConnection(*proxy.upstream, timeout=30)

@@ -137,3 +137,27 @@ def test_verify_streams_again_after_a_drop(proxy: FaultProxy, local: Path, url: 
     assert report.ok, report.summary()
     assert report.files_checked == verify(local, progress=False).files_checked
     assert proxy.faults == []
+
+
+def test_a_batch_of_ranged_gets_goes_out_together(
+    server: S3Server, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    """A shuffled batch over many shards sends its ranged GETs together, past botocore's
+    default pool of 10 connections (packer asks for storage.POOL); a pool the user sets wins."""
+    tree = make_image_tree(tmp_path / "src", classes=3, per_class=8, size=(64, 48), bad=0)
+    packer.convert(tree.root, tmp_path / "many.npy", shard_size="2kB", workers=1, progress=False)
+    url = server.upload(tmp_path / "many.npy", "many.npy")
+    counts = []
+    for options in ({}, {"config_kwargs": {"max_pool_connections": 4}}):
+        ds = packer.open_dataset(
+            url, output="bytes", storage_options={"endpoint_url": proxy.endpoint, **options}
+        )
+        assert len(ds.manifest.shards) == len(ds) == 24
+        proxy.delay, proxy.most_in_flight = 0.3, 0
+        try:
+            ds.__getitems__(list(range(len(ds)))[::-1])  # 24 shards: 24 ranged GETs
+        finally:
+            proxy.delay = 0.0
+        counts.append(proxy.most_in_flight)
+        ds.close()
+    assert counts[0] > 10 and counts[1] <= 4, counts
