@@ -10,11 +10,16 @@ page was evicted before: a resident page was read during the pass, readahead inc
 
 ``--variants`` picks reader policies for the packed copies:
 
-- ``asis``: the readers as they are (``open_dataset`` defaults);
-- ``willneed``: at its first touch in each process, a whole shard is asked for at once
-  (``POSIX_FADV_WILLNEED`` over the file): the epoch will read all of it anyway;
-- ``random``: the shard's pages read only as touched (``POSIX_FADV_RANDOM``/``MADV_RANDOM``
-  equivalent for maps; for LMDB ``readahead=False``) -- the exact-read path, for reference.
+- ``asis``: the readers as they are (``open_dataset`` defaults: NPY/HDF5 image shards are
+  asked for whole at their first touch when the dataset fits half of ``MemAvailable``);
+- ``before``: NPY/HDF5 shards left to the kernel's readahead around each fault (the readers
+  before that policy);
+- ``patched``: a whole shard asked for at its first touch in each process, patched into the
+  readers (``POSIX_FADV_WILLNEED`` window by window), LMDB included;
+- ``thread``: NPY/HDF5 as ``patched`` but the requests issued by a background thread (reads
+  overlap their submission);
+- ``random``: ``readahead=False``: only the pages touched are read (the exact-read path);
+- ``warm``: as ``asis`` with the files read into the page cache just before the pass.
 
 Usage::
 
@@ -25,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import mmap
 import os
 import statistics
 import sys
@@ -54,57 +58,82 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _options(path: Path, variant: str) -> dict[str, Any]:
-    if variant in ("asis", "patched", "warm"):
+    if variant in ("asis", "patched", "warm", "before", "thread"):
         return {}
-    if variant == "willneed":
-        return {"readahead": "whole"}
     if variant == "random":
-        return {"readahead": False} if path.suffix == ".lmdb" else {}
-    raise SystemExit(f"unknown variant {variant!r}: asis, willneed or random")
+        return {"readahead": False}
+    raise SystemExit(f"unknown variant {variant!r}: asis, before, patched, thread, random or warm")
+
+
+def _willneed(fd: int, chunk: int = 8 << 20) -> None:
+    """WILLNEED in chunks: the kernel caps one call at the device's readahead size."""
+    size = os.fstat(fd).st_size
+    for start in range(0, size, chunk):
+        os.posix_fadvise(fd, start, min(chunk, size - start), os.POSIX_FADV_WILLNEED)
 
 
 def _patch_willneed() -> None:
-    """(Measurement before the policy existed) WILLNEED over each shard at its first open."""
+    """WILLNEED over each shard at its first open, patched into the readers (how the policy was
+    measured before it existed; LMDB still has no such policy)."""
     from packer.formats import files, lmdb_env
 
     mapped_init, handle_init = files.MappedFile.__init__, lmdb_env.Handle.__init__
 
-    def mapped(self: Any, folder: Any, name: str, expected: Any = None) -> None:
+    def mapped(self: Any, folder: Any, name: str, expected: Any = None, *rest: Any) -> None:
         fd = folder.open(name, expected)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        _willneed(fd)
         os.close(fd)
-        mapped_init(self, folder, name, expected)
+        mapped_init(self, folder, name, expected, *rest)
 
     def handle(self: Any, path: str, readahead: bool, expected: Any) -> None:
         handle_init(self, path, readahead, expected)
         fd = os.open(path, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        _willneed(fd)
         os.close(fd)
 
     files.MappedFile.__init__ = mapped  # type: ignore[method-assign]
     lmdb_env.Handle.__init__ = handle  # type: ignore[method-assign]
 
 
-def _patch_random() -> None:
-    """The exact-read path for shards: maps advised ``MADV_RANDOM`` (no read-around)."""
+def _patch_thread() -> None:
+    """The whole-shard WILLNEED issued by a background thread, so reads overlap the submission."""
+    import threading
+
     from packer.formats import files
 
+    _patch_before()
     mapped_init = files.MappedFile.__init__
 
-    def mapped(self: Any, folder: Any, name: str, expected: Any = None) -> None:
-        mapped_init(self, folder, name, expected)
-        if self.map is not None:
-            self.map.madvise(mmap.MADV_RANDOM)
+    def mapped(self: Any, folder: Any, name: str, expected: Any = None, *rest: Any) -> None:
+        fd = folder.open(name, expected)
+
+        def run() -> None:
+            try:
+                _willneed(fd)
+            finally:
+                os.close(fd)
+
+        threading.Thread(target=run, daemon=True).start()
+        mapped_init(self, folder, name, expected, *rest)
 
     files.MappedFile.__init__ = mapped  # type: ignore[method-assign]
+
+
+def _patch_before() -> None:
+    """The readers before the shard policy: mapped shards left to the kernel's readahead."""
+    from packer.formats import base
+
+    base.shard_readahead = lambda *args: "kernel"  # type: ignore[assignment]
 
 
 def one_pass(path: Path, variant: str, workers: int, batch_size: int) -> dict[str, Any]:
     """One shuffled epoch in this (forked) process (cold, unless the variant is ``warm``)."""
     if variant == "patched":
         _patch_willneed()
-    if variant == "random":
-        _patch_random()
+    if variant == "before":
+        _patch_before()
+    if variant == "thread":
+        _patch_thread()
     files = data_files(path)
     total = sum(f.stat().st_size for f in files)
     if variant in ("folder", "folder-warm"):
@@ -117,8 +146,9 @@ def one_pass(path: Path, variant: str, workers: int, batch_size: int) -> dict[st
     before = resident_all(files) or 0.0
     load0 = os.getloadavg()[0]
     try:
-        result = measure_throughput(dataset, num_workers=workers, batch_size=batch_size,
-                                    shuffle=True)
+        result = measure_throughput(
+            dataset, num_workers=workers, batch_size=batch_size, shuffle=True
+        )
     finally:
         close_dataset(dataset)
     after = resident_all(files) or 0.0
@@ -133,7 +163,9 @@ def one_pass(path: Path, variant: str, workers: int, batch_size: int) -> dict[st
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    configs = [(args.src, "folder"), (args.src, "folder-warm")] + [(o, v) for o in args.outputs for v in args.variants]
+    configs = [(args.src, "folder"), (args.src, "folder-warm")] + [
+        (o, v) for o in args.outputs for v in args.variants
+    ]
     rows: list[dict[str, Any]] = []
     for w in args.workers:
         for r in range(args.repeats):
@@ -145,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"w{w} r{r} {res['name']:>7} {variant:>8}: {res['images_per_s']:7,.0f} img/s"
                     f"  disk/data {res['disk_over_data']:.2f}  load {res['load']:.1f}",
-                    file=sys.stderr, flush=True,
+                    file=sys.stderr,
+                    flush=True,
                 )
     print("| workers | dataset | variant | img/s (median) | × folder | disk bytes ÷ data | load |")
     print("|--:|---|---|--:|--:|--:|--:|")
@@ -154,13 +187,20 @@ def main(argv: list[str] | None = None) -> int:
             x["images_per_s"] for x in rows if x["workers"] == w and x["variant"] == "folder"
         )
         for path, variant in configs:
-            sel = [x for x in rows if x["workers"] == w and x["variant"] == variant
-                   and x["name"] == (path.suffix or "folder")]
+            sel = [
+                x
+                for x in rows
+                if x["workers"] == w
+                and x["variant"] == variant
+                and x["name"] == (path.suffix or "folder")
+            ]
             rate = statistics.median(x["images_per_s"] for x in sel)
             disk = statistics.median(x["disk_over_data"] for x in sel)
             load = statistics.median(x["load"] for x in sel)
-            print(f"| {w} | {sel[0]['name']} | {variant} | {rate:,.0f} | {rate / base:.2f}× "
-                  f"| {disk:.2f} | {load:.1f} |")
+            print(
+                f"| {w} | {sel[0]['name']} | {variant} | {rate:,.0f} | {rate / base:.2f}× "
+                f"| {disk:.2f} | {load:.1f} |"
+            )
     if args.out is not None:
         args.out.write_text(json.dumps({"when": time.time(), "passes": rows}, indent=1))
     return 0
