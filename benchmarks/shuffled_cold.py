@@ -19,7 +19,8 @@ page was evicted before: a resident page was read during the pass, readahead inc
 - ``thread``: NPY/HDF5 as ``patched`` but the requests issued by a background thread (reads
   overlap their submission);
 - ``random``: ``readahead=False``: only the pages touched are read (the exact-read path);
-- ``warm``: as ``asis`` with the files read into the page cache just before the pass.
+- ``warm``, ``before-warm``: as ``asis``, ``before`` with the files read into the page cache
+  just before the pass.
 
 Usage::
 
@@ -58,11 +59,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _options(path: Path, variant: str) -> dict[str, Any]:
-    if variant in ("asis", "patched", "warm", "before", "thread"):
+    if variant in ("asis", "patched", "warm", "before", "before-warm", "thread"):
         return {}
     if variant == "random":
         return {"readahead": False}
-    raise SystemExit(f"unknown variant {variant!r}: asis, before, patched, thread, random or warm")
+    raise SystemExit(
+        f"unknown variant {variant!r}: asis, before, patched, thread, random, warm or before-warm"
+    )
 
 
 def _willneed(fd: int, chunk: int = 8 << 20) -> None:
@@ -130,7 +133,7 @@ def one_pass(path: Path, variant: str, workers: int, batch_size: int) -> dict[st
     """One shuffled epoch in this (forked) process (cold, unless the variant is ``warm``)."""
     if variant == "patched":
         _patch_willneed()
-    if variant == "before":
+    if variant.startswith("before"):
         _patch_before()
     if variant == "thread":
         _patch_thread()

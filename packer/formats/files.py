@@ -164,6 +164,21 @@ class OpenFile:
             self.fd = -1
 
 
+def _cached(fd: int, size: int, probes: int = 16) -> bool:
+    """Whether ``probes`` bytes spread over the file are all in the page cache (``preadv`` with
+    ``RWF_NOWAIT`` refuses to wait for a disk): asking again for a cached shard's every window
+    would cost ~5 ms per 433 MB, ~10 % of a warm shuffled epoch of raw bytes."""
+    if not hasattr(os, "RWF_NOWAIT"):
+        return False
+    probe = bytearray(1)
+    try:
+        return all(
+            os.preadv(fd, [probe], size * k // probes, os.RWF_NOWAIT) == 1 for k in range(probes)
+        )
+    except OSError:  # BlockingIOError (not cached), or a file system without RWF_NOWAIT
+        return False
+
+
 class MappedFile:
     """One process's read-only map of one whole data file (a handle-cache entry).
 
@@ -182,7 +197,7 @@ class MappedFile:
         try:
             size = os.fstat(fd).st_size
             self.map: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None
-            if readahead == WHOLE and hasattr(os, "posix_fadvise"):
+            if readahead == WHOLE and hasattr(os, "posix_fadvise") and not _cached(fd, size):
                 for start in range(0, size, _WINDOW):
                     os.posix_fadvise(fd, start, min(_WINDOW, size - start), os.POSIX_FADV_WILLNEED)
             elif readahead == EXACT and self.map is not None and hasattr(mmap, "MADV_RANDOM"):
