@@ -31,8 +31,10 @@ from packer.formats.files import (
     MappedFile,
     OpenFile,
     identity,
+    memory_available,
     read_ranges,
     read_ranges_into,
+    shard_readahead,
 )
 from packer.handles import HandleCache
 from packer.keytable import KeyTable
@@ -356,13 +358,27 @@ class FileReader(ReaderBase):
 
     SAMPLE_SUFFIX = ""
 
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        manifest: Manifest,
+        records: np.ndarray,
+        max_open_files: int | None = None,
+        readahead: bool | None = None,
+    ) -> None:
+        super().__init__(root, manifest, records, max_open_files)
+        data_bytes = sum(s.bytes for s in manifest.shards)
+        self.readahead = shard_readahead(readahead, self.kind, data_bytes, memory_available())
+
     def sample_path(self, sample: int) -> Path:
         """The per-sample file of sample ``sample``."""
         return self.root / (self.keys[sample] + self.SAMPLE_SUFFIX)
 
     def _mapped(self, file: int) -> memoryview:
         name = self.shard_names[file]
-        opener = lambda: MappedFile(self.folder(), name, self.shard_id(file))  # noqa: E731
+        opener = lambda: MappedFile(  # noqa: E731
+            self.folder(), name, self.shard_id(file), self.readahead
+        )
         return self.handles.get(file, opener).view
 
     def _open(self, file: int) -> OpenFile:

@@ -4,6 +4,13 @@ Readers of per-sample files (a video's ``.npy``/``.h5``) keep *descriptors*, not
 bounded per-process cache: a descriptor costs no address space, and a clip reads only its
 records' byte ranges with ``pread``/``preadv`` (the kernel is told the access is random, so it
 reads no more than the pages asked for). Shard readers map the whole shard once per process.
+
+How a mapped image shard is read from disk (:func:`shard_readahead`): a shuffled epoch reads
+every byte of the dataset once, and a page fault of a map reads only one readahead window
+around it, waiting for it before the next; so by default, when the image dataset is at most half
+the memory available (``MemAvailable``), a shard's whole file is put in flight at its first touch
+in each process (``POSIX_FADV_WILLNEED`` window by window: the kernel caps one call at the
+device's readahead size). Measured in ``benchmarks/README.md`` ("Shuffled cold reads").
 """
 
 from __future__ import annotations
@@ -35,9 +42,43 @@ __all__ = [
     "identity",
     "read_ranges",
     "read_ranges_into",
+    "shard_readahead",
 ]
 
 PAGE = 4096
+WHOLE, KERNEL, EXACT = "whole", "kernel", "exact"
+_WINDOW = 8 << 20  # bytes per WILLNEED call when a whole shard is asked for
+
+
+def memory_available() -> int | None:
+    """``MemAvailable`` from ``/proc/meminfo`` in bytes; None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def shard_readahead(
+    readahead: bool | None, kind: str, data_bytes: int, available: int | None
+) -> str:
+    """How mapped shards are read: ``"whole"`` (each shard's file asked for at its first touch),
+    ``"kernel"`` (the kernel's readahead window around each fault) or ``"exact"`` (only the
+    pages touched: ``MADV_RANDOM``).
+
+    ``readahead=True`` forces ``"whole"``, ``False`` forces ``"exact"``. The default (None):
+    ``"whole"`` for images when the dataset's ``data_bytes`` are at most half of ``available``
+    memory (a shuffled epoch reads it all anyway, and it stays cached for the next), else
+    ``"kernel"``; video is never asked for whole (a clip reads a few frames).
+    """
+    if readahead is not None:
+        return WHOLE if readahead else EXACT
+    if kind == "video" or available is None or 2 * data_bytes > available:
+        return KERNEL
+    return WHOLE
 
 
 def identity(st: os.stat_result) -> Identity:
@@ -123,14 +164,44 @@ class OpenFile:
             self.fd = -1
 
 
-class MappedFile:
-    """One process's read-only map of one whole data file (a handle-cache entry)."""
+def _cached(fd: int, size: int, probes: int = 16) -> bool:
+    """Whether ``probes`` bytes spread over the file are all in the page cache (``preadv`` with
+    ``RWF_NOWAIT`` refuses to wait for a disk): asking again for a cached shard's every window
+    would cost ~5 ms per 433 MB, ~10 % of a warm shuffled epoch of raw bytes."""
+    if not hasattr(os, "RWF_NOWAIT"):
+        return False
+    probe = bytearray(1)
+    try:
+        return all(
+            os.preadv(fd, [probe], size * k // probes, os.RWF_NOWAIT) == 1 for k in range(probes)
+        )
+    except OSError:  # BlockingIOError (not cached), or a file system without RWF_NOWAIT
+        return False
 
-    def __init__(self, folder: Folder, name: str, expected: Identity | None = None) -> None:
+
+class MappedFile:
+    """One process's read-only map of one whole data file (a handle-cache entry).
+
+    ``readahead`` is a :func:`shard_readahead` decision: ``"whole"`` puts the whole file's
+    reads in flight now, ``"exact"`` advises the map random, ``"kernel"`` leaves it alone.
+    """
+
+    def __init__(
+        self,
+        folder: Folder,
+        name: str,
+        expected: Identity | None = None,
+        readahead: str = KERNEL,
+    ) -> None:
         fd = folder.open(name, expected)
         try:
             size = os.fstat(fd).st_size
             self.map: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None
+            if readahead == WHOLE and hasattr(os, "posix_fadvise") and not _cached(fd, size):
+                for start in range(0, size, _WINDOW):
+                    os.posix_fadvise(fd, start, min(_WINDOW, size - start), os.POSIX_FADV_WILLNEED)
+            elif readahead == EXACT and self.map is not None and hasattr(mmap, "MADV_RANDOM"):
+                self.map.madvise(mmap.MADV_RANDOM)
         except (OSError, ValueError) as exc:
             raise FormatError(f"cannot map {str(folder.path / name)!r}: {exc}") from exc
         finally:
