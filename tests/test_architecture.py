@@ -13,7 +13,8 @@ import pytest
 
 import packer
 from packer.formats import FORMATS, by_name
-from packer.formats.base import LAYOUTS, ReaderBase, Writer
+from packer.formats.base import LAYOUTS, ReaderBase
+from packer.formats.writer import Writer
 
 PACKAGE = Path(packer.__file__).parent
 

@@ -14,7 +14,7 @@ import pytest
 import packer
 from packer.check import DEFAULT_MAX_PIXELS
 from packer.formats import by_name, lmdb
-from packer.formats.base import WriterBase
+from packer.formats.writer import WriterBase
 from packer.loading import DEFAULT_MAX_FILE_SIZE
 from packer.manifest import shard_name
 from packer.plan import ConversionPlan, Limits, plan_conversion

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from packer.decode import encode_bmp
 from packer.errors import FormatError
-from packer.formats.base import ReaderBase, WriterBase
+from packer.formats.base import ReaderBase
+from packer.formats.writer import WriterBase
 from packer.manifest import ShardInfo
 
 __all__ = ["NAME", "Reader", "Writer", "record_path"]

@@ -33,7 +33,8 @@ import h5py
 import numpy as np
 
 from packer.errors import InputFileError
-from packer.formats.base import FileReader, WriterBase
+from packer.formats.base import FileReader
+from packer.formats.writer import WriterBase
 from packer.manifest import LAYOUT_VERSION, ShardInfo, shard_name
 
 __all__ = ["NAME", "Reader", "Writer"]

@@ -30,8 +30,9 @@ import lmdb
 import numpy as np
 
 from packer.errors import FormatError
-from packer.formats.base import ReaderBase, WriterBase
+from packer.formats.base import ReaderBase
 from packer.formats.lmdb_env import Handle
+from packer.formats.writer import WriterBase
 from packer.manifest import Manifest, ShardInfo, fsync_dir, shard_name
 
 __all__ = ["NAME", "Reader", "Writer", "record_key"]
