@@ -143,6 +143,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         from streaming.base.util import clean_stale_shared_memory
 
         clean_stale_shared_memory()  # a previous pass's leftovers would block this one
+    __import__({"packer": "packer", "litdata": "litdata", "mds": "streaming"}[cfg["reader"]])
     first = proxy_stats(cfg.get("stats", cfg["endpoint"]))
     start = time.perf_counter()
     dataset = OPENERS[cfg["reader"]](cfg)

@@ -182,6 +182,9 @@ class Handler(socketserver.BaseRequestHandler):
                     if not more:
                         return
                     body += more
+                if self.server.log:
+                    line = head.split(b"\r\n", 1)[0].decode()
+                    print(f"{time.monotonic():.3f} {line}", file=sys.stderr, flush=True)
                 time.sleep(self.server.link.latency)
                 self.server.link.count(method)
                 if upstream is None:
@@ -227,6 +230,7 @@ class Server(socketserver.ThreadingTCPServer):
         super().__init__(("127.0.0.1", port), Handler)
         self.upstream = upstream
         self.link = link
+        self.log = False
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -235,6 +239,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--latency-ms", type=float, default=20.0)
     p.add_argument("--bandwidth-mbps", type=float, default=100.0, help="MB/s (1e6), 0: none")
+    p.add_argument("--log", action="store_true", help="each request's line on stderr")
     return p.parse_args(argv)
 
 
@@ -243,6 +248,7 @@ def main(args: argparse.Namespace) -> int:
     upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
     link = Link(args.latency_ms / 1000.0, args.bandwidth_mbps * 1e6)
     with Server(args.port, upstream, link) as server:
+        server.log = args.log
         print(f"READY {server.server_address[1]}", flush=True)
         server.serve_forever(poll_interval=0.2)
     return 0

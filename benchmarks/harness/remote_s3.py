@@ -101,6 +101,13 @@ class LoopbackStore:
         self.procs: list[subprocess.Popen[str]] = []
 
     def __enter__(self) -> LoopbackStore:
+        try:
+            return self._start()
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def _start(self) -> LoopbackStore:
         os.environ.update(CREDENTIALS)
         if self.kind == "moto":
             server, port = _start([sys.executable, str(HERE / "remote_s3.py")])
@@ -118,6 +125,7 @@ class LoopbackStore:
                 f"--upstream={self.direct}",
                 f"--latency-ms={self.latency_ms}",
                 f"--bandwidth-mbps={self.bandwidth_mbps}",
+                *(["--log"] if os.environ.get("REMOTE_PROXY_LOG") else []),
             ]
         )
         self.procs.append(proxy)
