@@ -45,6 +45,7 @@ _EXPORTS = {
     "FolderVideoDataset": "packer.video.datasets",
     "VideoFolderDataset": "packer.video.datasets",
     "open_video_dataset": "packer.video.datasets",
+    "convert_to_url": "packer.staging",
 }
 
 __all__ = [
@@ -75,6 +76,7 @@ __all__ = [
     "__version__",
     "collate_bytes",
     "convert",
+    "convert_to_url",
     "diagnose",
     "merge",
     "open_dataset",
@@ -97,6 +99,7 @@ if TYPE_CHECKING:
     )
     from packer.mixture import Mixture
     from packer.sampler import ShardedSampler
+    from packer.staging import convert_to_url
     from packer.tools.diagnose import LoaderReport, diagnose
     from packer.tools.worker_threads import worker_init_fn
     from packer.video.datasets import (

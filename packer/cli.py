@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from packer import __version__
+from packer.cli_upload import OutputPath, converter, kept_in, upload_kwargs, upload_options
 from packer.cliutil import (
     CONTEXT,
     DatasetPath,
@@ -35,7 +36,7 @@ def main() -> None:
 
 @main.command(context_settings=CONTEXT)
 @click.argument("src", type=click.Path(path_type=Path))
-@click.argument("dst", type=click.Path(path_type=Path))
+@click.argument("dst", type=OutputPath())
 @click.option(
     "--format",
     "fmt",
@@ -156,6 +157,7 @@ def main() -> None:
     help="Convert only planned shards k with k % N == I, into DST.part-I/ (e.g. one SLURM "
     "array task each); then join the parts with packer merge DST.",
 )
+@upload_options()
 @quiet_flag()
 @friendly
 def convert(
@@ -186,6 +188,9 @@ def convert(
     as_json: bool,
     dask: str | None,
     part: str | None,
+    staging: Path | None,
+    keep_staging: bool,
+    storage_options: dict[str, Any],
     quiet: bool,
 ) -> None:
     """Convert the image folder SRC (<class>/<image>) into the packed dataset DST.
@@ -202,6 +207,10 @@ def convert(
     unchanged (except .bmp, which stores decoded pixels, and --short-side/--max-side/--size). Unusable files are skipped and listed.
     An interrupted run leaves DST.partial/; run the same command with --resume to finish it.
 
+    A URL DST (s3://bucket/out.lmdb, any writable fsspec store) is built in a local staging
+    folder (--staging), then uploaded, packer.json last, so a reader never sees half a
+    dataset; --resume continues an interrupted upload without sending finished objects again.
+
     \b
     Example:
       packer convert imagenet/ imagenet.lmdb
@@ -213,8 +222,8 @@ def convert(
       packer convert ucf101/ ucf101.npy --short-side 256 --fps 10
       packer convert imagenet/train train.lmdb --dask tcp://scheduler:8786
       packer convert imagenet/train train.lmdb --part $SLURM_ARRAY_TASK_ID/16
+      packer convert imagenet/ s3://bucket/imagenet.lmdb --storage-option endpoint_url=http://minio:9000
     """
-    from packer.convert import convert as run
     from packer.labels import labels_option, pinned_classes
 
     classes = pinned_classes(classes_file, classes_from)
@@ -228,12 +237,12 @@ def convert(
     if size is not None:
         video["size"] = size
     from packer.cluster import dask_client
-    from packer.distributed import parse_part, part_path
+    from packer.distributed import parse_part
 
     part_of = parse_part(part) if part else None
     executor = click.get_current_context().with_resource(dask_client(dask)) if dask else None
     try:
-        result = run(
+        result = converter(dst)(
             src,
             dst,
             format=fmt,
@@ -254,9 +263,10 @@ def convert(
             executor=executor,
             part=part_of,
             **video,
+            **upload_kwargs(dst, staging, keep_staging, storage_options),
         )
     except KeyboardInterrupt:
-        kept = str(part_path(dst, part_of[0]) if part_of else dst)
+        kept = kept_in(dst, part_of, staging, storage_options)
         again = " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "--resume")
         click.echo(
             f"\ninterrupted: the finished shards are kept in {kept}.partial/; continue with\n"
@@ -265,39 +275,6 @@ def convert(
         )
         sys.exit(130)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())
-
-
-@main.command(context_settings=CONTEXT)
-@click.argument("dst", type=DatasetPath())
-@flag("--skipped", text="List every skipped input with its reason.")
-@click.option("--keys", "num_keys", default=5, show_default=True, help="How many keys to show.")
-@json_flag("Print the facts as one JSON object.")
-@storage_option()
-@friendly
-def inspect(dst: Any, skipped: bool, num_keys: int, as_json: bool, storage_options: Any) -> None:
-    """Show what a packed dataset holds: format, counts, classes, shards, keys, skipped inputs.
-
-    \b
-    Example:
-      packer inspect train.lmdb --skipped
-      packer inspect s3://bucket/train.npy --storage-option endpoint_url=http://host:9000
-    """
-    from packer.inspect import describe, inspect_dict
-    from packer.manifest import load_manifest
-    from packer.splits import describe_splits
-
-    if as_json or isinstance(dst, str):  # a URL: the description of its tables
-        text = json.dumps(inspect_dict(dst, storage_options or None), indent=2) if as_json else ""
-        click.echo(text or describe(dst, skipped, num_keys, storage_options or None))
-        return
-    if load_manifest(dst).kind == "splits":
-        click.echo(describe_splits(dst))
-        return
-    click.echo(describe(dst, show_skipped=skipped, num_keys=num_keys))
-    if load_manifest(dst).kind == "video":
-        from packer.video.inspect import describe_video
-
-        click.echo(describe_video(dst))
 
 
 @main.command(context_settings=CONTEXT)
@@ -378,11 +355,15 @@ def verify(
 
 
 def _register_measure_commands() -> None:
+    from packer.cli_cache import cache
+    from packer.cli_inspect import inspect
     from packer.cli_merge import merge
     from packer.tools.commands import bench, doctor
 
     main.add_command(bench)
+    main.add_command(cache)
     main.add_command(doctor)
+    main.add_command(inspect)
     main.add_command(merge)
 
 

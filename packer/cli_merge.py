@@ -3,32 +3,51 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
+from packer.cli_upload import OutputPath, upload_kwargs, upload_options
 from packer.cliutil import CONTEXT, friendly
 
 __all__ = ["merge"]
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("dst", type=click.Path(path_type=Path))
+@click.argument("dst", type=OutputPath())
 @click.option(
     "--overwrite",
     is_flag=True,
     help="Replace DST (a folder packer wrote, never other data) once the merge is complete.",
 )
+@upload_options()
 @friendly
-def merge(dst: Path, overwrite: bool) -> None:
+def merge(
+    dst: Any,
+    overwrite: bool,
+    staging: Path | None,
+    keep_staging: bool,
+    storage_options: dict[str, Any],
+) -> None:
     """Join DST.part-0 ... DST.part-{N-1} (from packer convert SRC DST --part I/N) into DST:
     the same bytes as one conversion. Refuses a missing, incomplete or mismatched part.
+
+    A URL DST joins the parts staged by packer convert SRC URL --part I/N (in the same
+    --staging folder), then uploads the result, packer.json last; run it again to resume.
 
     \b
     Example:
       packer convert imagenet/train train.lmdb --part 0/2   # on one node
       packer convert imagenet/train train.lmdb --part 1/2   # on another
       packer merge train.lmdb
+      packer merge s3://bucket/train.lmdb --staging /shared/staging
     """
+    extra = upload_kwargs(dst, staging, keep_staging, storage_options)
+    if extra:
+        from packer.staging import merge_to_url
+
+        click.echo(merge_to_url(dst, overwrite=overwrite, **extra).summary())
+        return
     from packer.merge import merge as run
 
     click.echo(run(dst, overwrite=overwrite).summary())

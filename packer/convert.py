@@ -28,6 +28,7 @@ from packer.plan import DEFAULT_SHARD_SIZE, ConversionPlan, plan_conversion
 from packer.resume import Progress, fingerprint
 from packer.sources import SkippedInput
 from packer.splits import build_splits
+from packer.storage import is_url
 from packer.write import Event, finalize, plan_shards, write_shards
 
 __all__ = ["DEFAULT_SHARD_SIZE", "ConvertResult", "convert", "convert_video", "plan_shards"]
@@ -91,6 +92,7 @@ def convert(
         src: the source folder: ``<class>/<image>``, or for video ``<class>/<video>/<frame>``
             and/or ``<class>/<video>.mp4``.
         dst: the destination directory; its suffix (.lmdb .h5 .hdf5 .npy .bmp) picks the format.
+            For a URL (``s3://bucket/out.lmdb``) use :func:`packer.staging.convert_to_url`.
         format: force a format by name (``lmdb``, ``hdf5``, ``npy``, ``bmp``) whatever the suffix.
         shard_size: roll to a new shard past this many bytes (``"1GiB"``, ``"512MB"``, an int);
             also the unit of checkpoints for ``resume``.
@@ -130,6 +132,12 @@ def convert(
         PackerError: bad arguments, a bad source or destination, or (with ``strict``) a bad file.
     """
     given = dict(locals())  # exactly the parameters above, as passed: the plan checks them all
+    if is_url(dst):
+        raise DestinationError(
+            f"convert() writes a local folder, not the URL {dst!r}: use "
+            "packer.convert_to_url(src, url, storage_options=...), which builds the output in a "
+            "local staging folder and uploads it (the CLI does so for packer convert SRC URL)"
+        )
     plan = plan_conversion(
         **{k: v for k, v in given.items() if k != "video_options"}, **video_options
     )

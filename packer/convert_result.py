@@ -18,7 +18,7 @@ __all__ = ["ConvertResult"]
 class ConvertResult:
     """What a conversion did: the manifest written and the numbers for the summary."""
 
-    dst: Path
+    dst: Path | str  # a URL when the output was uploaded
     manifest: Manifest
     seconds: float
     bytes_in: int

@@ -184,6 +184,17 @@ class PackedSamples:
             return None
         return self.reader.file[self.first]
 
+    def prefetch(self, samples: Sequence[int] | np.ndarray) -> int:
+        """Start fetching the shards that hold ``samples`` into the node-local shard cache in
+        the background (a remote dataset read through the cache; elsewhere nothing to do);
+        how many downloads started. :class:`packer.ShardedSampler` calls it ahead of reading."""
+        fetch = getattr(self.reader, "prefetch", None)
+        if fetch is None or self.reader.layout != "shards":
+            return 0
+        first = self.first[np.asarray(samples, dtype=np.int64)]
+        last = first + np.maximum(self.counts[np.asarray(samples, dtype=np.int64)], 1) - 1
+        return int(fetch(self.reader.file[np.concatenate((first, last))].tolist()))
+
     @property
     def keys(self) -> KeyTable:
         """Each sample's key: its source path relative to the root, without suffix (read

@@ -24,7 +24,7 @@ from packer.errors import FormatError, InputFileError, PackerError
 from packer.formats import FORMATS
 from packer.manifest import MANIFEST_NAME, load_manifest
 from packer.pixels import pixels_output
-from packer.sources import class_dirs, scan
+from packer.sources import class_dirs, path_keys, scan
 from packer.storage import is_url
 from packer.store import open_packed, split_root
 from packer.strings import StringTable
@@ -216,8 +216,7 @@ class FolderDataset(ImageDataset):
         self.class_to_idx = dict(class_to_idx)
         self.loader = loader
         self.paths = StringTable(path for path, _ in samples)
-        keys = self.__dict__.pop("_scanned_keys", {})
-        self.keys = StringTable(keys.get(path) or _key(root, path) for path, _ in samples)
+        self.keys = StringTable(path_keys(root, (path for path, _ in samples)))
 
     def find_classes(self, directory: str | os.PathLike[str]) -> tuple[list[str], dict[str, int]]:
         """The class names and their indices (torchvision's hook): the sorted class folders."""
@@ -233,7 +232,6 @@ class FolderDataset(ImageDataset):
         """Every ``(path, class_index)`` sample in order (torchvision's hook): the images of the
         class folders ``class_to_idx`` names, walked like ``ImageFolder`` (packer's scan)."""
         result = scan(directory)
-        self._scanned_keys = {s.path: s.key for s in result.samples}
         return [
             (s.path, class_to_idx[result.classes[s.label]])
             for s in result.samples
@@ -263,11 +261,6 @@ class FolderDataset(ImageDataset):
         if self.transform is not None:
             image = self.transform(image)
         return image, self._label(i)
-
-
-def _key(root: str | os.PathLike[str], path: str) -> str:
-    """A sample's key when a custom ``make_dataset`` gave its path: relative, no suffix."""
-    return os.path.splitext(os.path.relpath(path, root))[0]
 
 
 NpyDataset = NPYDataset  # the name before one scheme: <FORMAT>Dataset, <FORMAT>VideoDataset
@@ -319,8 +312,10 @@ def open_dataset(
     with ``train/`` and ``val/``).
 
     Args:
-        path: the output or folder, or the URL of an NPY or HDF5 output (``s3://...``,
-            ``https://...``, any fsspec protocol; ``storage_options={...}`` goes to fsspec).
+        path: the output or folder, or the URL of an output (``s3://...``, ``https://...``,
+            any fsspec protocol; ``storage_options={...}`` goes to fsspec; LMDB shards are
+            read through the node's shard cache, ``cache_dir=`` and ``cache_limit=``, which
+            also caches NPY/HDF5 shards when given: ``packer.cache``).
         split: the split to open (``"train"``, ``"val"``, ...) of an output or folder that has
             splits.
         kind: ``"image"`` or ``"video"`` to say what you expect (and get a precise static type:

@@ -40,6 +40,7 @@ from packer.errors import PackerError
 from packer.formats import by_name
 from packer.loading import Loaded, load_in_order
 from packer.manifest import Manifest, _write_atomic, fsync_dir
+from packer.overlap import keep_heap_for_writes
 from packer.resume import PROGRESS_DIR, Checkpoint, Progress, Rows, skipped_dicts
 from packer.write import Event, Job, LineProgress, end_shard, finalize, plan_shards, store_sample
 
@@ -83,6 +84,7 @@ def write_shard(task: ShardTask) -> Checkpoint:
     """Write planned shard ``task.shard`` from scratch into ``task.partial``, make it durable and
     checkpoint it; return the checkpoint. Runs on a worker (or in the converting process)."""
     fmt = by_name(task.fmt_name)
+    keep_heap_for_writes()  # as a local conversion does: commits reuse the freed heap
     attempt = task.partial / PROGRESS_DIR / ATTEMPTS / f"{task.shard:05d}-{uuid.uuid4().hex}"
     attempt.mkdir(parents=True)
     job = Job(

@@ -13,11 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from packer.contained import check_relative
+from packer.errors import FormatError
 from packer.manifest import load_manifest
 from packer.sizes import format_size
-from packer.storage import is_url
+from packer.storage import is_url, join_url
 from packer.store import Packed, open_packed
-from packer.store_remote import remote_manifest
+from packer.store_remote import url_manifest
 
 __all__ = ["describe", "inspect_dict", "per_class"]
 
@@ -92,6 +94,13 @@ def _root(path: str | os.PathLike[str]) -> Any:
     return str(path) if is_url(path) else Path(path)
 
 
+def _split(root: Any, name: str) -> Any:
+    """Split ``name`` of the output at ``root`` (a plain folder name, else refused)."""
+    if "/" in check_relative(name, "split name"):
+        raise FormatError(f"split name {name!r} of {str(root)!r} is not a plain folder name")
+    return join_url(root, name) if isinstance(root, str) else root / name
+
+
 def _open(root: Any, storage_options: dict[str, Any] | None) -> Packed:
     if storage_options is not None:  # a URL (a local path is refused by open_packed)
         return open_packed(root, check_files=False, storage_options=storage_options)
@@ -102,9 +111,9 @@ def inspect_dict(
     path: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """What ``packer inspect --json`` prints: the manifest's facts, counts per class and split.
-    A URL is read through ``storage_options`` (an output holding splits: not yet)."""
+    A URL is read through ``storage_options``."""
     root = _root(path)
-    m = remote_manifest(root, None, storage_options)[1] if is_url(path) else load_manifest(root)
+    m = url_manifest(root, storage_options) if is_url(path) else load_manifest(root)
     packed = None if m.kind == "splits" else _open(root, storage_options)
     m = packed.manifest if packed is not None else m
     out: dict[str, Any] = {
@@ -122,7 +131,9 @@ def inspect_dict(
         "skipped": m.skipped,
     }
     if packed is None:
-        out["splits"] = {name: inspect_dict(root / name) for name in m.options["splits"]}
+        out["splits"] = {
+            name: inspect_dict(_split(root, name), storage_options) for name in m.options["splits"]
+        }
         return out
     out["per_class"] = per_class(packed)
     if m.kind == "video":

@@ -165,28 +165,56 @@ def _executor(workers: int, cpu_bound: bool) -> Executor:
     return ThreadPoolExecutor(workers, thread_name_prefix="packer-load")
 
 
+def _load_batch(loader: Callable[[T], Loaded], batch: list[T]) -> list[Loaded]:
+    return [skip_unexpected(loader, sample) for sample in batch]
+
+
+def _batches(samples: Iterable[T], batch_bytes: int) -> Iterator[list[T]]:
+    """Consecutive samples, grouped until a group's ``size`` reaches ``batch_bytes`` (at most
+    ``_BATCH_MAX`` of them; one sample alone when ``batch_bytes`` is 0)."""
+    batch: list[T] = []
+    size = 0
+    for sample in samples:
+        batch.append(sample)
+        size += getattr(sample, "size", batch_bytes)
+        if size >= batch_bytes or len(batch) >= _BATCH_MAX:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+_BATCH_MAX = 64
+
+
 def load_in_order(
-    loader: Callable[[T], Loaded], samples: Iterable[T], workers: int, cpu_bound: bool
+    loader: Callable[[T], Loaded],
+    samples: Iterable[T],
+    workers: int,
+    cpu_bound: bool,
+    batch_bytes: int = 0,
 ) -> Iterator[Loaded]:
     """Yield ``loader(sample)`` for every sample, in the order given.
 
     With ``workers > 1`` a thread pool (``cpu_bound=False``) or a process pool loads ahead; at
-    most ``8 × workers`` results are in flight, so memory stays bounded however large the
-    source. The results do not depend on ``workers``.
+    most ``8 × workers`` tasks are in flight, so memory stays bounded however large the
+    source. A task loads consecutive samples of ``batch_bytes`` source bytes together (each
+    sample's ``size``; one sample a task when 0), which spreads a pool's cost per task over
+    many small files. The results do not depend on ``workers`` or ``batch_bytes``.
     """
     if workers <= 1:
         for sample in samples:
             yield skip_unexpected(loader, sample)
         return
-    window = 8 * workers
+    window = 8 * workers if batch_bytes == 0 else 2 * workers
     executor = _executor(workers, cpu_bound)
     pending: deque = deque()
     try:
-        for sample in samples:  # guarded in the worker: an exception may not even unpickle
-            pending.append(executor.submit(skip_unexpected, loader, sample))
+        for batch in _batches(samples, batch_bytes):  # guarded in the worker: an exception
+            pending.append(executor.submit(_load_batch, loader, batch))  # may not unpickle
             if len(pending) >= window:
-                yield pending.popleft().result()
+                yield from pending.popleft().result()
         while pending:
-            yield pending.popleft().result()
+            yield from pending.popleft().result()
     finally:
         executor.shutdown(wait=True, cancel_futures=True)

@@ -144,7 +144,8 @@ class ConversionPlan:
             splits=None,
         )
         check_destination(dst, plan.overwrite, plan.src, resume, published_ok=resume)
-        _check_scan(plan)
+        assert plan.prepared is not None  # --strict was applied to every split by plan_splits
+        check_reach(plan.src, sample_folders(plan.prepared.source), dst)
         return plan
 
     def splits_fingerprint(self) -> dict[str, Any]:
@@ -251,7 +252,7 @@ def plan_conversion(
         executor=executor,
     )
     if wanted:
-        return _plan_splits(plan, wanted, labels)
+        return _plan_splits(plan, found, wanted, labels)
     return _plan_folder(plan, labels)
 
 
@@ -262,13 +263,18 @@ def _prepare_split(plan: ConversionPlan) -> functools.partial[Prepared]:
     )
 
 
-def _plan_splits(plan: ConversionPlan, wanted: list[str], labels: Labels | None) -> ConversionPlan:
-    """A root of splits: every wanted split checked and scanned (:func:`plan_splits`)."""
+def _plan_splits(
+    plan: ConversionPlan, found: list[str], wanted: list[str], labels: Labels | None
+) -> ConversionPlan:
+    """A root of splits (``found`` its splits): every wanted split checked and scanned
+    (:func:`plan_splits`, which also applies ``--strict`` to each)."""
     if plan.part is not None:
         raise PackerError("--part does not take a root of splits; convert each --split")
-    check_destination(plan.dst, plan.overwrite, plan.src, plan.resume)
+    check_destination(plan.dst, plan.overwrite, plan.src, plan.resume, published_ok=plan.resume)
     classes = list(plan.classes) if plan.classes is not None else None
-    split_plan = plan_splits(plan.src, wanted, _prepare_split(plan), labels, classes, plan.strict)
+    split_plan = plan_splits(
+        plan.src, wanted, _prepare_split(plan), labels, classes, plan.strict, found
+    )
     return dataclasses.replace(plan, kind="splits", splits=split_plan)
 
 

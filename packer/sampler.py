@@ -144,6 +144,10 @@ class ShardedSampler(Sampler[int]):
         block: samples per block; ``None``: the dataset's shards, else 256.
         mix: blocks whose samples are shuffled together (more classes per batch when shards
             hold one class each, ``mix`` regions read at a time).
+        prefetch: blocks fetched ahead of the one being read, for a dataset with a
+            ``prefetch(samples)`` (a remote dataset read through the node-local shard cache:
+            their shards are downloaded on background threads while the current block is
+            read); 0 turns it off. Nothing is fetched for a local dataset.
 
     Raises:
         PackerError: an argument of the wrong type or out of range.
@@ -169,6 +173,7 @@ class ShardedSampler(Sampler[int]):
         drop_last: bool = False,
         block: int | None = None,
         mix: int = 1,
+        prefetch: int = 2,
     ) -> None:
         self.num_replicas, self.rank = _world(num_replicas, rank)
         self.seed = _integer("seed", seed)
@@ -179,6 +184,9 @@ class ShardedSampler(Sampler[int]):
         shards = getattr(dataset, "shard_of_sample", None)
         layout = shards() if callable(shards) and self.block is None else None
         self.starts = block_starts(self.n, self.block, layout)
+        self.prefetch = _integer("prefetch", prefetch, 0)
+        fetch = getattr(dataset, "prefetch", None)
+        self._fetch = fetch if callable(fetch) and self.prefetch else None
         self.epoch = 0
         self._order: tuple[int, np.ndarray] | None = None  # (epoch, its global order)
         self._at(0)
@@ -214,10 +222,29 @@ class ShardedSampler(Sampler[int]):
             self.order(), self._start, self.num_replicas, self.rank, self.drop_last
         )
         self._yielded = 0
-        for i in indices.tolist():
+        ahead = self._ahead(indices) if self._fetch is not None else {}
+        for k, i in enumerate(indices.tolist()):
+            if k in ahead:
+                self._fetch(ahead[k])  # type: ignore[misc]
             self._yielded += 1
             yield i
         self._done = True
+
+    def _ahead(self, indices: np.ndarray) -> dict[int, np.ndarray]:
+        """Where to ask the dataset to fetch what: at the first sample of each block (in the
+        order blocks first appear here), a sample of the block ``prefetch`` blocks later; at
+        the start, one of each of the first ``prefetch + 1``."""
+        if not len(indices):
+            return {}
+        blocks = np.searchsorted(self.starts, indices, side="right") - 1
+        _, first = np.unique(blocks, return_index=True)
+        first = np.sort(first)  # where each block first appears, in reading order
+        heads = indices[first]
+        ahead = {
+            int(k): heads[j + self.prefetch : j + self.prefetch + 1] for j, k in enumerate(first)
+        }
+        ahead[0] = heads[: self.prefetch + 1]
+        return {k: v for k, v in ahead.items() if len(v)}
 
     def _fingerprint(self) -> dict[str, Any]:
         blocks = zlib.crc32(self.starts.tobytes()) if self.shuffle else 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ __all__ = [
     "Scan",
     "SkippedInput",
     "natural_key",
+    "path_keys",
     "scan",
     "unique_keys",
 ]
@@ -143,6 +145,18 @@ def unique_keys(keys: list[str]) -> list[str]:
         seen.add(candidate)
         out.append(candidate)
     return out
+
+
+def path_keys(root: str | os.PathLike[str], paths: Iterable[str]) -> list[str]:
+    """The keys of images ``paths`` under ``root``, by the scan's rule: the path relative to
+    ``root`` without its suffix; two that differ only by suffix keep it; a key that still
+    repeats gets ``~2``, ``~3``, ... (what :func:`scan` gives for every image of a class)."""
+    rel = [os.path.relpath(p, root) for p in paths]
+    stems = [os.path.splitext(r)[0] for r in rel]
+    counts: dict[str, int] = {}
+    for stem in stems:
+        counts[stem] = counts.get(stem, 0) + 1
+    return unique_keys([s if counts[s] == 1 else r for s, r in zip(stems, rel)])
 
 
 def _keys_for(class_name: str, names: list[str]) -> list[str]:

@@ -33,7 +33,7 @@ from typing import Any
 
 from packer.destination import DestinationLock, check_destination, partial_path, publish
 from packer.detect import detect, find_splits
-from packer.errors import SourceError
+from packer.errors import DestinationError, PackerError, SourceError
 from packer.manifest import MANIFEST_NAME, Manifest, load_manifest, write_manifest
 from packer.resume import Progress
 from packer.sources import is_image_name
@@ -146,6 +146,7 @@ def plan_splits(
     labels: Any = None,
     classes: list[str] | None = None,
     strict: bool = False,
+    found: list[str] | None = None,
 ) -> SplitPlan:
     """Check every split of ``src`` to convert and scan it, before anything is written.
 
@@ -154,11 +155,13 @@ def plan_splits(
     ``classes`` if given, else the class folders of the training split (``train``, or the first
     split), converted or not.
 
+    ``found`` is the splits of ``src`` when the caller listed them already.
+
     Raises:
         SourceError: every problem found, one per split: an empty split, a flat split without
             labels, labels for no flat split, labels or class folders unknown to the index.
     """
-    found = find_splits(src)
+    found = find_splits(src) if found is None else found
     index_split = "train" if "train" in found else found[0]
     shapes = {s: _shape(src / s) for s in dict.fromkeys([*wanted, index_split])}
     flat = [s for s in wanted if not shapes[s][0] and shapes[s][1]]
@@ -234,9 +237,16 @@ def build_splits(
     splits = plan.splits
     partial = partial_path(dst)
     with DestinationLock(dst):
+        if resume and not overwrite and not partial.exists() and dst.is_dir():
+            done = _same_build(dst, fp)
+            if done is not None:  # published already (a kill after it): nothing to do
+                build = SplitsBuild(dst, splits, resume)
+                yield build
+                build.manifest = done
+                return
         check_destination(dst, overwrite, src, resume)
         if resume and partial.is_dir():
-            Progress(partial).resume(fp)
+            _resume(partial, fp)
         else:
             if partial.exists():
                 shutil.rmtree(partial)
@@ -248,6 +258,41 @@ def build_splits(
         write_manifest(partial, build.manifest)  # before the progress goes:
         Progress(partial).remove()  # a kill between the two leaves a resumable .partial
         publish(partial, dst)
+
+
+def _same_build(folder: Path, fp: dict[str, Any]) -> Manifest | None:
+    """The top manifest at ``folder`` if it is this conversion's (root, splits, format) and
+    every split in it is finished; else None."""
+    try:
+        top = load_manifest(folder)
+    except PackerError:
+        return None
+    found = (top.kind, top.source.get("root"), top.source.get("splits"), top.format)
+    wanted = ("splits", fp["root"], fp["splits"], fp["options"].get("format"))
+    whole = all((folder / s / MANIFEST_NAME).is_file() for s in fp["splits"])
+    return top if found == wanted and whole else None
+
+
+def _resume(partial: Path, fp: dict[str, Any]) -> None:
+    """Continue ``DST.partial`` from its progress; or, when a kill came after the top manifest
+    replaced the progress (every split finished, not yet published), from its finished splits:
+    the top manifest is written again, once it shows this conversion's root, splits and
+    format.
+
+    Raises:
+        DestinationError: the finished build is of another root, other splits or format.
+        PackerError: nothing resumable (no progress, no manifest).
+    """
+    if Progress(partial).fingerprint() is None and (partial / MANIFEST_NAME).is_file():
+        if _same_build(partial, fp) is None:
+            raise DestinationError(
+                f"{str(partial)!r} holds a finished conversion that was not published, of "
+                "another root, other splits or another format; pass --overwrite to start over"
+            )
+        Progress(partial).start(fp)  # before the manifest goes: a kill leaves progress
+        (partial / MANIFEST_NAME).unlink()
+        return
+    Progress(partial).resume(fp)
 
 
 def _manifest(src: Path, plan: SplitPlan, results: dict[str, Manifest]) -> Manifest:
@@ -270,15 +315,15 @@ def _manifest(src: Path, plan: SplitPlan, results: dict[str, Manifest]) -> Manif
     )
 
 
-def describe_splits(root: Path) -> str:
-    """``packer inspect`` lines for a split output."""
-    manifest = load_manifest(root)
+def describe_splits(root: Path | str, manifest: Manifest | None = None) -> str:
+    """``packer inspect`` lines for a split output (a folder, or a URL with its manifest)."""
+    manifest = load_manifest(Path(root)) if manifest is None else manifest
     counts = manifest.options.get("splits", {})
     lines = [
         f"{root}: packer {manifest.format} dataset with {len(counts)} splits, "
         f"{len(manifest.classes)} classes (index from {manifest.options.get('class_index_from')!r})",
     ]
-    lines += [f"  {name}: {n} samples ({root / name})" for name, n in counts.items()]
+    lines += [f"  {name}: {n} samples ({root}/{name})" for name, n in counts.items()]
     index_of = manifest.options.get("class_index") or {}
     if index_of:
         lines.append("  class index: " + "; ".join(f"{s}: {w}" for s, w in index_of.items()))

@@ -30,7 +30,8 @@ __all__ = ["GAP", "RETRY", "RemoteFolder", "Retry", "coalesce", "is_url", "join_
 T = TypeVar("T")
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
-_CHUNK = 8 << 20  # a streamed checksum reads this much per request
+_CHUNK = 8 << 20  # a streamed checksum or a download reads this much per request
+_IN_FLIGHT = 4  # a download's requests in flight at once
 GAP = 64 << 10  # two records closer than this are fetched by one ranged GET (a request costs more)
 
 
@@ -116,6 +117,7 @@ _PASSING_TYPES = frozenset(
         "FSTimeoutError",
         "ResponseParserError",
         "HTTPClientError",
+        "FlexibleChecksumError",  # botocore found the body corrupt on the way
         "Passing",
     }
 )
@@ -200,7 +202,7 @@ class RemoteFolder:
             except Exception as exc:
                 if not passing(exc):
                     raise remote_error(url, exc) from exc
-                self._check_unchanged(url)
+                self.check_unchanged(url)
                 if attempt == plan.attempts:
                     raise PackerError(
                         f"cannot read {url!r}: {plan.attempts} attempts over "
@@ -211,7 +213,7 @@ class RemoteFolder:
                 time.sleep(plan.delay(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _check_unchanged(self, url: str) -> None:
+    def check_unchanged(self, url: str) -> None:
         """After a failed read of an object whose identity was recorded at open: refuse it
         when its size or ETag changed (it was replaced), so old and new bytes never mix."""
         name = self._name(url)
@@ -277,6 +279,27 @@ class RemoteFolder:
 
         return self.call(url, stream)
 
+    def download(self, name: str, fd: int, size: int) -> str:
+        """Write the first ``size`` bytes of object ``name`` into the file ``fd`` (from its
+        start, truncated first) by ranged GETs of :data:`_CHUNK`, :data:`_IN_FLIGHT` at once,
+        each retried on its own (:meth:`read_runs`); return the xxh3_64 hex digest of the
+        bytes written."""
+        import xxhash
+
+        digest = xxhash.xxh3_64()
+        os.ftruncate(fd, 0)
+        done = 0
+        while done < size:
+            starts = list(range(done, min(size, done + _CHUNK * _IN_FLIGHT), _CHUNK))
+            stops = [min(a + _CHUNK, size) for a in starts]
+            for start, block in zip(starts, self.read_runs([name] * len(starts), starts, stops)):
+                digest.update(block)
+                view = memoryview(block)
+                while view:
+                    view = view[os.pwrite(fd, view, start + len(block) - len(view)) :]
+            done = stops[-1]
+        return digest.hexdigest()
+
     def sizes(self, names: list[str]) -> dict[str, int]:
         """The size of each object ``names`` that exists, by name: one listing of the folder,
         or over HTTP (no listing) one ``HEAD`` per object, all in flight together."""
@@ -329,7 +352,7 @@ class RemoteFolder:
             raise remote_error(url, block)
         if len(block) == b - a:
             return bytes(block)
-        self._check_unchanged(url)
+        self.check_unchanged(url)
         if self._name(url) in self.identity or self._size_now(url) >= b:  # a cut body
             raise Passing(f"{url!r} gave {len(block)} of {b - a} bytes from {a} (cut short)")
         raise FormatError(

@@ -29,7 +29,7 @@ from packer.manifest import (
     load_records,
 )
 from packer.storage import is_url
-from packer.store_remote import open_remote
+from packer.store_remote import CacheOptions, RemoteOutput, open_remote
 from packer.tablefile import read_checked
 
 __all__ = ["Packed", "open_packed", "split_root", "validate_tables"]
@@ -203,8 +203,8 @@ def open_packed(
     any process then refuse a folder, shard or keys file replaced since.
 
     ``root`` may be a URL (``s3://bucket/out.npy``, any fsspec protocol): manifest and tables
-    are fetched whole and checked the same way, data files are read by byte ranges (NPY and
-    HDF5 only; see :func:`packer.store_remote.open_remote`).
+    are fetched whole and checked the same way, data files are read by byte ranges or through
+    the node's shard cache (LMDB; see :func:`packer.store_remote.open_remote`).
 
     Args:
         kind: refuse an output of another kind (``"image"`` or ``"video"``).
@@ -213,16 +213,23 @@ def open_packed(
             them instead).
         split: the split to open, for an output holding splits (``packer.splits``).
         reader_options: passed to the format's reader (``readahead``, ``max_open_files``);
-            ``storage_options`` (a dict) goes to fsspec when ``root`` is a URL.
+            ``storage_options`` (a dict) goes to fsspec when ``root`` is a URL, and
+            ``cache``, ``cache_dir``, ``cache_limit`` choose its shard cache
+            (``packer.store_remote.CacheOptions``).
 
     Raises:
         FormatError: not a complete packer output, another kind or format, or damaged tables.
     """
     storage_options = reader_options.pop("storage_options", None)
+    cache = CacheOptions.pop(reader_options)
     if is_url(root):
-        return _open_url(str(root), kind, format, check_files, split, storage_options)
-    if storage_options is not None:
-        raise FormatError(f"storage_options is for a URL; {str(root)!r} is a local path")
+        got = open_remote(
+            str(root), kind, format, check_files, split, storage_options, cache, reader_options
+        )
+        return _remote_packed(got)
+    if storage_options is not None or cache.given():
+        what = "storage_options" if storage_options is not None else "the shard cache"
+        raise FormatError(f"{what} is for a URL; {str(root)!r} is a local path")
     path = split_root(Path(root), split)
     fd = open_folder(path)
     try:
@@ -267,17 +274,9 @@ def _open_in(
     )
 
 
-def _open_url(
-    url: str,
-    kind: str | None,
-    format: str | None,
-    check_files: bool,
-    split: str | None,
-    storage_options: dict[str, Any] | None,
-) -> Packed:
+def _remote_packed(got: RemoteOutput) -> Packed:
     """``open_packed`` of a URL: tables fetched and checked (``store_remote``), then checked
     row by row as a local output's are."""
-    got = open_remote(url, kind, format, check_files, split, storage_options)
     validate_tables(got.url, got.manifest, got.samples, got.records)
     index = got.samples
     return Packed(

@@ -1,22 +1,26 @@
 """Open a packed output at a URL for reading (the work of ``packer.store.open_packed`` for a URL): the
 manifest, tables and keys fetched whole and checked against the manifest's xxh3 exactly as a
-local open checks them, shard sizes checked by one listing, and a reader by ranged GETs
-(``packer.formats.remote``). NPY and HDF5 only for now: LMDB needs a local file (the shard
-cache of issue 21, not built yet) and BMP outputs are refused the same way.
+local open checks them, shard sizes checked by one listing, and a reader
+(``packer.formats.remote``): ranged GETs for NPY and HDF5 (their shards through the node's
+shard cache when asked), whole-object GETs for BMP's record files, the shard cache for LMDB
+(it needs a local file).
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from packer.cache import ShardCache
 from packer.contained import check_relative
 from packer.errors import FormatError
 from packer.formats import by_name
-from packer.formats.base import FileReader
-from packer.formats.remote import HeldKeys, RemoteReader
+from packer.formats.base import ReaderBase
+from packer.formats.remote import CachedLMDBReader, CachedShardReader, HeldKeys, RemoteReader
 from packer.manifest import (
     INDEX_NAME,
     KEYS_NAME,
@@ -31,7 +35,7 @@ from packer.manifest import (
 from packer.storage import RemoteFolder
 from packer.tablefile import check_digest, parse_table
 
-__all__ = ["RemoteOutput", "open_remote", "remote_manifest"]
+__all__ = ["CacheOptions", "RemoteOutput", "open_remote", "remote_manifest", "url_manifest"]
 
 
 class RemoteOutput(NamedTuple):
@@ -42,7 +46,7 @@ class RemoteOutput(NamedTuple):
     manifest: Manifest
     samples: np.ndarray  # index.npy
     records: np.ndarray
-    reader: RemoteReader
+    reader: ReaderBase
 
 
 def _remote_table(folder: RemoteFolder, manifest: Manifest, name: str) -> bytes:
@@ -123,6 +127,50 @@ def _remote_keys(folder: RemoteFolder, manifest: Manifest) -> HeldKeys:
     return keys
 
 
+@dataclass(frozen=True)
+class CacheOptions:
+    """How a remote dataset uses the node's shard cache (``open_packed``'s ``cache=``,
+    ``cache_dir=``, ``cache_limit=``): LMDB always does; NPY/HDF5 shards when any of them is
+    given (``cache=False`` aside); BMP records and per-sample files never (each read is one GET
+    of exactly the bytes asked already)."""
+
+    cache: bool | None = None
+    cache_dir: str | os.PathLike[str] | None = None
+    cache_limit: int | str | None = None
+
+    @classmethod
+    def pop(cls, options: dict[str, Any]) -> CacheOptions:
+        """The cache's options taken out of a reader's ``options``."""
+        names = ("cache", "cache_dir", "cache_limit")
+        return cls(**{name: options.pop(name) for name in names if name in options})
+
+    def given(self) -> bool:
+        return any(v is not None for v in (self.cache, self.cache_dir, self.cache_limit))
+
+    def wanted(self, manifest: Manifest, where: str) -> ShardCache | None:
+        """The cache the output at ``where`` is read through, or None (ranged GETs).
+
+        Raises:
+            PackerError: ``cache=False`` for LMDB, a bad limit, or one below the largest shard.
+        """
+        layout = manifest.options.get("layout", "shards")
+        if manifest.format == "lmdb":
+            if self.cache is False:
+                raise FormatError(
+                    f"{where!r} is an LMDB output: LMDB reads a local file, so its shards are "
+                    "read through the shard cache; drop cache=False"
+                )
+        elif manifest.format == "bmp" or layout != "shards":
+            return None  # whole-record objects, or per-sample files read by ranges
+        elif not self.cache and (self.cache is False or not self.given()):
+            return None
+        cache = ShardCache(self.cache_dir, self.cache_limit)
+        if manifest.shards:
+            largest = max(manifest.shards, key=lambda shard: shard.bytes)
+            cache.check_fits(largest.bytes, f"the largest shard of {where!r}, {largest.name}")
+        return cache
+
+
 def open_remote(
     url: str,
     kind: str | None,
@@ -130,13 +178,16 @@ def open_remote(
     check_files: bool,
     split: str | None,
     storage_options: dict[str, Any] | None,
+    cache: CacheOptions | None = None,
+    reader_options: dict[str, Any] | None = None,
 ) -> RemoteOutput:
     """``open_packed``'s work for a URL: manifest, tables and keys fetched whole and checked
-    against the manifest's xxh3, shard sizes checked by one listing, a reader by ranged GETs.
+    against the manifest's xxh3, shard sizes checked by one listing, a reader by ranged GETs or
+    through the shard cache (``cache``).
 
     Raises:
-        FormatError: a format that needs a local file (LMDB, BMP), or anything open_packed
-            refuses.
+        FormatError: anything open_packed refuses.
+        PackerError: the cache's limit is below the largest shard.
     """
     folder, manifest = _remote_manifest(RemoteFolder(url, storage_options), split)
     where = folder.url
@@ -145,12 +196,7 @@ def open_remote(
     if kind and manifest.kind != kind:
         raise FormatError(f"{where!r} holds {manifest.kind}s, not {kind}s")
     module = by_name(manifest.format)
-    if not issubclass(module.Reader, FileReader):
-        raise FormatError(
-            f"{where!r} is a {manifest.format} output: remote {manifest.format.upper()} needs the "
-            "shard cache, which is not supported yet. Read NPY or HDF5 outputs from a URL, or "
-            "download this one and open the local copy"
-        )
+    shard_cache = (cache or CacheOptions()).wanted(manifest, where)
     index = _remote_index(folder, manifest)
     raw = _remote_table(folder, manifest, RECORDS_NAME)
     records = parse_table(raw, folder.url_of(RECORDS_NAME), RECORD_DTYPE, "record table")
@@ -158,6 +204,23 @@ def open_remote(
     keys = _remote_keys(folder, manifest)
     if check_files and manifest.options.get("layout", "shards") == "shards":
         _check_remote_shards(folder, manifest)
-    reader = RemoteReader(folder, manifest, records, module.Reader.SAMPLE_SUFFIX)
+    options = dict(reader_options or {})
+    reader: ReaderBase
+    if shard_cache is None:
+        reader = RemoteReader(
+            folder, manifest, records, getattr(module.Reader, "SAMPLE_SUFFIX", "")
+        )
+    elif manifest.format == "lmdb":
+        reader = CachedLMDBReader(folder, shard_cache, manifest, records, **options)
+    else:
+        reader = CachedShardReader(folder, shard_cache, manifest, records, **options)
     reader.pin((0, 0), None, keys)
     return RemoteOutput(where, manifest, index, records, reader)
+
+
+def url_manifest(url: str, storage_options: dict[str, Any] | None) -> Manifest:
+    """The manifest at ``url`` as it is (an output holding splits: its top manifest)."""
+    folder = RemoteFolder(url, storage_options)
+    return parse_manifest(
+        folder.read_whole(MANIFEST_NAME), folder.url_of(MANIFEST_NAME), folder.url
+    )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +30,9 @@ from packer.manifest import (
     load_manifest,
 )
 from packer.pixels import pixels_output
-from packer.storage import RemoteFolder, is_url
+from packer.storage import RemoteFolder, is_url, join_url
 from packer.store import Packed, open_packed
-from packer.store_remote import remote_manifest
+from packer.store_remote import url_manifest
 from packer.tablefile import fd_checksum
 
 __all__ = ["Problem", "VerifyReport", "verify"]
@@ -86,26 +86,45 @@ class VerifyReport:
         return "\n".join([head + f": {len(self.problems)} problem(s)", *map(str, self.problems)])
 
 
-def _check_files(root: Path, manifest: Manifest, report: VerifyReport) -> tuple[set[str], set[str]]:
-    """Check every file's size and checksum, each opened once beneath the dataset folder (no
-    link, never a FIFO: ``packer.contained``); return (unreadable files, corrupt files)."""
+def _check_named(
+    manifest: Manifest, report: VerifyReport, check: Callable[[str, str, int | None], str | None]
+) -> tuple[set[str], set[str]]:
+    """``check(name, xxh3, size)`` of every data file and table the manifest names (size None
+    for a table); return (unreadable files, corrupt files)."""
     bad: set[str] = set()
     corrupt: set[str] = set()
     named: list[tuple[str, str, int | None]] = [
         (s.name, s.xxh3_64, s.bytes) for s in manifest.shards
     ]
     named += [(name, digest, None) for name, digest in manifest.files.items()]
+    for name, digest, size in named:
+        report.files_checked += 1
+        found = check(name, digest, size)
+        if found is not None:
+            report.problems.append(Problem(name, found))
+            (corrupt if found == _DIFFERS else bad).add(name)
+    return bad, corrupt
+
+
+def _check_files(root: Path, manifest: Manifest, report: VerifyReport) -> tuple[set[str], set[str]]:
+    """Check every file's size and checksum, each opened once beneath the dataset folder (no
+    link, never a FIFO: ``packer.contained``); return (unreadable files, corrupt files)."""
     folder = open_folder(root)
     try:
-        for name, digest, size in named:
-            report.files_checked += 1
-            found = _check_file(root, folder, name, digest, size)
-            if found is not None:
-                report.problems.append(Problem(name, found))
-                (corrupt if found == _DIFFERS else bad).add(name)
+        return _check_named(manifest, report, functools.partial(_check_file, root, folder))
     finally:
         os.close(folder)
-    return bad, corrupt
+
+
+def _check_object(folder: RemoteFolder, name: str, digest: str, size: int | None) -> str | None:
+    """What is wrong with object ``name`` at ``folder``'s URL (streamed through xxh3), or None."""
+    try:
+        found_size, found = folder.stream_checksum(name)
+    except PackerError as exc:
+        return f"cannot be read: {exc}"
+    if size is not None and found_size != size:
+        return f"{found_size} bytes, manifest records {size}"
+    return _DIFFERS if found != digest else None
 
 
 _DIFFERS = "checksum differs from the manifest"
@@ -161,11 +180,18 @@ def _odd_entries(folder: Path, relative: str, recurse: bool) -> list[Problem]:
 
 
 def _verify_splits(
-    root: Path, manifest: Manifest, full: bool, progress: bool, workers: int
+    root: Path | str,
+    manifest: Manifest,
+    full: bool,
+    progress: bool,
+    workers: int,
+    options: dict[str, Any] | None = None,
 ) -> VerifyReport:
-    """Each split is a complete output inside ``root``: a plain folder name, a real folder."""
-    report = VerifyReport(root)
-    report.problems += _odd_entries(root, "", recurse=False)
+    """Each split is a complete output inside ``root`` (a folder or a URL): a plain folder
+    name, a real folder."""
+    report = VerifyReport(root)  # type: ignore[arg-type]  # a URL stays a str
+    if isinstance(root, Path):
+        report.problems += _odd_entries(root, "", recurse=False)
     splits = manifest.options.get("splits", {})
     for split in splits if isinstance(splits, dict) else []:
         try:
@@ -174,9 +200,12 @@ def _verify_splits(
         except PackerError as exc:
             report.problems.append(Problem(repr(split), f"{exc}; not verified"))
             continue
-        if (root / split).is_symlink():
-            continue  # reported by _odd_entries above, never followed
-        part = verify(root / split, full, progress, workers)
+        if isinstance(root, Path):
+            if (root / split).is_symlink():
+                continue  # reported by _odd_entries above, never followed
+            part = verify(root / split, full, progress, workers)
+        else:
+            part = verify(join_url(root, split), full, progress, workers, options)
         report.files_checked += part.files_checked
         report.samples_checked += part.samples_checked
         report.decoded += part.decoded
@@ -252,38 +281,23 @@ def _verify_url(
 ) -> VerifyReport:
     """``verify`` of a URL: every shard and table streamed and hashed (sizes and xxh3 against
     the manifest), then every record read by ranged GETs and checked against its checksum."""
-    where, manifest = remote_manifest(url, None, options)
-    report = VerifyReport(where)  # type: ignore[arg-type]  # a URL stays a str
-    folder = RemoteFolder(where, options)
-    named: list[tuple[str, str, int | None]] = [
-        (s.name, s.xxh3_64, s.bytes) for s in manifest.shards
-    ]
-    named += [(name, digest, None) for name, digest in manifest.files.items()]
-    bad: set[str] = set()
-    for name, digest, size in named:
-        report.files_checked += 1
-        try:
-            found_size, found = folder.stream_checksum(name)
-        except PackerError as exc:
-            report.problems.append(Problem(name, f"cannot be read: {exc}"))
-            bad.add(name)
-            continue
-        if size is not None and found_size != size:
-            report.problems.append(Problem(name, f"{found_size} bytes, manifest records {size}"))
-            bad.add(name)
-        elif found != digest:
-            report.problems.append(Problem(name, _DIFFERS))
-            bad.add(name)
-    if {INDEX_NAME, RECORDS_NAME, KEYS_NAME} & bad:
+    manifest = url_manifest(url, options)
+    if manifest.kind == "splits":
+        return _verify_splits(url, manifest, full, progress, workers, options)
+    report = VerifyReport(url)  # type: ignore[arg-type]  # a URL stays a str
+    folder = RemoteFolder(url, options)
+    unreadable, corrupt = _check_named(manifest, report, functools.partial(_check_object, folder))
+    if {INDEX_NAME, RECORDS_NAME, KEYS_NAME} & (unreadable | corrupt):
         return report
     try:
-        packed = open_packed(where, check_files=False, storage_options=options)
+        packed = open_packed(url, check_files=False, storage_options=options)
         keys = packed.reader.keys
         len(keys)
     except PackerError as exc:
         report.problems.append(Problem("tables", str(exc)))
         return report
-    return _check_samples(packed, keys, set(), full, progress, workers, report)
+    bad_files = unreadable | (corrupt if manifest.format == "lmdb" else set())
+    return _check_samples(packed, keys, bad_files, full, progress, workers, report)
 
 
 def verify(

@@ -10,6 +10,7 @@ manifest are written from the checkpoints. The output is byte-for-byte the same 
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import sys
 import time
@@ -38,6 +39,7 @@ from packer.manifest import (
     write_manifest,
     write_records,
 )
+from packer.overlap import ShardFinisher, keep_heap_for_writes
 from packer.resume import PROGRESS_DIR, Checkpoint, Progress, Rows, skipped_dicts
 from packer.sources import SkippedInput
 
@@ -52,6 +54,9 @@ __all__ = [
 ]
 
 Event = Callable[[str, int], None]
+# A pool task loads consecutive inputs of this many source bytes (a dozen photos, one video):
+# what a task costs the pool (~0.1 ms in a process pool) is spread over them.
+_LOAD_BATCH_BYTES = 1 << 20
 
 
 def plan_shards(sizes: Sequence[int], shard_size: int) -> tuple[np.ndarray, list[int]]:
@@ -158,7 +163,7 @@ def _bar(job: Job, total: int, initial: int) -> Any:
 
 
 def _loaded(job: Job, todo: list[Any]) -> Iterator[Loaded]:
-    return load_in_order(job.loader, todo, job.workers, job.cpu_bound)
+    return load_in_order(job.loader, todo, job.workers, job.cpu_bound, _LOAD_BATCH_BYTES)
 
 
 def store_sample(
@@ -211,33 +216,78 @@ def _name_fits(key: str, limit: int) -> bool:
 
 
 def write_shards(job: Job, done: list[Checkpoint], progress: Progress) -> list[Checkpoint]:
-    """Write every planned shard after the ``done`` ones, checkpointing each as it completes."""
+    """Write every planned shard after the ``done`` ones, checkpointing each as it completes.
+
+    Each shard has its own writer; once its last sample is written, the shard is finished
+    (made durable, checkpointed) by a :class:`packer.overlap.ShardFinisher` while the next one
+    is written (in the background with ``workers > 1``)."""
     samples = job.source.samples
     cap = job.max_file_size
     sizes = [0 if cap is not None and s.size > cap else s.size for s in samples]
     shard_of, planned = plan_shards(sizes, job.shard_size)
-    starts = [0, *(np.flatnonzero(np.diff(shard_of)) + 1).tolist()] if len(samples) else []
-    first = starts[len(done)] if len(done) < len(starts) else len(samples)
+    ends = [*(np.flatnonzero(np.diff(shard_of)) + 1).tolist(), len(samples)] if len(samples) else []
+    first = ends[len(done) - 1] if done else 0
     for k in range(len(done), len(planned)):  # a half-written shard is rewritten from scratch
         (job.partial / shard_name(k, job.fmt.SHARD_SUFFIX)).unlink(missing_ok=True)
+    keep_heap_for_writes()
     todo = samples[first:]
-    bar = _bar(job, len(samples), first)
-    current = Rows()
-    begun, done_bytes, last = time.perf_counter(), 0, 0.0
-    with job.fmt.Writer(job.partial, planned, job.layout, job.source.kind) as writer:
-        for i, (sample, loaded) in enumerate(zip(todo, _loaded(job, todo)), start=first):
-            shard = int(shard_of[i])
-            store_sample(job, writer, current, sample, loaded, shard)
-            job.emit("sample", i)
-            if i + 1 == len(samples) or shard_of[i + 1] != shard:
-                current = end_shard(job, writer, progress, done, current, shard)
-            done_bytes += sample.size
-            bar.update(1)
-            if job.progress and (now := time.perf_counter()) - last > 0.5:
-                bar.set_postfix_str(f"{done_bytes / (now - begun) / 1e6:.1f} MB/s")
-                last = now
+    bar = _Bar(job, len(samples), first)
+    loaded = zip(range(first, len(samples)), todo, _loaded(job, todo))
+    with ShardFinisher(background=job.workers > 1) as finisher:
+        for shard in range(len(done), len(planned)):
+            writer = job.fmt.Writer(job.partial, planned, job.layout, job.source.kind)
+            with _until_handed(writer):
+                rows = Rows()
+                start = ends[shard - 1] if shard else 0
+                for i, sample, result in itertools.islice(loaded, ends[shard] - start):
+                    store_sample(job, writer, rows, sample, result, shard)
+                    job.emit("sample", i)
+                    bar.update(sample.size)
+            finisher.submit(functools.partial(_finish, job, writer, progress, done, rows, shard))
     bar.close()
     return done
+
+
+class _until_handed:  # noqa: N801 - used as a statement: ``with _until_handed(writer):``
+    """Discard the writer's open shard if its samples fail to be written (leave it open, to be
+    finished, otherwise)."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is not None:
+            self.writer.__exit__(kind, exc, tb)
+
+
+def _finish(
+    job: Job, writer: Any, progress: Progress, done: list[Checkpoint], rows: Rows, shard: int
+) -> None:
+    """Make shard ``shard`` durable and checkpoint it (or, on failure, discard it)."""
+    with writer:
+        end_shard(job, writer, progress, done, rows, shard)
+
+
+class _Bar:
+    """The progress bar of :func:`write_shards`: samples done (``n``) and the source MB/s."""
+
+    def __init__(self, job: Job, total: int, initial: int) -> None:
+        self.bar, self.n, self.show = _bar(job, total, initial), initial, job.progress
+        self.begun, self.last, self.bytes = time.perf_counter(), 0.0, 0
+
+    def update(self, size: int) -> None:
+        self.n += 1
+        self.bytes += size
+        self.bar.update(1)
+        if self.show and (now := time.perf_counter()) - self.last > 0.5:
+            self.bar.set_postfix_str(f"{self.bytes / (now - self.begun) / 1e6:.1f} MB/s")
+            self.last = now
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def _tables(job: Job, done: list[Checkpoint]) -> tuple[np.ndarray, np.ndarray]:

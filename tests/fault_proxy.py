@@ -5,7 +5,11 @@ requests matching a pattern get the faults of a schedule:
 - ``"503"``, ``"429"``, ``"403"``: answered at once with that status (an S3 XML error body);
 - ``"drop"``: the server's headers and half its body are sent, then the connection is closed;
 - ``"short"``: the headers say half the body's length and only that half is sent (a body
-  truncated on the way, well formed to the client).
+  truncated on the way, well formed to the client);
+- ``"flip"``: the whole body, one byte in its middle flipped (corrupted on the way);
+- ``"slow"``: the whole answer, after :data:`SLOW` seconds (a download in progress);
+- ``"stall"``: the headers and half the body, then nothing until ``release()`` (or 60 s), then
+  the connection is closed (a client killed mid-download).
 
 ``delay`` (seconds) holds every forwarded request that long first: a store far away.
 """
@@ -27,6 +31,9 @@ _CODES = {
 }
 
 
+SLOW = 2.0  # seconds a "slow" answer waits
+
+
 class FaultProxy:
     """The running proxy: ``endpoint`` to give the client, ``inject`` to schedule faults."""
 
@@ -38,6 +45,7 @@ class FaultProxy:
         self.delay = 0.0  # seconds each forwarded request waits before it is forwarded
         self.served: list[str] = []  # "METHOD path -> fault or status", in order
         self.lock = threading.Lock()
+        self.released = threading.Event()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -46,6 +54,10 @@ class FaultProxy:
         """The next ``len(faults)`` requests whose ``METHOD path`` contains ``match`` get them."""
         with self.lock:
             self.faults, self.match = list(faults), match
+
+    def release(self) -> None:
+        """End every stalled response now."""
+        self.released.set()
 
     def next_fault(self, request: str) -> str | None:
         with self.lock:
@@ -57,6 +69,7 @@ class FaultProxy:
 def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms stall
 
         def log_message(self, *args: object) -> None:  # quiet
             pass
@@ -70,13 +83,25 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             if fault in _CODES:
                 return self._status(int(fault), *_CODES[fault])
             time.sleep(proxy.delay)
+            if fault == "slow":
+                time.sleep(SLOW)
             conn = http.client.HTTPConnection(*proxy.upstream, timeout=30)
             headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
             conn.request(self.command, self.path, body=body, headers=headers)
             answer = conn.getresponse()
             data = answer.read()
             conn.close()
-            cut = len(data) // 2 if fault in ("drop", "short") and len(data) > 1 else len(data)
+            cut = (
+                len(data) // 2
+                if fault in ("drop", "short", "stall") and len(data) > 1
+                else len(data)
+            )
+            if fault == "flip" and data:
+                data = (
+                    data[: len(data) // 2]
+                    + bytes([data[len(data) // 2] ^ 0x10])
+                    + data[len(data) // 2 + 1 :]
+                )
             self.send_response(answer.status, answer.reason)
             for key, value in answer.getheaders():
                 if key.lower() not in ("content-length", "transfer-encoding", "connection"):
@@ -86,7 +111,10 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data[:cut])
-            if fault == "drop":
+            if fault == "stall":
+                self.wfile.flush()
+                proxy.released.wait(60)
+            if fault in ("drop", "stall"):
                 self.wfile.flush()
                 self.close_connection = True
                 self.connection.shutdown(2)

@@ -133,13 +133,16 @@ def test_bench_decoders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 def test_scale_convert(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = _script("scale_convert")
     args = ["--data", str(tmp_path), "--images", "20", "--dask-workers", "0", "--profile"]
-    args += ["--top", "3", "--out", str(tmp_path)]
+    args += ["--top", "3", "--out", str(tmp_path), "--repeats", "2", "--stages"]
     assert script.main(script.parse_args(args)) == 0
     out = capsys.readouterr().out
-    assert "| tar cf |" in out and "| packer local, --check fast |" in out
+    assert "| tar cf |" in out and "| packer lmdb, --check fast |" in out
     assert "function calls" in out  # the profile
+    assert "| check scan | pool |" in out and "| `--check scan` | 32 |" in out  # --stages
     report = json.loads((tmp_path / "scale_convert.json").read_text())
     assert [r["run"] for r in report["results"]][0] == "tar cf"
+    assert [r["rounds"] for r in report["results"]] == [2, 2, 2]
+    assert all(r["cpu_seconds"] > 0 for r in report["results"][1:])
 
 
 def test_decode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

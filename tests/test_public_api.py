@@ -11,7 +11,7 @@ import pytest
 
 import packer
 from packer import errors
-from packer.tools.image_demo import DemoTree
+from packer.tools.image_demo import DemoTree, make_image_tree
 
 
 @pytest.mark.parametrize("name", packer.__all__)
@@ -140,3 +140,26 @@ def test_folder_dataset_loader_errors_are_skippable(tree: DemoTree) -> None:
         packer.FolderDataset(tree.root, loader=picky)[0]
     skipping = packer.FolderDataset(tree.root, loader=picky, on_error="skip")
     assert skipping[0][0] != first and skipping.replaced == 1
+
+
+def test_folder_keys_follow_the_scan_rule_also_for_custom_samples(tmp_path: Path) -> None:
+    """Keys are the paths' by the scan's rule (the suffix kept where two images share a stem),
+    equal to a conversion's; a custom make_dataset's samples get keys by the same rule."""
+    tree = make_image_tree(tmp_path / "src", classes=2, per_class=2, size=(32, 24), bad=0)
+    first = sorted((tree.root / "class_00").iterdir())[0]
+    twin = first.with_suffix(".png")
+    from PIL import Image
+
+    Image.open(first).save(twin)
+    plain = packer.FolderDataset(tree.root, output="bytes")
+    packed = packer.convert(tree.root, tmp_path / "out.npy", workers=1, progress=False)
+    converted = packer.open_dataset(packed.dst, output="bytes")
+    assert list(plain.keys) == list(converted.keys)
+    assert f"class_00/{first.name}" in plain.keys and f"class_00/{twin.name}" in plain.keys
+
+    class Twins(packer.FolderDataset):
+        def make_dataset(self, directory, class_to_idx, is_valid_file=None):  # type: ignore[no-untyped-def]
+            return [(str(first), 0), (str(twin), 0), (str(first), 0)]
+
+    keys = list(Twins(tree.root).keys)
+    assert keys == [f"class_00/{first.name}", f"class_00/{twin.name}", f"class_00/{first.name}~2"]

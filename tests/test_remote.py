@@ -188,9 +188,25 @@ def test_plain_http_url(
     assert loaded(remote, "fork") == loaded(packer.open_dataset(local[name], output="bytes"), None)
 
 
-def test_lmdb_url_is_not_supported_yet(server: S3Server, urls: dict[str, str]) -> None:
-    with pytest.raises(FormatError, match="needs the shard cache, which is not supported yet"):
-        packer.open_dataset(urls["images.lmdb"], storage_options=server.options)
+def test_lmdb_url_reads_through_the_default_cache(
+    server: S3Server,
+    local: dict[str, Path],
+    urls: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """LMDB needs a local file: its shards go to the shard cache ($PACKER_CACHE_DIR here;
+    tests/test_remote_cache.py covers the cache itself)."""
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
+    remote = packer.open_dataset(
+        urls["images.lmdb"], output="bytes", storage_options=server.options
+    )
+    assert loaded(remote, None) == loaded(
+        packer.open_dataset(local["images.lmdb"], output="bytes"), None
+    )
+    assert len(list((tmp_path / "cache").glob("*.data"))) == len(
+        load_manifest(local["images.lmdb"]).shards
+    )
 
 
 def _copy(server: S3Server, local: Path, name: str) -> str:

@@ -4,6 +4,7 @@ against a real S3 API server on the loopback (moto), with ``--storage-option KEY
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,3 +91,36 @@ def test_storage_option_values_and_refusals(server: S3Server, local: dict[str, P
     gone = run(server, "verify", url.replace("options", "nothing"))
     assert gone.exit_code == 1 and "nothing.h5/packer.json" in gone.output
     assert "missing or access is denied" in gone.output
+
+
+def test_inspect_and_verify_a_url_holding_splits(server: S3Server, tmp_path: Path) -> None:
+    tree = make_image_tree(tmp_path / "src", classes=2, per_class=3, size=(64, 48), bad=0)
+    shutil.copytree(tree.root, tmp_path / "imagenet" / "train")
+    shutil.copytree(tree.root, tmp_path / "imagenet" / "val")
+    shutil.rmtree(tmp_path / "imagenet" / "val" / "class_01")  # the splits differ
+    out = tmp_path / "split.npy"
+    packer.convert(tmp_path / "imagenet", out, workers=1, progress=False)
+    url = server.upload(out, "split.npy")
+    text = run(server, "inspect", url)
+    assert text.exit_code == 0, text.output
+    assert "with 2 splits" in text.output and f"train: 6 samples ({url}/train)" in text.output
+    facts = run(server, "inspect", url, "--json")
+    assert facts.exit_code == 0, facts.output
+    splits = json.loads(facts.output)["splits"]
+    assert {k: v["per_class"] for k, v in splits.items()} == {"train": [3, 3], "val": [3, 0]}
+    here = inspect_dict(out)["splits"]
+    for name, facts_of in splits.items():
+        assert facts_of.pop("path") == f"{url}/{name}"
+        assert facts_of == {k: v for k, v in here[name].items() if k != "path"}
+    checked = run(server, "verify", url, "--json")
+    assert checked.exit_code == 0, checked.output
+    mine = verify(out, progress=False).to_dict()
+    assert json.loads(checked.output)["files_checked"] == mine["files_checked"] > 0
+    assert json.loads(checked.output)["samples_checked"] == 9
+    shard = load_manifest(out / "val").shards[0].name
+    data = bytearray((out / "val" / shard).read_bytes())
+    data[-10] ^= 0x40  # inside the val shard's last record
+    server.filesystem().pipe_file(f"{url}/val/{shard}", bytes(data))
+    damaged = run(server, "verify", url)
+    assert damaged.exit_code == 1
+    assert f"val/{shard}: checksum differs from the manifest" in damaged.output

@@ -106,3 +106,25 @@ def test_cli_converts_a_split_root_and_one_split(imagenet: Path, tmp_path: Path)
     )
     assert one.exit_code == 0, one.output
     assert "splits val " in one.output or "in splits val" in one.output
+
+
+def test_strict_names_each_split_with_a_bad_file_before_writing(
+    imagenet: Path, tmp_path: Path
+) -> None:
+    """--strict on a root of splits: a split whose scan skips a file (a broken link) is named
+    with it before anything is written, every such split at once; a truncated JPEG, found
+    while writing, stops the conversion naming the file, and nothing is published."""
+    for split in ("train", "val"):
+        os.symlink(tmp_path / "nowhere.jpg", imagenet / split / "class_00" / "gone.jpg")
+    dst = tmp_path / "out.lmdb"
+    with pytest.raises(SourceError) as caught:
+        packer.convert(imagenet, dst, strict=True, progress=False, workers=1)
+    lines = str(caught.value).splitlines()
+    assert [line.split(":")[0] for line in lines] == ["split 'train'", "split 'val'"]
+    assert all("gone.jpg" in line and line.endswith("(--strict)") for line in lines)
+    assert not list(tmp_path.glob("out.lmdb*"))
+    for split in ("train", "val"):
+        (imagenet / split / "class_00" / "gone.jpg").unlink()
+    with pytest.raises(packer.InputFileError, match=r"train/class_\d+/broken.*\(--strict\)"):
+        packer.convert(imagenet, dst, strict=True, progress=False, workers=1)
+    assert not dst.exists()

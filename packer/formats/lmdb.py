@@ -243,11 +243,12 @@ class Reader(ReaderBase):
         self.shard_first = np.concatenate(([0], np.cumsum(self.shard_counts)[:-1])).astype(np.int64)
 
     def _shard(self, shard: int) -> Handle:
-        def opener() -> Handle:
-            path = self.folder().path_of(self.shard_names[shard])
-            return Handle(path, self.readahead, self.shard_id(shard))
+        return self.handles.get(shard, lambda: self._open_handle(shard))
 
-        return self.handles.get(shard, opener)
+    def _open_handle(self, shard: int) -> Handle:
+        """Open shard ``shard`` (a remote dataset's reader opens its cached copy instead)."""
+        path = self.folder().path_of(self.shard_names[shard])
+        return Handle(path, self.readahead, self.shard_id(shard))
 
     def _get(self, file: int, records: list[int], starts: list[int], lengths: list[int]) -> Any:
         handle = self._shard(file)

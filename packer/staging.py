@@ -1,0 +1,242 @@
+"""Convert (or merge) into a URL: the output is built by the ordinary converter in a local
+staging folder, with all its checks, ``resume`` and checksums, then uploaded by
+:mod:`packer.upload` (data first, manifest last) and the staging folder removed.
+
+The staging folder of ``s3://bucket/out.lmdb`` is ``<root>/<hash of the URL>/``,
+holding ``out.lmdb`` (or ``out.lmdb.partial`` while it is built), the upload journal and a
+lock; ``<root>`` is ``staging=`` (``--staging DIR``), else ``$PACKER_CACHE_DIR/staging``, else
+``$XDG_CACHE_HOME/packer/staging`` (``~/.cache/packer/staging``). It needs room for the whole
+output (the dataset's size: the source's for LMDB/HDF5/NPY, ~10× more for BMP) until the
+upload ends. ``--dask`` workers and ``--part`` tasks on several nodes need a staging root that
+all of them share, as a local destination must be shared today.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from packer.convert import convert
+from packer.convert_result import ConvertResult
+from packer.errors import DestinationError, PackerError
+from packer.merge import merge
+from packer.upload import JOURNAL_NAME, Journal, Uploader
+
+__all__ = ["convert_to_url", "merge_to_url", "staging_folder", "staging_root"]
+
+_MARK = "staging.json"  # says the folder is a packer staging folder, and of which URL
+_LOCK = ".lock"
+
+
+def staging_root(staging: str | os.PathLike[str] | None = None) -> Path:
+    """Where staging folders live: ``staging``, else ``$PACKER_CACHE_DIR/staging``, else
+    ``$XDG_CACHE_HOME/packer/staging`` (``~/.cache/packer/staging``)."""
+    if staging is not None:
+        return Path(staging).expanduser()
+    if os.environ.get("PACKER_CACHE_DIR"):
+        return Path(os.environ["PACKER_CACHE_DIR"]).expanduser() / "staging"
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "packer" / "staging"
+
+
+def staging_folder(url: str, staging: Any = None) -> Path:
+    """The staging folder of ``url`` under :func:`staging_root`: named by a hash of the URL
+    only, so a run resumed through another endpoint (a proxy, another name of the same store)
+    finds it; the journal's ETags decide what is already at the store."""
+    key = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:20]
+    return staging_root(staging) / key
+
+
+def _name_of(url: str) -> str:
+    """The dataset's folder name (``out.lmdb`` of ``s3://bucket/out.lmdb``), checked."""
+    name = url.rstrip("/").rsplit("/", 1)[-1]
+    bucket_only = url.rstrip("/").count("/") < 3
+    if bucket_only or name in ("", ".", ".."):
+        raise PackerError(
+            f"{url!r} names no dataset folder inside the bucket: give one, e.g. "
+            "s3://bucket/train.lmdb (its suffix picks the format)"
+        )
+    return name
+
+
+@contextmanager
+def _staged(url: str, staging: Any, shared: bool = False) -> Iterator[Path]:
+    """Hold the staging folder of ``url``: one writer at a time, or (``shared``) any number of
+    ``--part`` tasks, each locking its own part as the converter does. A folder that holds
+    anything must be a packer staging folder (our mark)."""
+    folder = staging_folder(url, staging)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise DestinationError(
+            f"cannot create the staging folder {str(folder)!r} of {url!r}: {exc.strerror}. "
+            "Choose a writable place with --staging DIR"
+        ) from exc
+    alone = False  # holding the lock exclusively: may remove the folder at the end
+    try:
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DestinationError(
+                f"{url!r} is being written by another packer process (its staging folder "
+                f"{str(folder)!r} is locked); wait for it to finish or stop it first"
+            ) from None
+        alone, mark = not shared, folder / _MARK
+        others = [e for e in folder.iterdir() if e.name != _LOCK]
+        if others and not mark.is_file():
+            raise DestinationError(
+                f"{str(folder)!r} is not a packer staging folder: choose another"
+            )
+        if not mark.is_file():
+            mark.write_text(json.dumps({"url": url.rstrip("/")}) + "\n", encoding="utf-8")
+        yield folder
+    finally:
+        if alone and [e.name for e in folder.iterdir()] == [_LOCK]:  # all uploaded
+            os.unlink(folder / _LOCK)
+            folder.rmdir()
+        os.close(fd)
+
+
+def _clear(folder: Path, keep: tuple[str, ...] = (_LOCK,)) -> None:
+    """Remove everything in ``folder`` but ``keep``."""
+    for entry in folder.iterdir():
+        if entry.name not in keep:
+            _remove(entry)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _staging_full(exc: DestinationError, url: str) -> DestinationError:
+    """A full disk while staging: the same message, saying where staging is and how to move it."""
+    return DestinationError(
+        f"{exc} (this is the local staging folder of the upload to {url!r}, which must hold "
+        "the whole output until it is uploaded: choose a disk with room for it with "
+        "--staging DIR, then run the same command with --resume)"
+    )
+
+
+def convert_to_url(
+    src: str | os.PathLike[str],
+    url: str,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    staging: str | os.PathLike[str] | None = None,
+    keep_staging: bool = False,
+    overwrite: bool = False,
+    resume: bool = False,
+    progress: bool = True,
+    part: tuple[int, int] | None = None,
+    **kwargs: Any,
+) -> ConvertResult:
+    """Convert ``src`` into the dataset at ``url`` (``s3://bucket/out.lmdb``): built in a
+    staging folder by :func:`packer.convert.convert` (the other arguments are its own), then
+    uploaded, the manifest last (:mod:`packer.upload`).
+
+    Args:
+        storage_options: fsspec options of the store (``endpoint_url``, ...).
+        staging: the staging root (see :func:`staging_root`); it needs room for the output.
+        keep_staging: keep the staged output after the upload (else it is removed).
+        overwrite: replace a packer dataset at ``url`` (its manifest deleted first).
+        resume: continue an interrupted conversion or upload; objects already uploaded (the
+            journal and the store agree) are not sent again.
+        part: ``(i, n)``: only stage part ``i`` (no upload); :func:`merge_to_url` joins the
+            parts (all in the same staging root) and uploads.
+
+    Raises:
+        PackerError: as :func:`packer.convert.convert`; the destination refused; an upload
+            failed (naming the URL).
+    """
+    name = _name_of(url)
+    options = dict(storage_options or {})
+    with _staged(url, staging, shared=part is not None) as folder:
+        local, journal = folder / name, Journal(folder / JOURNAL_NAME)
+        uploader = Uploader(url, options, journal, resume)
+        if part is None:
+            uploader.check(overwrite, local)  # before the conversion: refuse early
+        if not resume and part is None:  # start over, still owning an upload of ours
+            _clear(folder, keep=(_LOCK, _MARK, JOURNAL_NAME))
+            journal.reset(url.rstrip("/"))
+        try:
+            result = convert(src, local, resume=resume, progress=progress, part=part, **kwargs)
+        except DestinationError as exc:
+            if str(exc).startswith("disk full"):
+                raise _staging_full(exc, url) from exc
+            raise
+        if part is not None:
+            result.notes.append(
+                f"part {part[0]}/{part[1]} staged in {str(folder)!r} (nothing uploaded yet): when "
+                f"every part is done, run  packer merge {url} --staging {staging_root(staging)}"
+            )
+            return result
+        return _upload(result, uploader, local, url, overwrite, progress, keep_staging)
+
+
+def merge_to_url(
+    url: str,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    staging: str | os.PathLike[str] | None = None,
+    keep_staging: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> ConvertResult:
+    """Join the parts staged by ``convert_to_url(..., part=(i, n))`` (same ``url`` and staging
+    root) with :func:`packer.merge.merge`, then upload the result as :func:`convert_to_url`
+    does; run again after an interruption, it resumes the upload."""
+    name = _name_of(url)
+    options = dict(storage_options or {})
+    with _staged(url, staging) as folder:
+        local = folder / name
+        remerge = not (local / "packer.json").is_file() or any(folder.glob(f"{name}.part-*"))
+        journal = Journal(folder / JOURNAL_NAME)
+        uploader = Uploader(url, options, journal, resume=not remerge)
+        uploader.check(overwrite, local)  # a new merge replaces a dataset only with overwrite
+        if remerge:
+            journal.reset(url.rstrip("/"))  # a new upload, of ours
+            result = merge(local, overwrite=True, progress=progress)
+        else:  # merged before an interrupted upload: upload it
+            result = ConvertResult(
+                dst=local, manifest=_manifest(local), seconds=0, bytes_in=0, bytes_out=0
+            )
+        for part in sorted(folder.glob(f"{name}.part-*")):
+            _remove(part)
+        return _upload(result, uploader, local, url, overwrite, progress, keep_staging)
+
+
+def _manifest(local: Path) -> Any:
+    from packer.manifest import load_manifest
+
+    return load_manifest(local)
+
+
+def _upload(
+    result: ConvertResult,
+    uploader: Uploader,
+    local: Path,
+    url: str,
+    overwrite: bool,
+    progress: bool,
+    keep_staging: bool,
+) -> ConvertResult:
+    """Upload the staged ``local``; the result names the URL and says what was done."""
+    report = uploader.upload(local, overwrite, progress)
+    result.dst = url
+    result.notes.append(report.summary())
+    if keep_staging:
+        result.notes.append(f"the staged output is kept in {str(local)!r}")
+    else:  # the lock and the folder go when it is released
+        _clear(local.parent)
+    return result

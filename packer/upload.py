@@ -1,0 +1,322 @@
+"""Upload a finished local packer output to a URL (``s3://bucket/out.lmdb``, any writable fsspec
+store) so that a reader never sees a half dataset, and an interrupted upload resumes.
+
+A reader opens a dataset through its ``packer.json``; so the order is:
+
+1. the destination is checked: empty, or a packer dataset (its ``packer.json``) only with
+   ``overwrite``, or an upload of ours that a kill interrupted (recorded in the journal);
+2. with ``overwrite``, the old manifests are deleted first (the top one, then the splits'), so
+   no reader opens the old dataset while its objects are replaced;
+3. every data file and table is uploaded (small ones several at once, a large one alone,
+   multipart as the backend does it: s3fs from 100 MiB, in 50 MiB parts, 4 in flight, so
+   memory stays near 200 MiB), then each split's ``packer.json``, then the top one last;
+4. objects of an old output that the new one does not have are deleted.
+
+Each finished upload appends one line to a journal in the staging folder (the local file's
+size and mtime, the object's size and ETag). Another run with ``resume`` skips an object whose
+journal line matches both the local file and the store's listing; a lost or torn line costs
+one upload again, never a wrong object. Passing failures (resets, 429, 5xx) are retried with
+the backoff of :data:`packer.storage.RETRY`; every error names the URL.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from packer.errors import DestinationError, PackerError
+from packer.manifest import MANIFEST_NAME
+from packer.storage import RemoteFolder, join_url, passing
+from packer.upload_journal import JOURNAL_NAME, Journal
+
+__all__ = ["JOURNAL_NAME", "Journal", "UploadReport", "Uploader", "upload_order"]
+
+T = TypeVar("T")
+THREADS = 8  # small objects in flight together (small per-sample files need many)
+LARGE = 16 << 20  # a file this large is sent alone (s3fs holds a file < 100 MiB in memory)
+PARTS = 4  # parts of one multipart upload in flight (s3fs: 50 MiB each): ~200 MiB of memory
+_READ_ONLY = ("http", "https")
+
+
+def upload_order(folder: Path) -> list[str]:
+    """The files of ``folder`` (relative POSIX names) in upload order: every data file and
+    table (sorted), then the manifests, deepest first, the top ``packer.json`` last."""
+    names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    data = [n for n in names if not _is_manifest(n)]
+    manifests = sorted(set(names) - set(data), key=lambda n: (-n.count("/"), n))
+    return data + manifests
+
+
+def _is_manifest(name: str) -> bool:
+    return name.rsplit("/", 1)[-1] == MANIFEST_NAME
+
+
+@dataclass
+class UploadReport:
+    """What an upload did: objects sent, skipped (already there), deleted (stale), bytes."""
+
+    url: str
+    uploaded: int = 0
+    skipped: int = 0
+    removed: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        from packer.sizes import format_size
+
+        rate = self.bytes / self.seconds if self.seconds > 0 else 0.0
+        line = (
+            f"uploaded {self.uploaded} object(s), {format_size(self.bytes)}, to {self.url} in "
+            f"{self.seconds:.1f} s ({format_size(rate)}/s), the manifest last"
+        )
+        if self.skipped:
+            line += f"; {self.skipped} already uploaded (resumed)"
+        return line + (
+            f"; {self.removed} stale object(s) of the old output deleted" * bool(self.removed)
+        )
+
+
+class Uploader:
+    """Writes one packer output at ``url`` through fsspec (see the module's docstring).
+
+    Args:
+        url: the dataset's URL (``s3://bucket/out.lmdb``).
+        storage_options: the fsspec options (``endpoint_url``, ...).
+        journal: the journal of this upload (in the staging folder).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None,
+        journal: Journal,
+        resume: bool = False,
+    ) -> None:
+        protocol = url.split("://", 1)[0].lower()
+        if protocol in _READ_ONLY:
+            raise PackerError(
+                f"cannot write to {url!r}: an {protocol}:// URL is read-only. Write to the "
+                "store behind it (s3://, gs://, az://, ...) and read the dataset over HTTP"
+            )
+        self.folder = RemoteFolder(url, storage_options)
+        self.url = self.folder.url
+        self.journal, self.resume = journal, resume
+
+    def attempt(self, url: str, what: str, request: Callable[[], T]) -> T:
+        """``request()``, tried again after a passing failure (the backoff of
+        :data:`packer.storage.RETRY`).
+
+        Raises:
+            DestinationError: naming ``url``, what was done and the attempts made.
+        """
+        from packer import storage
+
+        plan, began = storage.RETRY, time.monotonic()
+        for attempt in range(1, plan.attempts + 1):
+            try:
+                return request()
+            except Exception as exc:
+                failure = f"{type(exc).__name__}: {exc}".strip()
+                if not passing(exc):
+                    raise DestinationError(
+                        f"cannot {what} {url!r}: {failure}. Check the URL, the credentials "
+                        "(AWS_ACCESS_KEY_ID, a profile, an instance role), that the bucket "
+                        "exists and is writable, and the endpoint (--storage-option "
+                        "endpoint_url=...)"
+                    ) from exc
+                if attempt == plan.attempts:
+                    raise DestinationError(
+                        f"cannot {what} {url!r}: {plan.attempts} attempts over "
+                        f"{time.monotonic() - began:.1f}s all failed, the last with {failure}. "
+                        "The store is unreachable, overloaded or throttling; run the same "
+                        "command again with --resume (finished objects are not sent again)"
+                    ) from exc
+                time.sleep(plan.delay(attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def listing(self) -> dict[str, tuple[int, str | None]]:
+        """Every object under the dataset's URL: ``{relative name: (size, ETag)}``."""
+        fs = self.folder.fs()
+        root = fs._strip_protocol(self.url).rstrip("/") + "/"
+
+        def find() -> dict[str, Any]:
+            fs.invalidate_cache()
+            return dict(fs.find(self.url, detail=True))
+
+        found = self.attempt(self.url, "list", find)
+        out = {}
+        for path, entry in found.items():
+            if str(path).startswith(root) and entry.get("type", "file") == "file":
+                tag = entry.get("ETag") or entry.get("etag")
+                out[str(path)[len(root) :]] = (int(entry.get("size") or 0), tag and str(tag))
+        return out
+
+    def ours(self, name: str, local: Path, listing: dict[str, tuple[int, str | None]]) -> bool:
+        """Whether the object ``name`` is the upload of ``local`` this journal recorded."""
+        return self.journal.holds(name, local, listing.get(name))
+
+    def check(
+        self, overwrite: bool, staged: Path | None = None
+    ) -> dict[str, tuple[int, str | None]]:
+        """Refuse a destination this upload may not write (see the module's docstring);
+        return its listing.
+
+        Args:
+            overwrite: a packer dataset already there may be replaced.
+            staged: the local output about to be uploaded (None before it is built).
+        """
+        listing = self.listing()
+        if not listing:
+            return listing
+        mine = (  # resumed after its manifest was uploaded
+            self.resume
+            and staged is not None
+            and self.ours(MANIFEST_NAME, staged / MANIFEST_NAME, listing)
+        )
+        if MANIFEST_NAME in listing and not (overwrite or mine):
+            raise DestinationError(
+                f"{self.url!r} already holds a packer dataset (its {MANIFEST_NAME}). Pass "
+                "--overwrite to replace it (its manifest is deleted first, so no reader mixes "
+                "the two), or choose another URL"
+            )
+        if MANIFEST_NAME not in listing and not self.journal.owned:
+            raise DestinationError(
+                f"{self.url!r} holds {len(listing)} object(s) (e.g. {min(listing)!r}) but no "
+                f"{MANIFEST_NAME}: not a packer dataset, or an upload whose staging folder is "
+                "gone. packer writes only to an empty prefix or over a packer dataset; delete "
+                "those objects first or choose another URL"
+            )
+        return listing
+
+    def upload(self, staged: Path, overwrite: bool, progress: bool = True) -> UploadReport:
+        """Upload the finished output ``staged`` (the module's order); return what was done.
+
+        Raises:
+            DestinationError: the destination refused (:meth:`check`), or an upload failed.
+        """
+        began = time.perf_counter()
+        listing = self.check(overwrite, staged)
+        names = upload_order(staged)
+        self._drop_old_manifests(staged, listing)
+        todo = [n for n in names if not self.ours(n, staged / n, listing)]
+        report = UploadReport(self.url, skipped=len(names) - len(todo))
+        total = sum((staged / n).stat().st_size for n in todo)
+        manifests = [n for n in todo if _is_manifest(n)]  # deepest first, the top one last
+        data = [n for n in todo if not _is_manifest(n)]
+        small = [n for n in data if (staged / n).stat().st_size < LARGE]
+        with _bar(total, progress) as bar:
+            self._put_many(staged, small, bar)
+            for name in sorted(set(data) - set(small)):  # one at a time: bounded memory
+                self._put(staged, name, bar)
+            for name in manifests:  # one at a time, once every data file is there
+                self._put(staged, name, bar)
+        stale = sorted(set(listing) - set(names))
+        if stale:
+            fs = self.folder.fs()
+            urls = [join_url(self.url, n) for n in stale]
+            self.attempt(self.url, "delete stale objects under", lambda: fs.rm(urls))
+        report.uploaded, report.removed = len(todo), len(stale)
+        report.bytes, report.seconds = total, time.perf_counter() - began
+        return report
+
+    def _drop_old_manifests(self, staged: Path, listing: dict[str, tuple[int, str | None]]) -> None:
+        """Delete every manifest at the destination that is not this upload's (the top one
+        first), so that no reader opens an old dataset whose objects are being replaced."""
+        old = [n for n in listing if _is_manifest(n)]
+        old = [n for n in old if not self.ours(n, staged / n, listing)]
+        fs = self.folder.fs()
+        for name in sorted(old, key=lambda n: (n.count("/"), n)):
+            url = join_url(self.url, name)
+            self.attempt(url, "delete the old manifest", functools.partial(fs.rm_file, url))
+            del listing[name]
+
+    def _put_many(self, staged: Path, names: list[str], bar: Any) -> None:
+        """Upload ``names`` several at once; the first failure cancels the rest and raises."""
+        if not names:
+            return
+        with ThreadPoolExecutor(min(THREADS, len(names)), thread_name_prefix="upload") as pool:
+            futures = [pool.submit(self._put, staged, n, bar) for n in names]
+            done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+            for future in pending:
+                future.cancel()
+            for future in futures:
+                if future.done() and not future.cancelled():
+                    future.result()  # raises the first failure
+
+    def _put(self, staged: Path, name: str, bar: Any) -> None:
+        """Upload one file, check the object's size, record it in the journal."""
+        local, url = staged / name, join_url(self.url, name)
+        st = local.stat()
+        fs = self.folder.fs()
+        s3 = self.url.split("://", 1)[0] in ("s3", "s3a")
+        extra = {"max_concurrency": PARTS} if s3 and st.st_size >= LARGE else {}
+
+        def put() -> tuple[int, str | None]:
+            sent = _Sent(bar)
+            try:
+                fs.put_file(str(local), url, callback=sent.callback(), **extra)
+            except BaseException:
+                sent.undo()
+                raise
+            fs.invalidate_cache(url)
+            info = fs.info(url)
+            return int(info.get("size") or 0), _etag(info)
+
+        size, etag = self.attempt(url, "upload to", put)
+        if size != st.st_size:
+            raise DestinationError(
+                f"uploaded {str(local)!r} to {url!r} but the store holds {size} bytes, not "
+                f"{st.st_size}: the store truncated it; run the same command with --resume"
+            )
+        self.journal.record(name, st, size, etag)
+
+
+def _etag(info: dict[str, Any]) -> str | None:
+    tag = info.get("ETag") or info.get("etag")
+    return str(tag) if tag else None
+
+
+class _Sent:
+    """The bytes of one attempt counted on the progress bar, taken back if it fails."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar, self.count = bar, 0
+
+    def callback(self) -> Any:
+        from fsspec.callbacks import Callback
+
+        sent = self
+
+        class Counted(Callback):
+            def call(self, *args: Any, **kwargs: Any) -> None:
+                pass
+
+            def relative_update(self, inc: int = 1) -> None:
+                sent.count += inc
+                sent.bar.update(inc)
+
+        return Counted()
+
+    def undo(self) -> None:
+        if self.count:
+            self.bar.update(-self.count)
+            self.count = 0
+
+
+def _bar(total: int, progress: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc="upload",
+        disable=not progress,
+    )

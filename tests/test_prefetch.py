@@ -1,0 +1,137 @@
+"""Prefetch in the order of reading (issue 21, item 4): shards of a remote dataset fetched into
+the node-local cache on background threads ahead of their read, against a real S3 API server
+(moto) behind the real fault proxy; the proxy's log shows what was fetched and when."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fault_proxy import FaultProxy, fault_proxy
+from s3_server import S3Server, s3_server
+
+import packer
+from packer.cache import ShardCache
+from packer.manifest import load_manifest
+from packer.tools.image_demo import make_image_tree
+
+BUCKET = "prefetch"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[S3Server]:
+    with s3_server(BUCKET) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def proxy(server: S3Server) -> Iterator[FaultProxy]:
+    with fault_proxy(server.endpoint) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def url(server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = tmp_path_factory.mktemp("prefetch")
+    tree = make_image_tree(root / "images", classes=3, per_class=4, size=(64, 48), bad=0)
+    packer.convert(tree.root, root / "out.lmdb", shard_size="6kB", workers=1, progress=False)
+    assert len(load_manifest(root / "out.lmdb").shards) >= 4
+    return server.upload(root / "out.lmdb", "out.lmdb")
+
+
+def shard_gets(proxy: FaultProxy) -> Counter[str]:
+    prefix = f"GET /{BUCKET}/out.lmdb/shard-"
+    return Counter(
+        line.split(" ", 2)[1].rsplit("/", 1)[1].split("?")[0]
+        for line in proxy.served
+        if line.startswith(prefix)
+    )
+
+
+def cached(cache_dir: Path) -> set[str]:
+    """The shard names whose download finished in the cache."""
+    return {e.url.rsplit("/", 1)[1] for e in ShardCache(cache_dir).entries() if not e.partial}
+
+
+def wait_for(test: Any, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not test():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_dataset_prefetch_fetches_the_shards_of_given_samples(
+    url: str, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    ds = packer.open_dataset(
+        url, output="bytes", storage_options={"endpoint_url": proxy.endpoint}, cache_dir=tmp_path
+    )
+    shards = ds.shard_of_sample()
+    names = ds.reader.shard_names
+    wanted = np.flatnonzero(shards == shards[-1])[:2]  # two samples of the last shard
+    assert ds.prefetch(wanted) == 1  # one shard, one download started
+    wait_for(lambda: cached(tmp_path) == {names[shards[-1]]})
+    assert shard_gets(proxy)[names[shards[-1]]] >= 1
+    assert ds.prefetch(wanted) == 0  # cached: nothing to start
+    proxy.served.clear()
+    local = [ds[int(i)] for i in wanted]
+    assert shard_gets(proxy) == Counter()  # the reads found the shard cached: no shard GET
+    assert all(
+        isinstance(data, bytes) and label == ds.targets[i]
+        for (data, label), i in zip(local, wanted)
+    )
+    ds.close()
+
+
+def test_sampler_fetches_the_next_blocks_while_one_is_read(
+    url: str, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    """ShardedSampler(prefetch=2): before the first sample is read, the shards of the first
+    three blocks are being fetched, and no other; entering each next block starts the one two
+    blocks further. A whole epoch then reads every sample with each shard fetched once."""
+    options = {"endpoint_url": proxy.endpoint}
+    ds = packer.open_dataset(url, output="bytes", storage_options=options, cache_dir=tmp_path)
+    names, shards = ds.reader.shard_names, ds.shard_of_sample()
+    order = list(packer.ShardedSampler(ds, seed=3, prefetch=0))  # the same order, no fetch
+    assert cached(tmp_path) == set()
+    sampler = packer.ShardedSampler(ds, seed=3, prefetch=2)
+    blocks = list(dict.fromkeys(int(shards[i]) for i in order))  # blocks in reading order
+    assert len(blocks) >= 4
+    proxy.served.clear()
+    it = iter(sampler)
+    first = next(it)
+    assert first == order[0]
+    wait_for(lambda: cached(tmp_path) == {names[b] for b in blocks[:3]})
+    time.sleep(0.2)  # nothing else is on its way
+    assert cached(tmp_path) == {names[b] for b in blocks[:3]}
+    got = [first]
+    for i in it:  # into the second block: the fourth is fetched
+        got.append(i)
+        if shards[i] == blocks[1]:
+            break
+    wait_for(lambda: names[blocks[3]] in cached(tmp_path))
+    got += list(it)
+    assert got == order
+    data = [ds[i][0] for i in got]
+    assert len(data) == len(ds) and all(isinstance(d, bytes) for d in data)
+    assert shard_gets_per_shard(proxy) == {names[b]: 1 for b in blocks}
+    ds.close()
+
+
+def shard_gets_per_shard(proxy: FaultProxy) -> dict[str, int]:
+    """Downloads per shard: a shard is fetched by ranged GETs of one download (8 MiB each, so
+    one GET for these small shards)."""
+    return dict(shard_gets(proxy))
+
+
+def test_a_local_dataset_prefetches_nothing(tmp_path: Path) -> None:
+    tree = make_image_tree(tmp_path / "images", classes=2, per_class=3, size=(32, 24), bad=0)
+    packer.convert(tree.root, tmp_path / "out.lmdb", shard_size="4kB", workers=1, progress=False)
+    ds = packer.open_dataset(tmp_path / "out.lmdb", output="bytes")
+    assert ds.prefetch(range(len(ds))) == 0
+    assert sorted(packer.ShardedSampler(ds, prefetch=3)) == list(range(len(ds)))
