@@ -132,7 +132,9 @@ def main(args: argparse.Namespace) -> int:
                     "workers": args.workers,
                     "batch": args.batch,
                 }
+                cpu = s.cpu()
                 got = run_pass(cfg, args.timeout)
+                got["store_cpu_s"] = {k: v - cpu[k] for k, v in s.cpu().items()}
                 shutil.rmtree(cache, ignore_errors=True)
                 results[name].append(got)
                 load.append(os.getloadavg())

@@ -24,6 +24,10 @@ def _row(name: str, runs: list[dict[str, Any]], size: int) -> dict[str, Any]:
         row["error"] = runs[-1].get("error", "") if runs else "not run"
         return row
     row["open_s"] = _median([r["open_s"] for r in good])
+    row["store_cpu_s"] = {  # the server's and the proxy's, over the whole pass (both epochs)
+        k: _median([r["store_cpu_s"][k] for r in good if "store_cpu_s" in r])
+        for k in ("server", "proxy")
+    }
     for which in ("cold", "warm"):
         row[which] = {
             "images_per_s": _epoch(good, which, "images_per_s"),
@@ -85,8 +89,8 @@ def table(summary: dict[str, Any], args: argparse.Namespace) -> str:
         f"\n{args.images} images, latency {args.latency_ms:g} ms, cap {args.bandwidth_mbps:g} MB/s,"
         f" workers={args.workers}, batch={args.batch}, shards {args.shard_mb} MB\n",
         "| configuration | cold img/s | warm img/s | cold traffic ×| warm traffic × "
-        "| cold GETs | cold CPU s | open s |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|",
+        "| cold GETs | cold CPU s | open s | server/proxy CPU s |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for name, row in summary["rows"].items():
         if "cold" not in row:
@@ -96,7 +100,8 @@ def table(summary: dict[str, Any], args: argparse.Namespace) -> str:
         lines.append(
             f"| {name} | {_f(c['images_per_s'], ',.0f')} | {_f(w['images_per_s'], ',.0f')} "
             f"| {c['traffic_ratio']:.3f} | {w['traffic_ratio']:.3f} | {_f(c['gets'], '.0f')} "
-            f"| {_f(c['cpu_s'], '.1f')} | {_f(row['open_s'], '.2f')} |"
+            f"| {_f(c['cpu_s'], '.1f')} | {_f(row['open_s'], '.2f')} "
+            f"| {_f(row['store_cpu_s']['server'], '.1f')}/{_f(row['store_cpu_s']['proxy'], '.1f')} |"
         )
     lines.append("\n| packer configuration | cold ÷ best peer | cold ÷ cap | warm ÷ local |")
     lines.append("|---|--:|--:|--:|")

@@ -159,6 +159,15 @@ class LoopbackStore:
             client.upload_file(str(path), self.bucket, key)
         return f"s3://{self.bucket}/{name}"
 
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds used so far by the server and by the proxy (Linux ``/proc``)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        out = {}
+        for name, proc in zip(("server", "proxy"), self.procs):
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[name] = (int(fields[11]) + int(fields[12])) / tick
+        return out
+
     def _proxy(self, what: str) -> dict[str, int]:
         with urllib.request.urlopen(f"{self.endpoint}/__proxy__/{what}", timeout=30) as r:
             return json.loads(r.read())
