@@ -46,6 +46,7 @@ CONFIGS: dict[str, tuple[str, str, str, str, bool]] = {
     "packer lmdb cached, sequential": ("packer", "packer.lmdb", "s3", "sequential", True),
     "packer lmdb cached, sharded": ("packer", "packer.lmdb", "s3", "sharded", True),
     "packer lmdb cached, random": ("packer", "packer.lmdb", "s3", "random", True),
+    "packer npy ranged, random, 64 connections": ("packer", "packer.npy", "s3", "random", False),
     "litdata, sequential": ("litdata", "litdata", "s3", "sequential", True),
     "litdata, shuffle": ("litdata", "litdata", "s3", "shuffle", True),
     "mds, sequential": ("mds", "mds", "s3", "sequential", True),
@@ -56,6 +57,13 @@ CONFIGS: dict[str, tuple[str, str, str, str, bool]] = {
     "packer lmdb local, sequential": ("packer", "packer.lmdb", "local", "sequential", False),
     "packer lmdb local, random": ("packer", "packer.lmdb", "local", "random", False),
     "packer lmdb local, sharded": ("packer", "packer.lmdb", "local", "sharded", False),
+}
+
+
+# more storage options of a configuration: aiobotocore keeps at most 10 connections per client
+# (botocore's max_pool_connections), so at most 10 of a batch's ranged GETs are in flight
+EXTRA_OPTIONS = {
+    "packer npy ranged, random, 64 connections": {"config_kwargs": {"max_pool_connections": 64}}
 }
 
 
@@ -131,6 +139,7 @@ def main(args: argparse.Namespace) -> int:
                     "cache_dir": str(cache) if cached else None,
                     "workers": args.workers,
                     "batch": args.batch,
+                    "storage_options": EXTRA_OPTIONS.get(name, {}),
                 }
                 cpu = s.cpu()
                 got = run_pass(cfg, args.timeout)

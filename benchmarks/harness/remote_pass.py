@@ -59,7 +59,10 @@ def open_packer(cfg: dict[str, Any]) -> Any:
 
     kwargs: dict[str, Any] = {"output": "bytes", **cfg.get("options", {})}
     if cfg["endpoint"] is not None:
-        kwargs["storage_options"] = {"endpoint_url": cfg["endpoint"]}
+        kwargs["storage_options"] = {
+            "endpoint_url": cfg["endpoint"],
+            **cfg.get("storage_options", {}),
+        }
     if cfg.get("cache_dir"):
         kwargs["cache_dir"] = cfg["cache_dir"]
     return packer.open_dataset(cfg["source"], **kwargs)
