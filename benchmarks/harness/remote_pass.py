@@ -129,13 +129,17 @@ def loader(cfg: dict[str, Any], dataset: Any, epoch: int) -> DataLoader:
 def epoch(cfg: dict[str, Any], dataset: Any, number: int, before: dict[str, int]) -> dict:
     cpu = cpu_seconds()
     start = time.perf_counter()
-    images = sum(len(batch) for batch in loader(cfg, dataset, number))
+    images, first = 0, None
+    for batch in loader(cfg, dataset, number):
+        images += len(batch)
+        first = time.perf_counter() - start if first is None else first
     seconds = time.perf_counter() - start
     after = proxy_stats(cfg.get("stats", cfg["endpoint"]))
     return {
         "images": images,
         "seconds": seconds,
         "images_per_s": images / seconds,
+        "first_batch_s": first,
         "cpu_s": cpu_seconds() - cpu,
         **{k: after[k] - before[k] for k in after},
     }, after

@@ -37,6 +37,7 @@ def _row(name: str, runs: list[dict[str, Any]], size: int) -> dict[str, Any]:
             "traffic_ratio": (_epoch(good, which, "body_bytes") or 0) / size,
             "gets": _epoch(good, which, "gets"),
             "cpu_s": _epoch(good, which, "cpu_s"),
+            "first_batch_s": _epoch(good, which, "first_batch_s"),
         }
     return row
 
@@ -53,7 +54,7 @@ def _targets(rows: dict[str, dict[str, Any]], configs: dict, sizes: dict, args: 
     out: dict[str, Any] = {"best_peer_cold_shuffled": best_peer}
     for name, row in rows.items():
         reader, output, where, order, _ = configs[name]
-        if reader != "packer" or "cold" not in row:
+        if reader != "packer" or where != "s3" or "cold" not in row:
             continue
         got: dict[str, Any] = {"traffic_cold": row["cold"]["traffic_ratio"]}
         if where == "s3" and order in ("sharded", "random") and best_peer:
@@ -89,8 +90,8 @@ def table(summary: dict[str, Any], args: argparse.Namespace) -> str:
         f"\n{args.images} images, latency {args.latency_ms:g} ms, cap {args.bandwidth_mbps:g} MB/s,"
         f" workers={args.workers}, batch={args.batch}, shards {args.shard_mb} MB\n",
         "| configuration | cold img/s | warm img/s | cold traffic ×| warm traffic × "
-        "| cold GETs | cold CPU s | open s | server/proxy CPU s |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| cold GETs | cold CPU s | open s | cold 1st batch s | server/proxy CPU s |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for name, row in summary["rows"].items():
         if "cold" not in row:
@@ -101,6 +102,7 @@ def table(summary: dict[str, Any], args: argparse.Namespace) -> str:
             f"| {name} | {_f(c['images_per_s'], ',.0f')} | {_f(w['images_per_s'], ',.0f')} "
             f"| {c['traffic_ratio']:.3f} | {w['traffic_ratio']:.3f} | {_f(c['gets'], '.0f')} "
             f"| {_f(c['cpu_s'], '.1f')} | {_f(row['open_s'], '.2f')} "
+            f"| {_f(c['first_batch_s'], '.2f')} "
             f"| {_f(row['store_cpu_s']['server'], '.1f')}/{_f(row['store_cpu_s']['proxy'], '.1f')} |"
         )
     lines.append("\n| packer configuration | cold ÷ best peer | cold ÷ cap | warm ÷ local |")
