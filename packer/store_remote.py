@@ -49,16 +49,25 @@ class RemoteOutput(NamedTuple):
     reader: ReaderBase
 
 
-def _remote_table(folder: RemoteFolder, manifest: Manifest, name: str) -> bytes:
-    """Table ``name`` of the output at ``folder``, fetched whole and checked against the
-    manifest's xxh3."""
-    digest = manifest.files.get(name) if isinstance(manifest.files, dict) else None
-    if not isinstance(digest, str):
-        raise FormatError(
-            f"{folder.url!r}: the manifest records no checksum for {name}; the dataset is "
-            "damaged or crafted. Convert the source again"
-        )
-    data = folder.read_whole(name)
+def _recorded(folder: RemoteFolder, manifest: Manifest, names: tuple[str, ...]) -> list[str]:
+    """The manifest's xxh3 of each table ``names`` (before any is fetched)."""
+    files = manifest.files if isinstance(manifest.files, dict) else {}
+    for name in names:
+        if not isinstance(files.get(name), str):
+            raise FormatError(
+                f"{folder.url!r}: the manifest records no checksum for {name}; the dataset is "
+                "damaged or crafted. Convert the source again"
+            )
+    return [files[name] for name in names]
+
+
+def _remote_table(
+    folder: RemoteFolder, manifest: Manifest, name: str, data: bytes | None = None
+) -> bytes:
+    """Table ``name`` of the output at ``folder`` (``data``: its bytes fetched already), fetched
+    whole and checked against the manifest's xxh3."""
+    digest = _recorded(folder, manifest, (name,))[0]
+    data = folder.read_whole(name) if data is None else data
     check_digest(data, digest, folder.url_of(name))
     return data
 
@@ -105,9 +114,10 @@ def _remote_manifest(folder: RemoteFolder, split: str | None) -> tuple[RemoteFol
     return _remote_manifest(inner, None)
 
 
-def _remote_index(folder: RemoteFolder, manifest: Manifest) -> np.ndarray:
+def _remote_index(folder: RemoteFolder, manifest: Manifest, data: bytes) -> np.ndarray:
     url = folder.url_of(INDEX_NAME)
-    index = parse_table(_remote_table(folder, manifest, INDEX_NAME), url, SAMPLE_DTYPE, "index")
+    raw = _remote_table(folder, manifest, INDEX_NAME, data)
+    index = parse_table(raw, url, SAMPLE_DTYPE, "index")
     if len(index) != manifest.num_samples:
         raise FormatError(
             f"index {url!r} has {len(index)} rows but the manifest says "
@@ -116,11 +126,11 @@ def _remote_index(folder: RemoteFolder, manifest: Manifest) -> np.ndarray:
     return index
 
 
-def _remote_keys(folder: RemoteFolder, manifest: Manifest) -> HeldKeys:
-    """``keys.txt`` fetched and checked; in a per-sample layout every key must be a plain
+def _remote_keys(folder: RemoteFolder, manifest: Manifest, data: bytes) -> HeldKeys:
+    """``keys.txt`` (fetched) checked; in a per-sample layout every key must be a plain
     relative name (checked on first use, as for a local dataset)."""
     plain = manifest.options.get("layout", "shards") == "per-sample"
-    data = _remote_table(folder, manifest, KEYS_NAME)
+    data = _remote_table(folder, manifest, KEYS_NAME, data)
     keys = HeldKeys(Path(KEYS_NAME), manifest.num_samples, plain)
     keys._blob = np.frombuffer(data, np.uint8) if data else np.zeros(0, np.uint8)
     keys.path = Path(folder.url_of(KEYS_NAME))
@@ -197,11 +207,13 @@ def open_remote(
         raise FormatError(f"{where!r} holds {manifest.kind}s, not {kind}s")
     module = by_name(manifest.format)
     shard_cache = (cache or CacheOptions()).wanted(manifest, where)
-    index = _remote_index(folder, manifest)
-    raw = _remote_table(folder, manifest, RECORDS_NAME)
+    _recorded(folder, manifest, (INDEX_NAME, RECORDS_NAME, KEYS_NAME))
+    fetched = folder.read_wholes([INDEX_NAME, RECORDS_NAME, KEYS_NAME])  # in flight together
+    index = _remote_index(folder, manifest, fetched[0])
+    raw = _remote_table(folder, manifest, RECORDS_NAME, fetched[1])
     records = parse_table(raw, folder.url_of(RECORDS_NAME), RECORD_DTYPE, "record table")
     check_runs(folder.url_of(RECORDS_NAME), index, records)
-    keys = _remote_keys(folder, manifest)
+    keys = _remote_keys(folder, manifest, fetched[2])
     if check_files and manifest.options.get("layout", "shards") == "shards":
         _check_remote_shards(folder, manifest)
     options = dict(reader_options or {})

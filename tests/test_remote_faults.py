@@ -161,3 +161,20 @@ def test_a_batch_of_ranged_gets_goes_out_together(
         counts.append(proxy.most_in_flight)
         ds.close()
     assert counts[0] > 10 and counts[1] <= 4, counts
+
+
+def test_the_tables_are_fetched_together_at_open(
+    server: S3Server, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    """Index, records and keys go out in one round trip (three requests in flight at once),
+    each still checked against the manifest's xxh3."""
+    tree = make_image_tree(tmp_path / "src", classes=2, per_class=2, size=(32, 24), bad=0)
+    packer.convert(tree.root, tmp_path / "t.npy", workers=1, progress=False)
+    url = server.upload(tmp_path / "t.npy", "tables.npy")
+    proxy.delay, proxy.most_in_flight = 0.3, 0
+    try:
+        ds = packer.open_dataset(url, storage_options={"endpoint_url": proxy.endpoint})
+    finally:
+        proxy.delay = 0.0
+    assert len(ds) == 4 and proxy.most_in_flight >= 3
+    ds.close()
