@@ -192,16 +192,23 @@ class PackedSamples:
             return None
         return self.reader.file[self.first]
 
+    @property
+    def prefetches(self) -> bool:
+        """Whether :meth:`prefetch` can fetch anything: a remote dataset of shards read through
+        the node-local cache (a local one is read where it lies)."""
+        return hasattr(self.reader, "prefetch") and self.reader.layout == "shards"
+
     def prefetch(self, samples: Sequence[int] | np.ndarray) -> int:
         """Start fetching the shards that hold ``samples`` into the node-local shard cache in
-        the background (a remote dataset read through the cache; elsewhere nothing to do);
-        how many downloads started. :class:`packer.ShardedSampler` calls it ahead of reading."""
-        fetch = getattr(self.reader, "prefetch", None)
-        if fetch is None or self.reader.layout != "shards":
+        the background (see :attr:`prefetches`; elsewhere nothing to do); how many downloads
+        started. :class:`packer.ShardedSampler` calls it ahead of reading."""
+        if not self.prefetches:
             return 0
-        first = self.first[np.asarray(samples, dtype=np.int64)]
-        last = first + np.maximum(self.counts[np.asarray(samples, dtype=np.int64)], 1) - 1
-        return int(fetch(self.reader.file[np.concatenate((first, last))].tolist()))
+        chosen = np.asarray(samples, dtype=np.int64)
+        first = self.first[chosen]
+        last = first + np.maximum(self.counts[chosen], 1) - 1
+        files = self.reader.file[np.concatenate((first, last))].tolist()
+        return int(self.reader.prefetch(files))  # type: ignore[attr-defined]
 
     @property
     def keys(self) -> KeyTable:

@@ -193,8 +193,10 @@ class ShardedSampler(Sampler[int]):
         layout = shards() if callable(shards) and self.block is None else None
         self.starts = block_starts(self.n, self.block, layout)
         self.prefetch = _integer("prefetch", prefetch, 0)
-        fetch = getattr(dataset, "prefetch", None)
-        self._fetch = fetch if callable(fetch) and self.prefetch else None
+        fetch = (
+            getattr(dataset, "prefetch", None) if getattr(dataset, "prefetches", False) else None
+        )
+        self._fetch = fetch if callable(fetch) and self.prefetch else None  # else no look-ahead
         # the blocks' checksum, in every state_dict: hashed once (a 1M-sample index has ~1000s)
         self._blocks_crc = zlib.crc32(self.starts.tobytes()) if self.shuffle else 0
         self.epoch = 0

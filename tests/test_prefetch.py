@@ -60,6 +60,7 @@ def test_dataset_prefetch_fetches_the_shards_of_given_samples(
     )
     shards = ds.shard_of_sample()
     names = ds.reader.shard_names
+    assert ds.prefetches
     wanted = np.flatnonzero(shards == shards[-1])[:2]  # two samples of the last shard
     assert ds.prefetch(wanted) == 1  # one shard, one download started
     wait_for(lambda: cached(tmp_path) == {names[shards[-1]]})
@@ -120,5 +121,5 @@ def test_a_local_dataset_prefetches_nothing(tmp_path: Path) -> None:
     tree = make_image_tree(tmp_path / "images", classes=2, per_class=3, size=(32, 24), bad=0)
     packer.convert(tree.root, tmp_path / "out.lmdb", shard_size="4kB", workers=1, progress=False)
     ds = packer.open_dataset(tmp_path / "out.lmdb", output="bytes")
-    assert ds.prefetch(range(len(ds))) == 0
+    assert not ds.prefetches and ds.prefetch(range(len(ds))) == 0
     assert sorted(packer.ShardedSampler(ds, prefetch=3)) == list(range(len(ds)))
