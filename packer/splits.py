@@ -35,7 +35,7 @@ from packer.destination import DestinationLock, check_destination, partial_path,
 from packer.detect import detect, find_splits
 from packer.errors import DestinationError, PackerError, SourceError
 from packer.manifest import MANIFEST_NAME, Manifest, load_manifest, write_manifest
-from packer.resume import Progress
+from packer.resume import Progress, changed_inputs
 from packer.sources import is_image_name
 
 __all__ = ["SplitPlan", "SplitsBuild", "build_splits", "describe_splits", "plan_splits"]
@@ -238,7 +238,7 @@ def build_splits(
     partial = partial_path(dst)
     with DestinationLock(dst):
         if resume and not overwrite and not partial.exists() and dst.is_dir():
-            done = _same_build(dst, fp)
+            done = _same_build(dst, fp, plan)
             if done is not None:  # published already (a kill after it): nothing to do
                 build = SplitsBuild(dst, splits, resume)
                 yield build
@@ -246,7 +246,7 @@ def build_splits(
                 return
         check_destination(dst, overwrite, src, resume)
         if resume and partial.is_dir():
-            _resume(partial, fp)
+            _resume(partial, fp, plan)
         else:
             if partial.exists():
                 shutil.rmtree(partial)
@@ -260,20 +260,29 @@ def build_splits(
         publish(partial, dst)
 
 
-def _same_build(folder: Path, fp: dict[str, Any]) -> Manifest | None:
-    """The top manifest at ``folder`` if it is this conversion's (root, splits, format) and
-    every split in it is finished; else None."""
+def _same_build(folder: Path, fp: dict[str, Any], plan: SplitPlan) -> Manifest | None:
+    """The top manifest at ``folder`` if it is this conversion's (root, splits, format), every
+    split in it is finished and no input of a split was modified after that split's manifest
+    was written (the rule a single output's finished conversion follows); else None."""
     try:
         top = load_manifest(folder)
     except PackerError:
         return None
     found = (top.kind, top.source.get("root"), top.source.get("splits"), top.format)
     wanted = ("splits", fp["root"], fp["splits"], fp["options"].get("format"))
-    whole = all((folder / s / MANIFEST_NAME).is_file() for s in fp["splits"])
-    return top if found == wanted and whole else None
+    if found != wanted:
+        return None
+    for split in fp["splits"]:
+        try:
+            written = (folder / split / MANIFEST_NAME).stat().st_mtime_ns
+        except OSError:
+            return None  # a split not finished
+        if changed_inputs(plan.prepared[split].source, written):
+            return None
+    return top
 
 
-def _resume(partial: Path, fp: dict[str, Any]) -> None:
+def _resume(partial: Path, fp: dict[str, Any], plan: SplitPlan) -> None:
     """Continue ``DST.partial`` from its progress; or, when a kill came after the top manifest
     replaced the progress (every split finished, not yet published), from its finished splits:
     the top manifest is written again, once it shows this conversion's root, splits and
@@ -284,10 +293,11 @@ def _resume(partial: Path, fp: dict[str, Any]) -> None:
         PackerError: nothing resumable (no progress, no manifest).
     """
     if Progress(partial).fingerprint() is None and (partial / MANIFEST_NAME).is_file():
-        if _same_build(partial, fp) is None:
+        if _same_build(partial, fp, plan) is None:
             raise DestinationError(
                 f"{str(partial)!r} holds a finished conversion that was not published, of "
-                "another root, other splits or another format; pass --overwrite to start over"
+                "another root, other splits, another format or inputs modified since; pass "
+                "--overwrite to start over"
             )
         Progress(partial).start(fp)  # before the manifest goes: a kill leaves progress
         (partial / MANIFEST_NAME).unlink()

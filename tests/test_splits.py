@@ -128,3 +128,20 @@ def test_strict_names_each_split_with_a_bad_file_before_writing(
     with pytest.raises(packer.InputFileError, match=r"train/class_\d+/broken.*\(--strict\)"):
         packer.convert(imagenet, dst, strict=True, progress=False, workers=1)
     assert not dst.exists()
+
+
+def test_resume_of_a_published_root_of_splits_checks_its_inputs(
+    imagenet: Path, tmp_path: Path
+) -> None:
+    """--resume on a published root of splits answers 'nothing to do' only while no input was
+    modified after its split was written; an input rewritten since is refused (as for one
+    folder's output), never silently kept."""
+    dst = tmp_path / "out.npy"
+    packer.convert(imagenet, dst, progress=False, workers=1)
+    again = packer.convert(imagenet, dst, resume=True, progress=False, workers=1)
+    assert again.manifest.kind == "splits"
+    image = next((imagenet / "val").rglob("*.JPEG"))
+    later = (dst / "val" / "packer.json").stat().st_mtime_ns + 10**9
+    os.utime(image, ns=(later, later))
+    with pytest.raises(PackerError, match="exists"):
+        packer.convert(imagenet, dst, resume=True, progress=False, workers=1)
