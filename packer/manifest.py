@@ -149,6 +149,20 @@ class Manifest:
         """Total bytes of the data files."""
         return sum(s.bytes for s in self.shards)
 
+    def digest(self, name: str, where: str) -> str:
+        """The xxh3 the manifest records for table ``name`` of the dataset at ``where``.
+
+        Raises:
+            FormatError: none is recorded (a damaged or crafted manifest).
+        """
+        found = self.files.get(name) if isinstance(self.files, dict) else None
+        if not isinstance(found, str):
+            raise FormatError(
+                f"{where!r}: the manifest records no checksum for {name} (found {found!r}); "
+                "the dataset is damaged or crafted. Convert the source again"
+            )
+        return found
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready form."""
         return asdict(self)
@@ -271,18 +285,6 @@ def _write_table(path: Path, table: np.ndarray, dtype: np.dtype) -> str:
     return file_checksum(path)
 
 
-def _expected(manifest: Manifest | None, name: str, root: Path) -> str | None:
-    if manifest is None:
-        return None
-    digest = manifest.files.get(name) if isinstance(manifest.files, dict) else None
-    if not isinstance(digest, str):
-        raise FormatError(
-            f"{str(root / MANIFEST_NAME)!r} records no checksum for {name} (found {digest!r}); "
-            "the dataset is damaged or crafted. Convert the source again"
-        )
-    return digest
-
-
 def _load_table(
     root: Path,
     name: str,
@@ -322,7 +324,7 @@ def load_index(
             ``num_samples``.
     """
     root = Path(root)
-    digest = _expected(manifest, INDEX_NAME, root) if check else None
+    digest = manifest.digest(INDEX_NAME, str(root)) if check and manifest else None
     index = _load_table(root, INDEX_NAME, SAMPLE_DTYPE, "index", mmap, digest, dir_fd)
     if len(index) != manifest.num_samples:
         raise FormatError(
@@ -349,7 +351,7 @@ def load_records(
     """
     root = Path(root)
     path = root / RECORDS_NAME
-    digest = _expected(manifest, RECORDS_NAME, root)
+    digest = manifest.digest(RECORDS_NAME, str(root)) if manifest else None
     records = _load_table(root, RECORDS_NAME, RECORD_DTYPE, "record table", mmap, digest, dir_fd)
     check_runs(str(path), index, records)
     return records
@@ -386,5 +388,7 @@ def load_keys(
     when given (datasets use a lazy :class:`packer.keytable.KeyTable` instead: no ``str`` per
     key)."""
     root = Path(root)
-    data, _ = read_checked(root, KEYS_NAME, _expected(manifest, KEYS_NAME, root), False, dir_fd)
+    data, _ = read_checked(
+        root, KEYS_NAME, manifest.digest(KEYS_NAME, str(root)) if manifest else None, False, dir_fd
+    )
     return decode_keys(bytes(data))

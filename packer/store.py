@@ -191,13 +191,7 @@ def _plain_manifest(path: Path, fd: int) -> None:
 def _keys(path: Path, manifest: Manifest, fd: int) -> KeyTable:
     """``keys.txt``, mapped once through the folder's descriptor and checked against the
     manifest: the keys of this open dataset, whatever replaces the file later."""
-    digest = manifest.files.get(KEYS_NAME) if isinstance(manifest.files, dict) else None
-    if not isinstance(digest, str):
-        raise FormatError(
-            f"{str(path)!r}: the manifest records no checksum for {KEYS_NAME}; the dataset is "
-            "damaged or crafted. Convert the source again"
-        )
-    data, ident = read_checked(path, KEYS_NAME, digest, True, fd)
+    data, ident = read_checked(path, KEYS_NAME, manifest.digest(KEYS_NAME, str(path)), True, fd)
     plain = manifest.options.get("layout", "shards") == "per-sample"
     pinned = (_folder_id(fd), ident)
     return KeyTable.loaded(path / KEYS_NAME, data, manifest.num_samples, plain, pinned)

@@ -51,14 +51,7 @@ class RemoteOutput(NamedTuple):
 
 def _recorded(folder: RemoteFolder, manifest: Manifest, names: tuple[str, ...]) -> list[str]:
     """The manifest's xxh3 of each table ``names`` (before any is fetched)."""
-    files = manifest.files if isinstance(manifest.files, dict) else {}
-    for name in names:
-        if not isinstance(files.get(name), str):
-            raise FormatError(
-                f"{folder.url!r}: the manifest records no checksum for {name}; the dataset is "
-                "damaged or crafted. Convert the source again"
-            )
-    return [files[name] for name in names]
+    return [manifest.digest(name, folder.url) for name in names]
 
 
 def _remote_table(
