@@ -47,7 +47,7 @@ from harness.decode_bench import (
     warm_up,
 )
 from harness.decode_report import markdown_table, summarise
-from harness.host_load import QuietWaiter
+from harness.host_load import QuietWaiter, add_quiet_options
 from harness.record import report_head, run_costs, save_report, stamped_log
 from harness.throughput_report import machine_info
 
@@ -88,8 +88,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--no-npy112", action="store_true", help="skip the decoded-NPY row")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="JSON folder")
-    parser.add_argument("--quiet-below", type=float, default=0.15, help="see read_throughput.py")
-    parser.add_argument("--wait-budget", type=float, default=60.0, help="see read_throughput.py")
+    add_quiet_options(parser)
     parser.add_argument(
         "--in-process", action="store_true", help="no fork per pass (for profilers)"
     )

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.forked import in_child
-from harness.host_load import QuietWaiter
+from harness.host_load import QuietWaiter, add_quiet_options
 from harness.mixture_bench import KINDS, one_pass
 from harness.record import report_head, save_report, stamped_log
 from harness.throughput_report import machine_info
@@ -53,18 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--epochs", type=int, default=3, help="epochs per pass (each made cold/warm)")
     p.add_argument("--caches", nargs="+", choices=("cold", "warm"), default=["cold", "warm"])
-    p.add_argument(
-        "--quiet-below",
-        type=float,
-        default=0.3,
-        help="before each pass wait until other processes use less than this share of the CPUs",
-    )
-    p.add_argument(
-        "--wait-budget",
-        type=float,
-        default=120.0,
-        help="seconds the run may spend waiting for a quiet machine in all (0: never wait)",
-    )
+    add_quiet_options(p, below=0.3, budget=120.0)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/mixture_throughput.json"))
     return p.parse_args(argv)
 

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.host_load import QuietWaiter
+from harness.host_load import QuietWaiter, add_quiet_options
 from harness.record import report_head, run_costs, save_report, stamped_log
 from harness.throughput import (
     CLASSES,
@@ -92,18 +92,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--formats", nargs="+", choices=list(FORMATS), default=list(FORMATS), help="packed formats"
     )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="JSON folder")
-    parser.add_argument(
-        "--quiet-below",
-        type=float,
-        default=0.15,
-        help="before each pass wait until other processes use less than this share of the CPUs",
-    )
-    parser.add_argument(
-        "--wait-budget",
-        type=float,
-        default=60.0,
-        help="total seconds the run may spend waiting for a quiet machine (0: never wait)",
-    )
+    add_quiet_options(parser)
     parser.add_argument(
         "--allocator",
         choices=["same", "default"],

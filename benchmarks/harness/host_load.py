@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import resource
 import time
+from typing import Any
 
 __all__ = [
     "OTHERS_WINDOW",
@@ -87,3 +88,20 @@ def others_during(
         return None
     busy = host_after - host_before
     return max(0.0, busy - own_cpu) / (seconds * (os.cpu_count() or 1))
+
+
+def add_quiet_options(parser: Any, below: float = 0.15, budget: float = 60.0) -> None:
+    """``--quiet-below`` and ``--wait-budget``: how a benchmark waits for a quieter machine
+    before each pass (read by :class:`QuietWaiter`)."""
+    parser.add_argument(
+        "--quiet-below",
+        type=float,
+        default=below,
+        help="before each pass wait until other processes use less than this share of the CPUs",
+    )
+    parser.add_argument(
+        "--wait-budget",
+        type=float,
+        default=budget,
+        help="total seconds the run may spend waiting for a quiet machine (0: never wait)",
+    )
