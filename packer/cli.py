@@ -157,7 +157,7 @@ def main() -> None:
     help="Convert only planned shards k with k % N == I, into DST.part-I/ (e.g. one SLURM "
     "array task each); then join the parts with packer merge DST.",
 )
-@upload_options()
+@upload_options(streams=True)
 @quiet_flag()
 @friendly
 def convert(
@@ -191,6 +191,7 @@ def convert(
     staging: Path | None,
     keep_staging: bool,
     storage_options: dict[str, Any],
+    staging_limit: str | None,
     quiet: bool,
 ) -> None:
     """Convert the image folder SRC (<class>/<image>) into the packed dataset DST.
@@ -208,7 +209,8 @@ def convert(
     An interrupted run leaves DST.partial/; run the same command with --resume to finish it.
 
     A URL DST (s3://bucket/out.lmdb, any writable fsspec store) is built in a local staging
-    folder (--staging), then uploaded, packer.json last, so a reader never sees half a
+    folder (--staging); each shard is uploaded as soon as it is finished and its staged copy
+    freed, so staging holds a few shards; packer.json goes last, so a reader never sees half a
     dataset; --resume continues an interrupted upload without sending finished objects again.
 
     \b
@@ -263,7 +265,7 @@ def convert(
             executor=executor,
             part=part_of,
             **video,
-            **upload_kwargs(dst, staging, keep_staging, storage_options),
+            **upload_kwargs(dst, staging, keep_staging, storage_options, staging_limit),
         )
     except KeyboardInterrupt:
         kept = kept_in(dst, part_of, staging, storage_options)

@@ -14,10 +14,16 @@ from packer.cliutil import Decorator, flag, storage_option
 __all__ = ["OutputPath", "converter", "kept_in", "upload_kwargs", "upload_options"]
 
 STAGING_HELP = (
-    "With a URL DST: the local folder the output is built in before it is uploaded (default: "
-    "$PACKER_CACHE_DIR/staging, else ~/.cache/packer/staging). It needs room for the whole "
-    "output (about the source's size; ~10x more for .bmp) and is removed after the upload. "
-    "--dask and --part on several nodes need one all of them share."
+    "With a URL DST: the local folder the output is built in (default: "
+    "$PACKER_CACHE_DIR/staging, else ~/.cache/packer/staging), removed after the upload. "
+    "packer convert sends each shard while converting and frees its staged copy, so it holds "
+    "about --staging-limit plus two shards; with --keep-staging, --dask, --part and packer merge "
+    "it holds the whole output (about the source's size; ~10x more for .bmp). --dask and "
+    "--part on several nodes need one all of them share."
+)
+LIMIT_HELP = (
+    "With a URL DST: how many bytes of finished shards may wait for their upload before the "
+    "conversion waits for it (e.g. 4GB; default: four shards)."
 )
 
 
@@ -34,11 +40,14 @@ class OutputPath(click.ParamType):
         return click.Path(path_type=Path).convert(value, param, ctx)
 
 
-def upload_options() -> Decorator:
-    """``--staging DIR``, ``--keep-staging`` and ``--storage-option KEY=VALUE``."""
+def upload_options(streams: bool = False) -> Decorator:
+    """``--staging DIR``, ``--keep-staging`` and ``--storage-option KEY=VALUE`` (and for a
+    command that sends shards while converting, ``--staging-limit SIZE``)."""
 
     def decorate(func: Any) -> Any:
         func = storage_option()(func)
+        if streams:
+            func = click.option("--staging-limit", metavar="SIZE", help=LIMIT_HELP)(func)
         func = flag("--keep-staging", text="Keep the staged output after the upload.")(func)
         staging = click.option(
             "--staging", type=click.Path(file_okay=False, path_type=Path), help=STAGING_HELP
@@ -49,17 +58,24 @@ def upload_options() -> Decorator:
 
 
 def upload_kwargs(
-    dst: Any, staging: Path | None, keep_staging: bool, storage_options: dict[str, Any]
+    dst: Any,
+    staging: Path | None,
+    keep_staging: bool,
+    storage_options: dict[str, Any],
+    staging_limit: str | None = None,
 ) -> dict[str, Any]:
     """The keyword arguments of a conversion into ``dst``: the upload's for a URL; none for a
     local path, where the upload options are refused."""
     if isinstance(dst, str):
+        given_limit = {"staging_limit": staging_limit} if staging_limit is not None else {}
         return {
             "storage_options": storage_options,
             "staging": staging,
             "keep_staging": keep_staging,
+            **given_limit,
         }
-    given = [n for n, v in (("--staging", staging), ("--keep-staging", keep_staging)) if v]
+    named = (("--staging", staging), ("--keep-staging", keep_staging))
+    given = [n for n, v in (*named, ("--staging-limit", staging_limit)) if v]
     given += ["--storage-option"] * bool(storage_options)
     if given:
         raise click.UsageError(

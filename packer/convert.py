@@ -29,7 +29,7 @@ from packer.resume import Progress, fingerprint
 from packer.sources import SkippedInput
 from packer.splits import build_splits
 from packer.storage import is_url
-from packer.write import Event, finalize, plan_shards, write_shards
+from packer.write import Event, ShardHook, finalize, plan_shards, write_shards
 
 __all__ = ["DEFAULT_SHARD_SIZE", "ConvertResult", "convert", "convert_video", "plan_shards"]
 
@@ -84,6 +84,7 @@ def convert(
     allow_empty: bool = False,
     executor: Any = None,
     part: tuple[int, int] | None = None,
+    after_shard: ShardHook | None = None,
     **video_options: Any,
 ) -> ConvertResult:
     """Convert the folder ``src`` into a packed dataset at ``dst``.
@@ -123,6 +124,9 @@ def convert(
             then runs in the tasks (see :mod:`packer.distributed`).
         part: ``(i, n)``: write only the planned shards ``k % n == i``, into ``DST.part-i``,
             for :func:`packer.merge.merge` to join.
+        after_shard: called as ``after_shard(job, shard, checkpoint)`` once each planned
+            shard is durable and checkpointed, in the converting process (not with
+            ``executor`` or ``part``); :func:`packer.staging.convert_to_url` uploads it then.
         video_options: for images and video, ``quality``, ``max_side``, ``short_side`` and
             ``reencode`` (write-time resize, :mod:`packer.resize`); for images into ``.npy``,
             ``size`` (decoded size×size pixels, :mod:`packer.pixels`); for video, ``fps``,

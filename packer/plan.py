@@ -34,7 +34,7 @@ from packer.resume import sample_folders
 from packer.sizes import parse_size
 from packer.sources import class_dirs
 from packer.splits import SplitPlan, plan_splits
-from packer.write import Event, Job, Prepared
+from packer.write import Event, Job, Prepared, ShardHook
 
 __all__ = ["DEFAULT_SHARD_SIZE", "ConversionPlan", "Limits", "plan_conversion"]
 
@@ -88,6 +88,7 @@ class ConversionPlan:
     splits: SplitPlan | None
     on_event: Event | None = None
     executor: Any = field(default=None, compare=False, repr=False)
+    after_shard: ShardHook | None = field(default=None, compare=False, repr=False)
 
     @property
     def fmt(self) -> ModuleType:
@@ -125,6 +126,7 @@ class ConversionPlan:
             progress=self.progress,
             unit=prepared.unit,
             on_event=self.on_event,
+            after_shard=self.after_shard,
             max_file_size=self.limits.max_file_size if self.kind == "image" else None,
         )
 
@@ -202,6 +204,7 @@ def plan_conversion(
     allow_empty: bool = False,
     executor: Any = None,
     part: tuple[int, int] | None = None,
+    after_shard: ShardHook | None = None,
     **video_options: Any,
 ) -> ConversionPlan:
     """Validate :func:`packer.convert.convert`'s arguments (same names, same meaning), scan the
@@ -250,6 +253,7 @@ def plan_conversion(
         splits=None,
         on_event=on_event,
         executor=executor,
+        after_shard=after_shard,
     )
     if wanted:
         return _plan_splits(plan, found, wanted, labels)

@@ -5,10 +5,16 @@ staging folder, with all its checks, ``resume`` and checksums, then uploaded by
 The staging folder of ``s3://bucket/out.lmdb`` is ``<root>/<hash of the URL>/``,
 holding ``out.lmdb`` (or ``out.lmdb.partial`` while it is built), the upload journal and a
 lock; ``<root>`` is ``staging=`` (``--staging DIR``), else ``$PACKER_CACHE_DIR/staging``, else
-``$XDG_CACHE_HOME/packer/staging`` (``~/.cache/packer/staging``). It needs room for the whole
-output (the dataset's size: the source's for LMDB/HDF5/NPY, ~10× more for BMP) until the
-upload ends. ``--dask`` workers and ``--part`` tasks on several nodes need a staging root that
-all of them share, as a local destination must be shared today.
+``$XDG_CACHE_HOME/packer/staging`` (``~/.cache/packer/staging``).
+
+How much room it needs: a conversion in one process sends each shard as soon as it is
+checkpointed and releases its staged copy (:mod:`packer.upload_stream`), so staging holds
+``staging_limit`` (default four shards) plus the shard being written and the one being
+finished, and the tables. With ``keep_staging``, an ``executor`` (``--dask``), ``part`` and
+:func:`merge_to_url`, the whole output is staged until the upload (the dataset's size: the
+source's for LMDB/HDF5/NPY, ~10× more for BMP); ``--dask`` workers and ``--part`` tasks on
+several nodes need a staging root that all of them share, as a local destination must be
+shared today.
 """
 
 from __future__ import annotations
@@ -27,7 +33,10 @@ from packer.convert import convert
 from packer.convert_result import ConvertResult
 from packer.errors import DestinationError, PackerError
 from packer.merge import merge
+from packer.plan import DEFAULT_SHARD_SIZE
+from packer.sizes import parse_size
 from packer.upload import JOURNAL_NAME, Journal, Uploader
+from packer.upload_stream import ShardStream, stream_limit
 
 __all__ = ["convert_to_url", "merge_to_url", "staging_folder", "staging_root"]
 
@@ -122,9 +131,9 @@ def _remove(path: Path) -> None:
 def _staging_full(exc: DestinationError, url: str) -> DestinationError:
     """A full disk while staging: the same message, saying where staging is and how to move it."""
     return DestinationError(
-        f"{exc} (this is the local staging folder of the upload to {url!r}, which must hold "
-        "the whole output until it is uploaded: choose a disk with room for it with "
-        "--staging DIR, then run the same command with --resume)"
+        f"{exc} (this is the local staging folder of the upload to {url!r}: choose a disk "
+        "with room with --staging DIR, or lower --staging-limit, then run the same command "
+        "with --resume)"
     )
 
 
@@ -139,6 +148,7 @@ def convert_to_url(
     resume: bool = False,
     progress: bool = True,
     part: tuple[int, int] | None = None,
+    staging_limit: int | str | None = None,
     **kwargs: Any,
 ) -> ConvertResult:
     """Convert ``src`` into the dataset at ``url`` (``s3://bucket/out.lmdb``): built in a
@@ -148,7 +158,12 @@ def convert_to_url(
     Args:
         storage_options: fsspec options of the store (``endpoint_url``, ...).
         staging: the staging root (see :func:`staging_root`); it needs room for the output.
-        keep_staging: keep the staged output after the upload (else it is removed).
+        keep_staging: keep the staged output after the upload (else it is removed); the
+            whole output is then staged (nothing is sent during the conversion).
+        staging_limit: bytes of finished shards that may wait for their upload (an int or
+            ``"4GB"``; default: four shards). Shards are sent while the conversion runs and
+            their staged copies released (:mod:`packer.upload_stream`), so staging holds
+            about this plus the two shards being written and finished, not the dataset.
         overwrite: replace a packer dataset at ``url`` (its manifest deleted first).
         resume: continue an interrupted conversion or upload; objects already uploaded (the
             journal and the store agree) are not sent again.
@@ -169,19 +184,29 @@ def convert_to_url(
         if not resume and part is None:  # start over, still owning an upload of ours
             _clear(folder, keep=(_LOCK, _MARK, JOURNAL_NAME))
             journal.reset(url.rstrip("/"))
+        stream = None
+        if part is None and kwargs.get("executor") is None and not keep_staging:
+            limit = stream_limit(
+                parse_size(kwargs.get("shard_size", DEFAULT_SHARD_SIZE)), staging_limit
+            )
+            stream = ShardStream(uploader, local, limit, overwrite, kwargs.pop("on_event", None))
+            kwargs.update(after_shard=stream.after_shard, on_event=stream.on_event)
         try:
             result = convert(src, local, resume=resume, progress=progress, part=part, **kwargs)
         except DestinationError as exc:
             if str(exc).startswith("disk full"):
                 raise _staging_full(exc, url) from exc
             raise
+        finally:
+            if stream is not None:
+                stream.close()
         if part is not None:
             result.notes.append(
                 f"part {part[0]}/{part[1]} staged in {str(folder)!r} (nothing uploaded yet): when "
                 f"every part is done, run  packer merge {url} --staging {staging_root(staging)}"
             )
             return result
-        return _upload(result, uploader, local, url, overwrite, progress, keep_staging)
+        return _upload(result, uploader, local, url, overwrite, progress, keep_staging, stream)
 
 
 def merge_to_url(
@@ -230,9 +255,15 @@ def _upload(
     overwrite: bool,
     progress: bool,
     keep_staging: bool,
+    stream: ShardStream | None = None,
 ) -> ConvertResult:
     """Upload the staged ``local``; the result names the URL and says what was done."""
     report = uploader.upload(local, overwrite, progress)
+    if stream is not None:  # its objects were sent before, and counted as already there
+        report.streamed, report.streamed_bytes = stream.uploaded, stream.bytes
+        report.skipped = max(0, report.skipped - stream.uploaded)
+        report.uploaded += stream.uploaded
+        report.bytes += stream.bytes
     result.dst = url
     result.notes.append(report.summary())
     if keep_staging:

@@ -22,6 +22,7 @@ the backoff of :data:`packer.storage.RETRY`; every error names the URL.
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -64,17 +65,19 @@ class UploadReport:
     uploaded: int = 0
     skipped: int = 0
     removed: int = 0
+    streamed: int = 0  # of ``uploaded``: sent while the conversion ran ...
+    streamed_bytes: int = 0  # ... with these bytes (``seconds`` is the time after it)
     bytes: int = 0
     seconds: float = 0.0
 
     def summary(self) -> str:
         from packer.sizes import format_size
 
-        rate = self.bytes / self.seconds if self.seconds > 0 else 0.0
-        line = (
-            f"uploaded {self.uploaded} object(s), {format_size(self.bytes)}, to {self.url} in "
-            f"{self.seconds:.1f} s ({format_size(rate)}/s), the manifest last"
-        )
+        rate = (self.bytes - self.streamed_bytes) / self.seconds if self.seconds > 0 else 0.0
+        line = f"uploaded {self.uploaded} object(s), {format_size(self.bytes)}, to {self.url}"
+        if self.streamed:
+            line += f": {self.streamed} while converting, the rest"
+        line += f" in {self.seconds:.1f} s ({format_size(rate)}/s), the manifest last"
         if self.skipped:
             line += f"; {self.skipped} already uploaded (resumed)"
         return line + (
@@ -194,28 +197,37 @@ class Uploader:
             )
         return listing
 
+    def begin(self, overwrite: bool, staged: Path) -> dict[str, tuple[int, str | None]]:
+        """Before the first object is sent: refuse a destination this upload may not write
+        (:meth:`check`), then delete the old manifests (no reader opens an old dataset whose
+        objects are being replaced); return the listing left."""
+        listing = self.check(overwrite, staged)
+        self._drop_old_manifests(staged, listing)
+        return listing
+
     def upload(self, staged: Path, overwrite: bool, progress: bool = True) -> UploadReport:
         """Upload the finished output ``staged`` (the module's order); return what was done.
 
         Raises:
-            DestinationError: the destination refused (:meth:`check`), or an upload failed.
+            DestinationError: the destination refused (:meth:`check`), an upload failed, or an
+                object released from staging (:mod:`packer.upload_stream`) is gone.
         """
         began = time.perf_counter()
-        listing = self.check(overwrite, staged)
+        listing = self.begin(overwrite, staged)
         names = upload_order(staged)
-        self._drop_old_manifests(staged, listing)
         todo = [n for n in names if not self.ours(n, staged / n, listing)]
+        self._check_released(todo)
         report = UploadReport(self.url, skipped=len(names) - len(todo))
         total = sum((staged / n).stat().st_size for n in todo)
         manifests = [n for n in todo if _is_manifest(n)]  # deepest first, the top one last
         data = [n for n in todo if not _is_manifest(n)]
         small = [n for n in data if (staged / n).stat().st_size < LARGE]
         with _bar(total, progress) as bar:
-            self._put_many(staged, small, bar)
+            self.put_many([(staged / n, n) for n in small], bar)
             for name in sorted(set(data) - set(small)):  # one at a time: bounded memory
-                self._put(staged, name, bar)
+                self.put(staged / name, name, bar)
             for name in manifests:  # one at a time, once every data file is there
-                self._put(staged, name, bar)
+                self.put(staged / name, name, bar)
         stale = sorted(set(listing) - set(names))
         if stale:
             fs = self.folder.fs()
@@ -224,6 +236,18 @@ class Uploader:
         report.uploaded, report.removed = len(todo), len(stale)
         report.bytes, report.seconds = total, time.perf_counter() - began
         return report
+
+    def _check_released(self, todo: list[str]) -> None:
+        """Refuse to send an object whose staged copy was released after an earlier upload
+        (its bytes are gone locally) but which the store no longer holds as uploaded."""
+        gone = [n for n in todo if self.journal.released(n)]
+        if gone:
+            raise DestinationError(
+                f"{join_url(self.url, gone[0])!r} (and {len(gone) - 1} more) was uploaded during "
+                "the conversion and its staged copy released, but the store no longer holds it "
+                "as uploaded (deleted or replaced since): it cannot be sent again. Convert again "
+                "without --resume (with --overwrite)"
+            )
 
     def _drop_old_manifests(self, staged: Path, listing: dict[str, tuple[int, str | None]]) -> None:
         """Delete every manifest at the destination that is not this upload's (the top one
@@ -236,12 +260,13 @@ class Uploader:
             self.attempt(url, "delete the old manifest", functools.partial(fs.rm_file, url))
             del listing[name]
 
-    def _put_many(self, staged: Path, names: list[str], bar: Any) -> None:
-        """Upload ``names`` several at once; the first failure cancels the rest and raises."""
-        if not names:
+    def put_many(self, pairs: list[tuple[Path, str]], bar: Any) -> None:
+        """Upload each ``(local file, object name)`` several at once; the first failure
+        cancels the rest and raises."""
+        if not pairs:
             return
-        with ThreadPoolExecutor(min(THREADS, len(names)), thread_name_prefix="upload") as pool:
-            futures = [pool.submit(self._put, staged, n, bar) for n in names]
+        with ThreadPoolExecutor(min(THREADS, len(pairs)), thread_name_prefix="upload") as pool:
+            futures = [pool.submit(self.put, local, name, bar) for local, name in pairs]
             done, pending = wait(futures, return_when=FIRST_EXCEPTION)
             for future in pending:
                 future.cancel()
@@ -249,9 +274,10 @@ class Uploader:
                 if future.done() and not future.cancelled():
                     future.result()  # raises the first failure
 
-    def _put(self, staged: Path, name: str, bar: Any) -> None:
-        """Upload one file, check the object's size, record it in the journal."""
-        local, url = staged / name, join_url(self.url, name)
+    def put(self, local: Path, name: str, bar: Any) -> os.stat_result:
+        """Upload the file ``local`` as the object ``name``, check the object's size, record
+        it in the journal; return the file's status as sent."""
+        url = join_url(self.url, name)
         st = local.stat()
         fs = self.folder.fs()
         s3 = self.url.split("://", 1)[0] in ("s3", "s3a")
@@ -275,6 +301,7 @@ class Uploader:
                 f"{st.st_size}: the store truncated it; run the same command with --resume"
             )
         self.journal.record(name, st, size, etag)
+        return st
 
 
 def _etag(info: dict[str, Any]) -> str | None:

@@ -57,6 +57,19 @@ class Journal:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(entry) + "\n")
 
+    def release(self, name: str) -> None:
+        """Note, before the staged copy of the uploaded ``name`` is released (its blocks freed,
+        its size and mtime kept: :mod:`packer.upload_stream`), that it cannot be sent again."""
+        with self._lock:
+            entry = dict(self.entries[name], released=True)
+            self.entries[name] = entry
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(entry) + "\n")
+
+    def released(self, name: str) -> bool:
+        """Whether the staged copy of ``name`` was released after its upload."""
+        return bool(self.entries.get(name, {}).get("released"))
+
     def holds(self, name: str, local: Path, remote: tuple[int, str | None] | None) -> bool:
         """Whether ``name`` was uploaded from ``local`` as it is now and the store still has
         that object (same size and ETag)."""

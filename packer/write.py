@@ -54,6 +54,9 @@ __all__ = [
 ]
 
 Event = Callable[[str, int], None]
+# Called as ``after_shard(job, shard, checkpoint)`` once planned shard ``shard`` of the output
+# ``job`` builds in ``job.partial`` is durable and checkpointed (its files are final).
+ShardHook = Callable[["Job", int, Checkpoint], None]
 # A pool task loads consecutive inputs of this many source bytes (a dozen photos, one video):
 # what a task costs the pool (~0.1 ms in a process pool) is spread over them.
 _LOAD_BATCH_BYTES = 1 << 20
@@ -97,6 +100,7 @@ class Job:
     records (run in a process pool when ``cpu_bound``). ``on_event(name, number)`` is called
     with ``("sample", i)`` after sample ``i`` is written, ``("shard", k)`` after planned shard
     ``k`` is durable, ``("tables", 0)`` before and ``("manifest", 0)`` after the manifest.
+    ``after_shard`` (a :data:`ShardHook`) is called just before that ``("shard", k)`` event.
     """
 
     fmt: ModuleType
@@ -111,6 +115,7 @@ class Job:
     progress: bool
     unit: str = "img"
     on_event: Event | None = None
+    after_shard: ShardHook | None = None
     max_file_size: int | None = None  # inputs above it are skipped: they plan as 0 bytes
 
     @functools.cached_property
@@ -205,6 +210,8 @@ def end_shard(
         raise PackerError(f"shard {shard}: {exc}") from None
     progress.save(shard, checkpoint)
     done.append(checkpoint)
+    if job.after_shard is not None:
+        job.after_shard(job, shard, checkpoint)
     job.emit("shard", shard)
     return Rows()
 

@@ -223,8 +223,9 @@ def test_upload_killed_then_resumed_equals_an_uninterrupted_one(
     server: S3Server, sources: dict[str, Path], tmp_path: Path
 ) -> None:
     """A real ``packer convert`` process SIGKILLed while its uploads of class_01/ hang (the
-    others done): no manifest is at the URL; ``--resume`` sends only what is missing, and the
-    objects equal an uninterrupted upload's."""
+    class_00 shards sent while converting, their staged copies released): no manifest is at the
+    URL; ``--resume`` sends only what is missing, never a released copy, and the objects equal
+    an uninterrupted upload's."""
     src, url, staging = str(sources["images"]), "s3://write/killed.bmp", tmp_path / "staging"
     with holding_proxy(server.endpoint) as proxy:
         proxy.hold = "PUT /write/killed.bmp/class_01/"
@@ -232,14 +233,15 @@ def test_upload_killed_then_resumed_equals_an_uninterrupted_one(
         journal /= "upload-journal.jsonl"
         command = [sys.executable, "-m", "packer", "convert", src, url, "--workers", "1", "-q"]
         command += ["--staging", str(staging), "--storage-option", f"endpoint_url={proxy.endpoint}"]
+        command += ["--shard-size", "100B"]  # a shard per image: 4 sent before class_01
         env = {**os.environ, "PYTHONPATH": str(Path(packer.__file__).parents[1])}
         child = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
         try:
             deadline = time.monotonic() + 60
             while not (
-                len(proxy.held) == 4
+                len(proxy.held) == 1
                 and journal.is_file()
-                and journal.read_text().count('"name"') == 7  # 7 uploads recorded
+                and journal.read_text().count('"released": true') == 4  # class_00 sent
             ):
                 assert child.poll() is None, child.communicate()[1]
                 assert time.monotonic() < deadline, (proxy.held, proxy.served)
@@ -248,13 +250,25 @@ def test_upload_killed_then_resumed_equals_an_uninterrupted_one(
             os.kill(child.pid, signal.SIGKILL)
             child.communicate()
         at_kill = objects(server, url)
-        assert len(at_kill) == 7 and "packer.json" not in at_kill  # the manifest comes last
+        assert sorted(at_kill) == [f"class_00/img_{i:05d}.bmp" for i in range(4)]
+        released = sorted(staging.rglob("class_00/*.bmp"))
+        assert len(released) == 4 and all(p.stat().st_blocks == 0 for p in released)
         with fault_proxy(server.endpoint) as counting:
-            resumed = run(counting.endpoint, staging, "convert", src, url, "-q", "--resume")
+            again = ["-q", "--resume", "--shard-size", "100B"]
+            resumed = run(counting.endpoint, staging, "convert", src, url, *again)
             puts = [r for r in counting.served if r.startswith("PUT /write/killed.bmp/")]
     assert resumed.exit_code == 0, resumed.output
-    assert "7 already uploaded" in resumed.output and len(puts) == 5, puts
-    straight = run(server.endpoint, tmp_path / "other", "convert", src, "s3://write/straight.bmp")
+    assert "4 already uploaded" in resumed.output and len(puts) == 8, puts
+    assert not any("class_00" in p for p in puts)
+    straight = run(
+        server.endpoint,
+        tmp_path / "other",
+        "convert",
+        src,
+        "s3://write/straight.bmp",
+        "--shard-size",
+        "100B",
+    )
     assert straight.exit_code == 0, straight.output
     final = objects(server, url)
     assert_same_dataset(final, objects(server, "s3://write/straight.bmp"))

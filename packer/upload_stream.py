@@ -1,0 +1,203 @@
+"""Upload a conversion's shards while it runs, so that staging holds a few shards, not the
+whole dataset (:func:`packer.staging.convert_to_url`).
+
+Each planned shard, once durable and checkpointed (the converter's ``after_shard`` hook), is
+queued; one background thread uploads the queued shards' data files in order (a shard file
+alone, multipart as :class:`packer.upload.Uploader` does it; a group's per-sample files several
+at once) and then *releases* each staged copy: the file is emptied and extended back to its
+size (a hole: no disk blocks), its mtime restored. So every step of the conversion that looks at
+the staged output (sizes in the manifest, the published-output checks of ``--resume``, the
+stale-object listing of the upload) sees the same tree as before, without its bytes.
+
+Safety: a file is released only after its upload is checked (size) and journaled, and its
+journal line says so first (:meth:`packer.upload_journal.Journal.release`). The final upload
+skips it while the store holds the object as journaled, and refuses, naming it, if the store
+lost it; a released copy is never sent. The converter never reads a finished shard again.
+
+Bounded space: :meth:`ShardStream.after_shard` waits while the queued bytes would pass
+``limit`` (so the conversion runs at the upload's pace), and the stream is drained before the
+tables are written (the ``("tables", 0)`` event), so nothing is still being sent when the
+output is published or its manifest uploaded. An upload failure stops the conversion with the
+upload's error; ``--resume`` continues both.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from packer.errors import PackerError
+from packer.resume import Checkpoint
+from packer.upload import LARGE, Uploader
+from packer.write import Event, Job
+
+__all__ = ["ShardStream", "data_names", "release", "stream_limit"]
+
+
+def data_names(job: Job, checkpoint: Checkpoint) -> list[str]:
+    """The data files of one checkpointed shard, relative to its output: the shard file, or
+    (per-sample layouts) each written sample's file or files."""
+    if checkpoint.shard is not None:
+        return [checkpoint.shard.name]
+    if job.layout != "per-sample":
+        return []  # a shard whose every input was skipped
+    record_name = getattr(job.fmt, "record_name", None)  # a file per record (BMP)
+    suffix = getattr(job.fmt.Reader, "SAMPLE_SUFFIX", "")
+    names: list[str] = []
+    for key, count in zip(checkpoint.keys, checkpoint.samples["count"].tolist()):
+        if record_name is not None:
+            names += [record_name(key, job.source.kind, n) for n in range(count)]
+        else:
+            names.append(key + suffix)
+    return names
+
+
+def release(path: Path, st: os.stat_result) -> None:
+    """Free the disk blocks of the uploaded ``path`` but keep its size and modification time
+    (a file of holes), so it still looks as it was sent."""
+    os.truncate(path, 0)
+    os.truncate(path, st.st_size)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+
+class ShardStream:
+    """Send each finished shard of a conversion into ``local``'s upload as soon as it is
+    checkpointed (see the module's docstring).
+
+    Args:
+        uploader: the upload; its :meth:`Uploader.begin` (which deletes an old dataset's
+            manifests, with ``overwrite``) runs at the first finished shard, so a conversion
+            that fails before it leaves the destination as it was.
+        local: the local output being built (``<staging>/out.lmdb``); shards are found in its
+            ``.partial`` folders.
+        limit: the bytes of finished shards that may wait for their upload (at least one
+            shard always may).
+        on_event: the caller's own ``on_event``, still called.
+    """
+
+    def __init__(
+        self,
+        uploader: Uploader,
+        local: Path,
+        limit: int,
+        overwrite: bool,
+        on_event: Event | None = None,
+    ) -> None:
+        self.uploader, self.local, self.limit, self.user_event = uploader, local, limit, on_event
+        self.overwrite, self._begun = overwrite, False
+        self.uploaded = self.bytes = self.waiting = self.most_waiting = 0
+        self._queue: deque[tuple[list[tuple[Path, str]], int]] = deque()
+        self._cond = threading.Condition()
+        self._error: BaseException | None = None
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="packer-upload", daemon=True)
+        self._thread.start()
+
+    def after_shard(self, job: Job, shard: int, checkpoint: Checkpoint) -> None:
+        """Queue the data files of ``shard`` (built in ``job.partial``); wait while the bytes
+        queued would pass the limit; raise the upload's error, if one failed."""
+        if not self._begun:
+            self.uploader.begin(self.overwrite, self.local)
+            self._begun = True
+        prefix = self._prefix(job.partial)
+        files = [(job.partial / n, prefix + n) for n in data_names(job, checkpoint)]
+        size = sum(local.stat().st_size for local, _ in files)
+        with self._cond:
+            while self._error is None and self.waiting and self.waiting + size > self.limit:
+                self._cond.wait()
+            self._raise()
+            self._queue.append((files, size))
+            self.waiting += size
+            self.most_waiting = max(self.most_waiting, self.waiting)
+            self._cond.notify_all()
+
+    def on_event(self, name: str, number: int) -> None:
+        """The conversion's events: before its tables are written, wait for every queued
+        upload (nothing is sent from a folder about to be published); then the caller's."""
+        if name == "tables":
+            self.drain()
+        if self.user_event is not None:
+            self.user_event(name, number)
+
+    def drain(self) -> None:
+        """Wait until every queued shard is uploaded and released; raise an upload's error."""
+        with self._cond:
+            while self._error is None and self._queue:
+                self._cond.wait()
+            self._raise()
+
+    def close(self) -> None:
+        """Stop the thread (after the file being sent); queued shards stay staged."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _prefix(self, partial: Path) -> str:
+        """Where a (split's) partial folder's files go in the output: ``""`` or ``"train/"``."""
+        parts = partial.relative_to(self.local.parent).parts
+        names = [p.removesuffix(".partial") for p in parts]
+        if names[0] != self.local.name:
+            raise PackerError(f"{str(partial)!r} is not inside the staged {str(self.local)!r}")
+        return "".join(n + "/" for n in names[1:])
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                files, size = self._queue[0]
+            try:
+                self._send(files)
+            except BaseException as exc:  # handed to the converting thread
+                with self._cond:
+                    self._error = exc
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._queue.popleft()
+                self.waiting -= size
+                self.uploaded += len(files)
+                self.bytes += size
+                self._cond.notify_all()
+
+    def _send(self, files: list[tuple[Path, str]]) -> None:
+        """Upload one shard's files (a large one alone, small ones several at once), then
+        release each staged copy, journaled first."""
+        large = [f[0].stat().st_size >= LARGE for f in files]
+        self.uploader.put_many([f for f, big in zip(files, large) if not big], _NoBar())
+        for (local, name), big in zip(files, large):
+            if big:  # one at a time: bounded memory
+                self.uploader.put(local, name, _NoBar())
+        journal = self.uploader.journal
+        for local, name in files:
+            st = local.stat()
+            journal.release(name)
+            release(local, st)
+
+
+def stream_limit(shard_size: int, given: Any = None) -> int:
+    """The bytes of finished shards that may wait for upload: ``given`` (bytes, or a size such
+    as ``"4GB"``), else four shards."""
+    from packer.sizes import parse_size
+
+    if given is not None:
+        limit = parse_size(given)
+        if limit < 1:
+            raise PackerError(f"invalid staging limit {given!r}; expected a size such as 4GB")
+        return limit
+    return 4 * shard_size

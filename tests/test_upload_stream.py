@@ -1,0 +1,173 @@
+"""Bounded staging (issue 21, item 6): ``convert_to_url`` sends each shard while the conversion
+runs and frees its staged copy, so the staging folder holds a few shards, not the dataset; the
+objects still equal a local conversion's, and what a kill, a lost object or ``--overwrite``
+leaves is safe. Real moto S3 server on the loopback, real s3fs client, the fault proxy's delay
+making the upload slower than the conversion (so the limit is what holds staging down)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fault_proxy import FaultProxy
+from s3_server import S3Server
+from test_remote_write import assert_same_dataset, files, objects
+
+import packer
+from packer.errors import DestinationError
+from packer.staging import convert_to_url, staging_folder
+from packer.tools.image_demo import make_image_tree
+from packer.tools.video_demo import make_video_tree
+
+BUCKET = "stream"  # the module's bucket on the shared S3 server (conftest)
+SHARD = 4096  # bytes of source per planned shard: ~2 images, ~20 shards
+LIMIT = 8192  # bytes of finished shards that may wait for their upload
+TABLES = ("index.npy", "records.npy", "keys.txt", "packer.json")
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("stream_src")
+    images = make_image_tree(root / "images", classes=2, per_class=20, size=(64, 48), bad=0)
+    frames = make_video_tree(root / "frames", classes=2, per_class=3)
+    return {"images": images.root, "frames": frames.root}
+
+
+def data_on_disk(folder: Path) -> tuple[int, int]:
+    """Bytes of disk blocks held by the staged output's data files (not the conversion's own
+    ``_progress`` checkpoints, nor the journal), and the data files' sizes."""
+    held = size = 0
+    for path in folder.rglob("*"):
+        if path.is_file() and "_progress" not in path.parts and path.suffix != ".jsonl":
+            if path.name not in TABLES:
+                st = path.stat()
+                held, size = held + st.st_blocks * 512, size + st.st_size
+    return held, size
+
+
+class Watch:
+    """An ``on_event`` noting the most disk the staged data held at any point."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.most, self.events = folder, 0, 0
+
+    def __call__(self, name: str, number: int) -> None:
+        self.events += 1
+        self.most = max(self.most, data_on_disk(self.folder)[0])
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"), [("images", "out.lmdb"), ("images", "out.bmp"), ("frames", "out.npy")]
+)
+def test_staging_holds_a_few_shards_and_the_objects_equal_a_local_conversion(
+    server: S3Server,
+    proxy: FaultProxy,
+    sources: dict[str, Path],
+    tmp_path: Path,
+    kind: str,
+    name: str,
+) -> None:
+    """With the upload slower than the conversion, the staged data never holds more than the
+    limit plus the shard being written and one waiting; every data file is sent while
+    converting (none by the final upload); the objects equal a local conversion's files."""
+    url, staging = f"s3://{BUCKET}/{kind}-{name}", tmp_path / "staging"
+    watch = Watch(staging_folder(url, staging))
+    proxy.delay = 0.03  # each request: the upload is the slower side
+    try:
+        result = convert_to_url(
+            sources[kind],
+            url,
+            storage_options={"endpoint_url": proxy.endpoint},
+            staging=staging,
+            shard_size=SHARD,
+            staging_limit=LIMIT,
+            workers=1,
+            progress=False,
+            on_event=watch,
+        )
+    finally:
+        proxy.delay = 0.0
+    local = tmp_path / name
+    packer.convert(sources[kind], local, shard_size=SHARD, workers=1, progress=False)
+    expected = files(local)
+    assert_same_dataset(objects(server, url), expected)
+    data = {n: b for n, b in expected.items() if n.rsplit("/", 1)[-1] not in TABLES}
+    total, biggest = sum(map(len, data.values())), max(map(len, data.values()))
+    assert watch.events >= len(data) >= 6 and total > 8 * LIMIT
+    slack = 4096 * 4  # block rounding of a few files
+    assert watch.most <= LIMIT + 3 * biggest + slack, (watch.most, LIMIT, biggest, total)
+    assert watch.most < total / 2
+    note = next(n for n in result.notes if n.startswith("uploaded"))
+    assert f"{len(data)} while converting" in note, note
+
+
+def test_a_released_object_lost_from_the_store_is_refused_on_resume(
+    server: S3Server, proxy: FaultProxy, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    """A conversion stopped after some shards were sent and released; one of those objects is
+    then deleted at the store: ``resume`` refuses, naming it, and sends no released (empty)
+    copy; without ``resume`` the conversion starts over and the dataset is whole."""
+    url, staging = f"s3://{BUCKET}/lost.lmdb", tmp_path / "staging"
+    journal = staging_folder(url, staging) / "upload-journal.jsonl"
+    options = {"endpoint_url": server.endpoint}
+
+    def stop_once_two_released(name: str, number: int) -> None:
+        if name == "shard" and journal.read_text().count('"released": true') >= 2:
+            raise KeyboardInterrupt  # as a user's Ctrl-C
+
+    common = dict(storage_options=options, staging=staging, shard_size=SHARD, workers=1)
+    with pytest.raises(KeyboardInterrupt):
+        convert_to_url(
+            sources["images"],
+            url,
+            staging_limit=1,  # each shard waits for the one before: released in order
+            progress=False,
+            on_event=stop_once_two_released,
+            **common,
+        )
+    released = [json.loads(line) for line in journal.read_text().splitlines()]
+    released = [e["name"] for e in released if e.get("released")]
+    assert released and "packer.json" not in objects(server, url)
+    server.filesystem().rm_file(f"{url}/{released[0]}")
+    with pytest.raises(DestinationError, match=f"{released[0]}.*no longer holds it"):
+        convert_to_url(sources["images"], url, resume=True, progress=False, **common)
+    assert f"{url}/{released[0]}".split("://")[1] not in server.filesystem().find(url)
+    convert_to_url(sources["images"], url, progress=False, **common)
+    local = tmp_path / "local.lmdb"
+    packer.convert(sources["images"], local, shard_size=SHARD, workers=1, progress=False)
+    assert_same_dataset(objects(server, url), files(local))
+
+
+def test_overwrite_deletes_the_old_manifest_before_the_first_shard_is_sent(
+    server: S3Server, proxy: FaultProxy, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    """Over an existing dataset, the old ``packer.json`` goes before any object of the new one
+    (no reader opens the old dataset while its shards are replaced); a conversion that fails
+    before its first shard is finished leaves the old dataset whole and readable."""
+    url, staging = f"s3://{BUCKET}/again.lmdb", tmp_path / "staging"
+    common = dict(staging=staging, shard_size=SHARD, workers=1, progress=False)
+    first = dict(storage_options={"endpoint_url": server.endpoint}, **common)
+    convert_to_url(sources["images"], url, **first)
+    old = objects(server, url)
+
+    def fail_at_first_sample(name: str, number: int) -> None:
+        if name == "sample":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        convert_to_url(
+            sources["frames"], url, overwrite=True, on_event=fail_at_first_sample, **first
+        )
+    assert objects(server, url) == old
+    assert len(packer.open_dataset(url, storage_options={"endpoint_url": server.endpoint})) == 40
+    proxy.served.clear()
+    through = dict(storage_options={"endpoint_url": proxy.endpoint}, **common)
+    convert_to_url(sources["frames"], url, overwrite=True, **through)
+    sent = [r for r in proxy.served if r.startswith(("PUT", "DELETE", "POST"))]
+    top = next(i for i, r in enumerate(sent) if f"/{BUCKET}/again.lmdb/packer.json" in r)
+    first_put = next(i for i, r in enumerate(sent) if r.startswith("PUT"))
+    assert sent[top].startswith("DELETE") and top < first_put, sent[:6]
+    local = tmp_path / "frames.lmdb"
+    packer.convert(sources["frames"], local, shard_size=SHARD, workers=1, progress=False)
+    assert_same_dataset(objects(server, url), files(local))
