@@ -196,8 +196,11 @@ def stream_limit(shard_size: int, given: Any = None) -> int:
     from packer.sizes import parse_size
 
     if given is not None:
-        limit = parse_size(given)
-        if limit < 1:
-            raise PackerError(f"invalid staging limit {given!r}; expected a size such as 4GB")
-        return limit
+        try:
+            return parse_size(given)
+        except PackerError as exc:
+            raise PackerError(
+                f"invalid staging limit {given!r} (--staging-limit): {exc}; give the bytes of "
+                "finished shards that may wait for their upload, e.g. 4GB"
+            ) from None
     return 4 * shard_size

@@ -182,6 +182,11 @@ def test_refusals_are_clear(server: S3Server, sources: dict[str, Path], tmp_path
     assert bucket.exit_code == 1 and "names no dataset folder" in bucket.output
     local = CliRunner().invoke(main, ["convert", src, str(tmp_path / "x.npy"), "--staging", "s"])
     assert local.exit_code == 2 and "applies to a URL destination" in local.output
+    limit = ["convert", src, str(tmp_path / "x.npy"), "--staging-limit", "1GB"]
+    local = CliRunner().invoke(main, limit)
+    assert local.exit_code == 2 and "--staging-limit applies to a URL" in local.output
+    zero = run(server.endpoint, staging, "convert", src, "s3://write/z.npy", "--staging-limit", "0")
+    assert zero.exit_code == 1 and "invalid staging limit '0'" in zero.output, zero.output
     server.filesystem().pipe("write/foreign.npy/notes.txt", b"someone's data")
     foreign = run(server.endpoint, staging, "convert", src, "s3://write/foreign.npy", "--overwrite")
     assert foreign.exit_code == 1 and "not a packer dataset" in foreign.output
