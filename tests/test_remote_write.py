@@ -185,6 +185,10 @@ def test_refusals_are_clear(server: S3Server, sources: dict[str, Path], tmp_path
     limit = ["convert", src, str(tmp_path / "x.npy"), "--staging-limit", "1GB"]
     local = CliRunner().invoke(main, limit)
     assert local.exit_code == 2 and "--staging-limit applies to a URL" in local.output
+    missing = run(
+        "http://127.0.0.1:9", staging, "convert", str(tmp_path / "nope"), "s3://write/m.npy"
+    )
+    assert missing.exit_code == 1 and "nope' does not exist" in missing.output, missing.output
     zero = run(server.endpoint, staging, "convert", src, "s3://write/z.npy", "--staging-limit", "0")
     assert zero.exit_code == 1 and "invalid staging limit '0'" in zero.output, zero.output
     server.filesystem().pipe("write/foreign.npy/notes.txt", b"someone's data")
