@@ -176,30 +176,53 @@ def _submitter(executor: Any) -> Callable[..., Any]:
     return executor.submit
 
 
-def _results(executor: Any, tasks: list[ShardTask]) -> Iterator[tuple[int, Checkpoint]]:
+def _results(
+    executor: Any, tasks: list[ShardTask], window: int | None = None
+) -> Iterator[tuple[int, Checkpoint]]:
     """Each task's (shard, checkpoint) as it completes; in order, in this process, without an
-    executor. The first failure cancels the tasks not yet done and is raised."""
+    executor. With ``window``, at most that many tasks are submitted and not yet consumed (a
+    consumer that waits, such as an upload, holds the writing back). The first failure cancels
+    the tasks not yet done and is raised."""
     if executor is None:
         for task in tasks:
             yield task.shard, write_shard(task)
         return
     submit = _submitter(executor)
     finished: queue.Queue[tuple[int, Any]] = queue.Queue()
-    futures = []
-    try:
-        for task in tasks:
+    futures: list[Any] = []
+    todo = iter(tasks)
+
+    def submit_next() -> None:
+        task = next(todo, None)
+        if task is not None:
             future = submit(write_shard, task)
             future.add_done_callback(
                 functools.partial(lambda k, f: finished.put((k, f)), task.shard)
             )
             futures.append(future)
+
+    try:
+        for _ in range(len(tasks) if window is None else window):
+            submit_next()
         for _ in tasks:
             shard, future = finished.get()
             yield shard, future.result()
+            submit_next()
     except BaseException:
         for future in futures:
             future.cancel()
         raise
+
+
+def executor_slots(executor: Any) -> int:
+    """How many tasks ``executor`` runs at once: a ``distributed.Client``'s threads, a pool's
+    workers; 8 when it does not say."""
+    try:
+        if hasattr(executor, "nthreads") and callable(executor.nthreads):
+            return max(1, sum(executor.nthreads().values()))
+        return max(1, int(executor._max_workers))
+    except Exception:
+        return 8
 
 
 def _bar(job: Job, total: int, initial: int, where: str) -> Any:
@@ -261,9 +284,13 @@ def run_shards(
     initial = sum(bounds[k + 1] - bounds[k] for k in have)
     where = "local" if executor is None else type(executor).__name__
     bar = _bar(job, count, initial, where if part is None else f"part {part[0]}/{part[1]}")
+    streams = job.after_shard is not None and part is None and executor is not None
+    window = 2 * executor_slots(executor) if streams else None  # then sent as they come
     try:
-        for shard, checkpoint in _results(executor, tasks):
+        for shard, checkpoint in _results(executor, tasks, window):
             have[shard] = checkpoint
+            if streams:
+                job.after_shard(job, shard, checkpoint)
             bar.update(bounds[shard + 1] - bounds[shard])
             bar.set_postfix_str(f"shards {len(have)}/{len(wanted)}")
     finally:

@@ -10,8 +10,9 @@ lock; ``<root>`` is ``staging=`` (``--staging DIR``), else ``$PACKER_CACHE_DIR/s
 How much room it needs: a conversion in one process sends each shard as soon as it is
 checkpointed and releases its staged copy (:mod:`packer.upload_stream`), so staging holds
 ``staging_limit`` (default four shards) plus the shard being written and the one being
-finished, and the tables. With ``keep_staging``, an ``executor`` (``--dask``), ``part`` and
-:func:`merge_to_url`, the whole output is staged until the upload (the dataset's size: the
+finished, and the tables; with an ``executor`` (``--dask``), at most twice its slots of
+shards are written ahead of the upload, plus ``staging_limit``. With ``keep_staging``,
+``part`` and :func:`merge_to_url`, the whole output is staged until the upload (the dataset's size: the
 source's for LMDB/HDF5/NPY, ~10× more for BMP); ``--dask`` workers and ``--part`` tasks on
 several nodes need a staging root that all of them share, as a local destination must be
 shared today.
@@ -193,7 +194,7 @@ def convert_to_url(
             _clear(folder, keep=(_LOCK, _MARK, JOURNAL_NAME))
             journal.reset(url.rstrip("/"))
         stream = None
-        if part is None and kwargs.get("executor") is None and not keep_staging:
+        if part is None and not keep_staging:
             limit = stream_limit(
                 parse_size(kwargs.get("shard_size", DEFAULT_SHARD_SIZE)), staging_limit
             )

@@ -63,6 +63,17 @@ def release(path: Path, st: os.stat_result) -> None:
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
+class _Forward:
+    """What a :class:`ShardStream` is in an executor's task: its caller's ``on_event``."""
+
+    def __init__(self, user_event: Event | None) -> None:
+        self.user_event = user_event
+
+    def on_event(self, name: str, number: int) -> None:
+        if self.user_event is not None:
+            self.user_event(name, number)
+
+
 class _NoBar:
     def update(self, n: int = 1) -> None:
         pass
@@ -100,6 +111,11 @@ class ShardStream:
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="packer-upload", daemon=True)
         self._thread.start()
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Sent to an executor's tasks (with ``--dask``, ``on_event`` runs there): only the
+        caller's own ``on_event`` goes; the upload stays in this process."""
+        return _Forward, (self.user_event,)
 
     def after_shard(self, job: Job, shard: int, checkpoint: Checkpoint) -> None:
         """Queue the data files of ``shard`` (built in ``job.partial``); wait while the bytes

@@ -7,6 +7,7 @@ making the upload slower than the conversion (so the limit is what holds staging
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,28 @@ class Watch:
     def __call__(self, name: str, number: int) -> None:
         self.events += 1
         self.most = max(self.most, data_on_disk(self.folder)[0])
+
+
+class Poll(Watch):
+    """A :class:`Watch` looking every 5 ms from a thread of this process (an executor's tasks
+    run the events elsewhere)."""
+
+    def __enter__(self) -> Poll:
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+        return self
+
+    def run(self) -> None:
+        while not self.stop.wait(0.005):
+            try:
+                self("poll", 0)
+            except OSError:  # a file renamed or removed while it was looked at
+                continue
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
 
 
 @pytest.mark.parametrize(
@@ -171,3 +194,41 @@ def test_overwrite_deletes_the_old_manifest_before_the_first_shard_is_sent(
     local = tmp_path / "frames.lmdb"
     packer.convert(sources["frames"], local, shard_size=SHARD, workers=1, progress=False)
     assert_same_dataset(objects(server, url), files(local))
+
+
+def test_an_executor_writes_ahead_of_the_upload_by_a_window_only(
+    server: S3Server, proxy: FaultProxy, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    """With an executor (``--dask``; here a pool of two real worker processes) the shards are
+    sent as they complete, in the converting process, and at most twice the pool's slots are
+    written ahead: staging stays under half the output; the objects equal a local
+    conversion's (the stream's ``on_event`` pickles to the tasks as the caller's alone)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    url, staging = f"s3://{BUCKET}/pool.bmp", tmp_path / "staging"
+    proxy.delay = 0.03
+    try:
+        with ProcessPoolExecutor(2) as pool, Poll(staging_folder(url, staging)) as watch:
+            result = convert_to_url(
+                sources["images"],
+                url,
+                storage_options={"endpoint_url": proxy.endpoint},
+                staging=staging,
+                shard_size=SHARD,
+                staging_limit=LIMIT,
+                executor=pool,
+                progress=False,
+            )
+    finally:
+        proxy.delay = 0.0
+    local = tmp_path / "local.bmp"
+    packer.convert(sources["images"], local, shard_size=SHARD, workers=1, progress=False)
+    expected = files(local)
+    assert_same_dataset(objects(server, url), expected)
+    data = {n: b for n, b in expected.items() if n.rsplit("/", 1)[-1] not in TABLES}
+    total, biggest = sum(map(len, data.values())), max(map(len, data.values()))
+    shard = 3 * biggest  # a planned shard of SHARD source bytes: 2-3 images
+    assert watch.events > 100 and watch.most <= LIMIT + (2 * 2 + 1) * shard, (watch.most, total)
+    assert watch.most < total / 2, (watch.most, total)
+    note = next(n for n in result.notes if n.startswith("uploaded"))
+    assert f"{len(data)} while converting" in note, note
