@@ -284,13 +284,13 @@ def run_shards(
     initial = sum(bounds[k + 1] - bounds[k] for k in have)
     where = "local" if executor is None else type(executor).__name__
     bar = _bar(job, count, initial, where if part is None else f"part {part[0]}/{part[1]}")
-    streams = job.after_shard is not None and part is None and executor is not None
-    window = 2 * executor_slots(executor) if streams else None  # then sent as they come
+    hook = job.after_shard if part is None and executor is not None else None
+    window = 2 * executor_slots(executor) if hook is not None else None  # sent as they come
     try:
         for shard, checkpoint in _results(executor, tasks, window):
             have[shard] = checkpoint
-            if streams:
-                job.after_shard(job, shard, checkpoint)
+            if hook is not None:
+                hook(job, shard, checkpoint)
             bar.update(bounds[shard + 1] - bounds[shard])
             bar.set_postfix_str(f"shards {len(have)}/{len(wanted)}")
     finally:
