@@ -32,8 +32,9 @@ def merge(
     """Join DST.part-0 ... DST.part-{N-1} (from packer convert SRC DST --part I/N) into DST:
     the same bytes as one conversion. Refuses a missing, incomplete or mismatched part.
 
-    A URL DST joins the parts staged by packer convert SRC URL --part I/N (in the same
-    --staging folder), then uploads the result, packer.json last; run it again to resume.
+    A URL DST joins the parts of packer convert SRC URL --part I/N (in the same --staging
+    folder; each part has sent its shards already), then uploads the tables and packer.json,
+    last; run it again to resume.
 
     \b
     Example:

@@ -16,10 +16,10 @@ __all__ = ["OutputPath", "converter", "kept_in", "upload_kwargs", "upload_option
 STAGING_HELP = (
     "With a URL DST: the local folder the output is built in (default: "
     "$PACKER_CACHE_DIR/staging, else ~/.cache/packer/staging), removed after the upload. "
-    "packer convert sends each shard while converting and frees its staged copy, so it holds "
-    "about --staging-limit plus two shards (with --dask, plus twice the cluster's threads); "
-    "with --keep-staging, --part and packer merge it holds the whole output (about the source's size; ~10x more for .bmp). --dask and "
-    "--part on several nodes need one all of them share."
+    "Each shard is sent as soon as it is written and its staged copy freed, so it holds about "
+    "--staging-limit plus two shards (with --dask, plus twice the cluster's threads); with "
+    "--keep-staging it holds the whole output (about the source's size; ~10x more for .bmp). "
+    "--dask and --part on several nodes need one all of them share."
 )
 LIMIT_HELP = (
     "With a URL DST: how many bytes of finished shards may wait for their upload before the "

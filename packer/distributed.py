@@ -284,8 +284,8 @@ def run_shards(
     initial = sum(bounds[k + 1] - bounds[k] for k in have)
     where = "local" if executor is None else type(executor).__name__
     bar = _bar(job, count, initial, where if part is None else f"part {part[0]}/{part[1]}")
-    hook = job.after_shard if part is None and executor is not None else None
-    window = 2 * executor_slots(executor) if hook is not None else None  # sent as they come
+    hook = job.after_shard  # an upload (packer.upload_stream): shards are sent as they come
+    window = 2 * executor_slots(executor) if hook and executor is not None else None
     try:
         for shard, checkpoint in _results(executor, tasks, window):
             have[shard] = checkpoint
@@ -344,6 +344,7 @@ def write_part(
         "fingerprint": fp,
     }
     payload = json.dumps(record, indent=1).encode("ascii")
+    job.emit("tables", 0)  # as before a manifest: the part's shards are all written
     _write_atomic(job.partial / PART_MANIFEST, payload)
     fsync_dir(job.partial)
     checkpoints = [have[k] for k in shards]

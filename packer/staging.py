@@ -7,15 +7,16 @@ holding ``out.lmdb`` (or ``out.lmdb.partial`` while it is built), the upload jou
 lock; ``<root>`` is ``staging=`` (``--staging DIR``), else ``$PACKER_CACHE_DIR/staging``, else
 ``$XDG_CACHE_HOME/packer/staging`` (``~/.cache/packer/staging``).
 
-How much room it needs: a conversion in one process sends each shard as soon as it is
-checkpointed and releases its staged copy (:mod:`packer.upload_stream`), so staging holds
-``staging_limit`` (default four shards) plus the shard being written and the one being
-finished, and the tables; with an ``executor`` (``--dask``), at most twice its slots of
-shards are written ahead of the upload, plus ``staging_limit``. With ``keep_staging``,
-``part`` and :func:`merge_to_url`, the whole output is staged until the upload (the dataset's size: the
-source's for LMDB/HDF5/NPY, ~10× more for BMP); ``--dask`` workers and ``--part`` tasks on
-several nodes need a staging root that all of them share, as a local destination must be
-shared today.
+How much room it needs: a conversion sends each shard as soon as it is checkpointed and
+releases its staged copy (:mod:`packer.upload_stream`), so staging holds ``staging_limit``
+(default four shards) plus the shard being written and the one being finished, and the tables.
+With an ``executor`` (``--dask``) at most twice its slots of shards are written ahead of the
+upload. A ``part`` sends its own shards the same way (its checkpoints stay for the merge), and
+:func:`merge_to_url` then uploads only the tables and manifests. With ``keep_staging`` the
+whole output is staged until the upload (the dataset's size: the source's for LMDB/HDF5/NPY,
+~10× more for BMP). ``--dask`` workers and ``--part`` tasks on several nodes need a staging root
+that all of them share, as a local destination must be shared today (the journal is appended
+under ``flock``).
 """
 
 from __future__ import annotations
@@ -175,8 +176,9 @@ def convert_to_url(
         overwrite: replace a packer dataset at ``url`` (its manifest deleted first).
         resume: continue an interrupted conversion or upload; objects already uploaded (the
             journal and the store agree) are not sent again.
-        part: ``(i, n)``: only stage part ``i`` (no upload); :func:`merge_to_url` joins the
-            parts (all in the same staging root) and uploads.
+        part: ``(i, n)``: only convert part ``i``, sending its shards (no manifest);
+            :func:`merge_to_url` joins the parts (all in the same staging root) and uploads
+            the tables and manifest.
 
     Raises:
         PackerError: as :func:`packer.convert.convert`; the destination refused; an upload
@@ -188,13 +190,12 @@ def convert_to_url(
     with _staged(url, staging, shared=part is not None) as folder:
         local, journal = folder / name, Journal(folder / JOURNAL_NAME)
         uploader = Uploader(url, options, journal, resume)
-        if part is None:
-            uploader.check(overwrite, local)  # before the conversion: refuse early
+        uploader.check(overwrite, local)  # before the conversion: refuse early
         if not resume and part is None:  # start over, still owning an upload of ours
             _clear(folder, keep=(_LOCK, _MARK, JOURNAL_NAME))
             journal.reset(url.rstrip("/"))
         stream = None
-        if part is None and not keep_staging:
+        if not keep_staging:
             limit = stream_limit(
                 parse_size(kwargs.get("shard_size", DEFAULT_SHARD_SIZE)), staging_limit
             )
@@ -206,13 +207,17 @@ def convert_to_url(
             if str(exc).startswith("disk full"):
                 raise _staging_full(exc, url) from exc
             raise
+        else:
+            if stream is not None:
+                stream.drain()  # nothing left queued: the tables event drained it
         finally:
             if stream is not None:
                 stream.close()
         if part is not None:
+            sent = f"its {stream.uploaded} data file(s) uploaded" if stream else "nothing uploaded"
             result.notes.append(
-                f"part {part[0]}/{part[1]} staged in {str(folder)!r} (nothing uploaded yet): when "
-                f"every part is done, run  packer merge {url} --staging {staging_root(staging)}"
+                f"part {part[0]}/{part[1]} staged in {str(folder)!r} ({sent}; no manifest yet): "
+                f"when every part is done, run  packer merge {url} --staging {staging_root(staging)}"
             )
             return result
         return _upload(result, uploader, local, url, overwrite, progress, keep_staging, stream)
@@ -239,7 +244,7 @@ def merge_to_url(
         uploader = Uploader(url, options, journal, resume=not remerge)
         uploader.check(overwrite, local)  # a new merge replaces a dataset only with overwrite
         if remerge:
-            journal.reset(url.rstrip("/"))  # a new upload, of ours
+            journal.claim(url.rstrip("/"))  # a new upload, of ours (the parts' lines kept)
             result = merge(local, overwrite=True, progress=progress)
         else:  # merged before an interrupted upload: upload it
             result = ConvertResult(

@@ -188,7 +188,7 @@ class Uploader:
                 "--overwrite to replace it (its manifest is deleted first, so no reader mixes "
                 "the two), or choose another URL"
             )
-        if MANIFEST_NAME not in listing and not self.journal.owned:
+        if MANIFEST_NAME not in listing and not self.journal.owned_now():
             raise DestinationError(
                 f"{self.url!r} holds {len(listing)} object(s) (e.g. {min(listing)!r}) but no "
                 f"{MANIFEST_NAME}: not a packer dataset, or an upload whose staging folder is "
@@ -202,6 +202,7 @@ class Uploader:
         (:meth:`check`), then delete the old manifests (no reader opens an old dataset whose
         objects are being replaced); return the listing left."""
         listing = self.check(overwrite, staged)
+        self.journal.claim(self.url)  # a --part task's first shard: the objects are ours now
         self._drop_old_manifests(staged, listing)
         return listing
 
@@ -216,7 +217,7 @@ class Uploader:
         listing = self.begin(overwrite, staged)
         names = upload_order(staged)
         todo = [n for n in names if not self.ours(n, staged / n, listing)]
-        self._check_released(todo)
+        self._check_released(staged, todo)
         report = UploadReport(self.url, skipped=len(names) - len(todo))
         total = sum((staged / n).stat().st_size for n in todo)
         manifests = [n for n in todo if _is_manifest(n)]  # deepest first, the top one last
@@ -237,10 +238,10 @@ class Uploader:
         report.bytes, report.seconds = total, time.perf_counter() - began
         return report
 
-    def _check_released(self, todo: list[str]) -> None:
+    def _check_released(self, staged: Path, todo: list[str]) -> None:
         """Refuse to send an object whose staged copy was released after an earlier upload
         (its bytes are gone locally) but which the store no longer holds as uploaded."""
-        gone = [n for n in todo if self.journal.released(n)]
+        gone = [n for n in todo if self.journal.released(n, staged / n)]
         if gone:
             raise DestinationError(
                 f"{join_url(self.url, gone[0])!r} (and {len(gone) - 1} more) was uploaded during "
@@ -253,7 +254,7 @@ class Uploader:
         """Delete every manifest at the destination that is not this upload's (the top one
         first), so that no reader opens an old dataset whose objects are being replaced."""
         old = [n for n in listing if _is_manifest(n)]
-        old = [n for n in old if not self.ours(n, staged / n, listing)]
+        old = [n for n in old if not (self.resume and self.ours(n, staged / n, listing))]
         fs = self.folder.fs()
         for name in sorted(old, key=lambda n: (n.count("/"), n)):
             url = join_url(self.url, name)

@@ -3,11 +3,14 @@ staging folder, so that ``--resume`` does not send an object again that the stor
 
 A line is flushed as soon as its object is uploaded (a process kill keeps it); a lost or torn
 line costs one upload again, never a wrong object: an entry counts only while both the local
-file (size and mtime) and the store's object (size and ETag) are as it recorded.
+file (size and mtime) and the store's object (size and ETag) are as it recorded. Several
+processes (``--part`` tasks sharing a staging folder) may append to one journal: each line is
+one ``write`` under an exclusive ``flock`` of the file.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
@@ -40,6 +43,34 @@ class Journal:
             except (ValueError, TypeError):
                 continue  # a line torn by a crash: that object is uploaded again
 
+    def _append(self, entry: dict[str, Any]) -> None:
+        """One line, written whole under the file's lock (other processes may append too)."""
+        line = (json.dumps(entry) + "\n").encode("utf-8")
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(fd, line)
+        finally:
+            os.close(fd)  # releases the lock
+
+    def claim(self, url: str) -> None:
+        """Say that the objects at ``url`` are this staging folder's (appended: the entries of
+        other processes stay), unless it is already said."""
+        with self._lock:
+            if not self.owned:
+                self._append({"owner": url})
+                self.owned = True
+
+    def owned_now(self) -> bool:
+        """Whether the journal says so now, another process's lines included."""
+        if not self.owned:
+            try:
+                text = self.path.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                return False
+            self.owned = '"owner"' in text
+        return self.owned
+
     def reset(self, url: str) -> None:
         """Start over: forget every upload, but keep saying that the objects at ``url`` are
         this staging folder's (an interrupted upload of ours may be there)."""
@@ -54,8 +85,7 @@ class Journal:
         entry["etag"] = etag
         with self._lock:
             self.entries[name], self.owned = entry, True
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(entry) + "\n")
+            self._append(entry)
 
     def release(self, name: str) -> None:
         """Note, before the staged copy of the uploaded ``name`` is released (its blocks freed,
@@ -63,12 +93,19 @@ class Journal:
         with self._lock:
             entry = dict(self.entries[name], released=True)
             self.entries[name] = entry
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(entry) + "\n")
+            self._append(entry)
 
-    def released(self, name: str) -> bool:
-        """Whether the staged copy of ``name`` was released after its upload."""
-        return bool(self.entries.get(name, {}).get("released"))
+    def released(self, name: str, local: Path) -> bool:
+        """Whether ``local`` is the staged copy of ``name`` released after its upload (a file
+        written since is not)."""
+        entry = self.entries.get(name, {})
+        if not entry.get("released"):
+            return False
+        try:
+            st = local.stat()
+        except FileNotFoundError:
+            return False
+        return entry.get("local") == [st.st_size, st.st_mtime_ns]
 
     def holds(self, name: str, local: Path, remote: tuple[int, str | None] | None) -> bool:
         """Whether ``name`` was uploaded from ``local`` as it is now and the store still has

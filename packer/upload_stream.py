@@ -24,6 +24,7 @@ upload's error; ``--resume`` continues both.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections import deque
 from pathlib import Path
@@ -162,9 +163,12 @@ class ShardStream:
             raise self._error
 
     def _prefix(self, partial: Path) -> str:
-        """Where a (split's) partial folder's files go in the output: ``""`` or ``"train/"``."""
+        """Where a (split's, a part's) partial folder's files go in the output: ``""`` or
+        ``"train/"``."""
         parts = partial.relative_to(self.local.parent).parts
         names = [p.removesuffix(".partial") for p in parts]
+        if re.fullmatch(re.escape(self.local.name) + r"\.part-\d+", names[0]):  # --part I/N
+            names[0] = self.local.name
         if names[0] != self.local.name:
             raise PackerError(f"{str(partial)!r} is not inside the staged {str(self.local)!r}")
         return "".join(n + "/" for n in names[1:])

@@ -99,7 +99,8 @@ class Job:
     ``size``), ``skipped`` and ``total_bytes``; ``loader(sample)`` turns a sample into its
     records (run in a process pool when ``cpu_bound``). ``on_event(name, number)`` is called
     with ``("sample", i)`` after sample ``i`` is written, ``("shard", k)`` after planned shard
-    ``k`` is durable, ``("tables", 0)`` before and ``("manifest", 0)`` after the manifest.
+    ``k`` is durable, ``("tables", 0)`` before and ``("manifest", 0)`` after the manifest (a
+    ``part``: ``("tables", 0)`` before its ``part.json``).
     ``after_shard`` (a :data:`ShardHook`) is called just before that ``("shard", k)`` event.
     """
 

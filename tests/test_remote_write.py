@@ -289,9 +289,10 @@ def test_parts_staged_then_merged_into_a_url(
     server: S3Server, sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--part tasks share the staging folder (a whole conversion to the same URL is refused
-    meanwhile) and upload nothing; packer merge URL joins them and uploads one dataset; a
-    merge whose upload failed is run again and sends only the rest; parts staged again are
-    not merged over the uploaded dataset without --overwrite."""
+    meanwhile) and send their shards as they finish them, freeing the staged copies; no
+    manifest is uploaded; packer merge URL joins them and uploads the tables and manifest; a
+    merge whose upload failed is run again and sends only the rest; parts run again over the
+    uploaded dataset are refused without --overwrite and replace it with it."""
     src, url, staging = str(sources["images"]), "s3://write/parts.lmdb", tmp_path / "shared"
     folder = staging_folder(url, staging)
     folder.mkdir(parents=True)
@@ -304,24 +305,35 @@ def test_parts_staged_then_merged_into_a_url(
             given = ["--part", f"{i}/2", "--shard-size", "8kB", "-q"]
             part = run(server.endpoint, staging, "convert", src, url, *given)
             assert part.exit_code == 0 and f"packer merge {url}" in part.output, part.output
-    assert objects(server, url) == {}
+            assert "data file(s) uploaded" in part.output, part.output
+    packer.convert(src, tmp_path / "local.lmdb", shard_size="8kB", workers=1, progress=False)
+    shards = sorted(n for n in files(tmp_path / "local.lmdb") if n.startswith("shard-"))
+    assert sorted(objects(server, url)) == shards and len(shards) >= 2  # data only, no manifest
+    staged = sorted(folder.glob("parts.lmdb.part-*/shard-*.mdb"))
+    assert len(staged) == len(shards) and all(p.stat().st_blocks == 0 for p in staged)  # freed
     monkeypatch.setattr(storage, "RETRY", storage.Retry(attempts=2, base=0.01))
     with fault_proxy(server.endpoint) as proxy:
-        proxy.inject(["503"] * 2, match="PUT /write/parts.lmdb/shard-00001")
+        proxy.inject(["503"] * 2, match="PUT /write/parts.lmdb/records.npy")
         cut = run(proxy.endpoint, staging, "merge", url)
-    assert cut.exit_code == 1 and "shard-00001.mdb': 2 attempts" in cut.output, cut.output
+        assert not any("PUT /write/parts.lmdb/shard-" in r for r in proxy.served)
+    assert cut.exit_code == 1 and "records.npy': 2 attempts" in cut.output, cut.output
+    assert "packer.json" not in objects(server, url)
     merged = run(server.endpoint, staging, "merge", url, "--keep-staging")
     assert merged.exit_code == 0 and "already uploaded" in merged.output, merged.output
-    packer.convert(src, tmp_path / "local.lmdb", shard_size="8kB", workers=1, progress=False)
     assert_same_dataset(objects(server, url), files(tmp_path / "local.lmdb"))
-    assert files(folder / "parts.lmdb") == objects(server, url)  # kept: what was uploaded
+    kept = {n: b for n, b in files(folder / "parts.lmdb").items() if not n.startswith("shard-")}
+    assert kept == {n: b for n, b in objects(server, url).items() if n in kept}  # the tables
+    again = ["--part", "0/2", "--shard-size", "8kB", "-q"]
+    refused = run(server.endpoint, staging, "convert", src, url, *again)
+    assert refused.exit_code == 1 and "already holds a packer dataset" in refused.output
+    assert "packer.json" in objects(server, url)  # left whole
     for i in range(2):
         given = ["--part", f"{i}/2", "--shard-size", "8kB", "-q", "--overwrite"]
-        assert run(server.endpoint, staging, "convert", src, url, *given).exit_code == 0
-    before = (folder / "parts.lmdb" / "packer.json").stat().st_mtime_ns
-    again = run(server.endpoint, staging, "merge", url)
-    assert again.exit_code == 1 and "already holds a packer dataset" in again.output
-    assert (folder / "parts.lmdb" / "packer.json").stat().st_mtime_ns == before  # refused first
+        redo = run(server.endpoint, staging, "convert", src, url, *given)
+        assert redo.exit_code == 0, redo.output
+    assert "packer.json" not in objects(server, url)  # the parts replace it: its manifest first
+    assert run(server.endpoint, staging, "merge", url).exit_code == 0
+    assert_same_dataset(objects(server, url), files(tmp_path / "local.lmdb"))
 
 
 def test_full_staging_disk_is_a_clear_error_then_resumes(
