@@ -2,9 +2,10 @@
 whole dataset (:func:`packer.staging.convert_to_url`).
 
 Each planned shard, once durable and checkpointed (the converter's ``after_shard`` hook), is
-queued; one background thread uploads the queued shards' data files in order (a shard file
-alone, multipart as :class:`packer.upload.Uploader` does it; a group's per-sample files several
-at once) and then *releases* each staged copy: the file is emptied and extended back to its
+queued; a background thread sends the queued shards in order, up to :data:`IN_FLIGHT` at once
+while their bytes stay under :data:`IN_FLIGHT_BYTES` (a shard file ≥ 16 MiB alone, multipart as
+:class:`packer.upload.Uploader` does it; a group's per-sample files several at once), and then
+*releases* each staged copy: the file is emptied and extended back to its
 size (a hole: no disk blocks), its mtime restored. So every step of the conversion that looks at
 the staged output (sizes in the manifest, the published-output checks of ``--resume``, the
 stale-object listing of the upload) sees the same tree as before, without its bytes.
@@ -27,6 +28,7 @@ import os
 import re
 import threading
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,9 @@ from packer.upload import LARGE, Uploader
 from packer.write import Event, Job
 
 __all__ = ["ShardStream", "data_names", "release", "stream_limit"]
+
+IN_FLIGHT = 4  # shards sent at once: one PUT at a time used under half of a 50 MB/s link
+IN_FLIGHT_BYTES = 256 << 20  # ... while their bytes stay under this (s3fs holds a PUT's body)
 
 
 def data_names(job: Job, checkpoint: Checkpoint) -> list[str]:
@@ -108,6 +113,7 @@ class ShardStream:
         self.uploaded = self.bytes = self.waiting = self.most_waiting = 0
         self._queue: deque[tuple[list[tuple[Path, str]], int]] = deque()
         self._cond = threading.Condition()
+        self._sending: dict[int, int] = {}  # shards being sent: id of their files -> bytes
         self._error: BaseException | None = None
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="packer-upload", daemon=True)
@@ -147,7 +153,7 @@ class ShardStream:
     def drain(self) -> None:
         """Wait until every queued shard is uploaded and released; raise an upload's error."""
         with self._cond:
-            while self._error is None and self._queue:
+            while self._error is None and (self._queue or self._sending):
                 self._cond.wait()
             self._raise()
 
@@ -173,27 +179,41 @@ class ShardStream:
             raise PackerError(f"{str(partial)!r} is not inside the staged {str(self.local)!r}")
         return "".join(n + "/" for n in names[1:])
 
+    def _startable(self) -> bool:
+        """Whether the next queued shard may start: fewer than :data:`IN_FLIGHT` are being
+        sent, and their bytes with it stay under :data:`IN_FLIGHT_BYTES` (or none is)."""
+        if not self._queue or len(self._sending) >= IN_FLIGHT:
+            return False
+        return (
+            not self._sending or sum(self._sending.values()) + self._queue[0][1] <= IN_FLIGHT_BYTES
+        )
+
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._stopped:
-                    self._cond.wait()
-                if self._stopped:
-                    return
-                files, size = self._queue[0]
-            try:
-                self._send(files)
-            except BaseException as exc:  # handed to the converting thread
+        with ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="packer-upload") as pool:
+            while True:
                 with self._cond:
-                    self._error = exc
-                    self._cond.notify_all()
-                return
+                    while not (self._stopped or self._error or self._startable()):
+                        self._cond.wait()
+                    if self._stopped or self._error is not None:
+                        return  # leaving the pool waits for the shards being sent
+                    files, size = self._queue.popleft()
+                    self._sending[id(files)] = size
+                pool.submit(self._one, files, size)
+
+    def _one(self, files: list[tuple[Path, str]], size: int) -> None:
+        try:
+            self._send(files)
+        except BaseException as exc:  # handed to the converting thread
             with self._cond:
-                self._queue.popleft()
-                self.waiting -= size
-                self.uploaded += len(files)
-                self.bytes += size
+                self._error = self._error or exc
                 self._cond.notify_all()
+            return
+        with self._cond:
+            del self._sending[id(files)]
+            self.waiting -= size
+            self.uploaded += len(files)
+            self.bytes += size
+            self._cond.notify_all()
 
     def _send(self, files: list[tuple[Path, str]]) -> None:
         """Upload one shard's files (a large one alone, small ones several at once), then

@@ -48,14 +48,18 @@ def data_on_disk(folder: Path) -> tuple[int, int]:
 
 
 class Watch:
-    """An ``on_event`` noting the most disk the staged data held at any point."""
+    """An ``on_event`` noting the most disk the staged data held at any point (and, given the
+    proxy, the most requests it served at once before the tables: while shards streamed)."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder, self.most, self.events = folder, 0, 0
+    def __init__(self, folder: Path, proxy: FaultProxy | None = None) -> None:
+        self.folder, self.most, self.events, self.proxy = folder, 0, 0, proxy
+        self.streamed_at_once = 0
 
     def __call__(self, name: str, number: int) -> None:
         self.events += 1
         self.most = max(self.most, data_on_disk(self.folder)[0])
+        if name == "tables" and self.proxy is not None:
+            self.streamed_at_once = self.proxy.most_in_flight
 
 
 class Poll(Watch):
@@ -95,8 +99,9 @@ def test_staging_holds_a_few_shards_and_the_objects_equal_a_local_conversion(
     limit plus the shard being written and one waiting; every data file is sent while
     converting (none by the final upload); the objects equal a local conversion's files."""
     url, staging = f"s3://{BUCKET}/{kind}-{name}", tmp_path / "staging"
-    watch = Watch(staging_folder(url, staging))
+    watch = Watch(staging_folder(url, staging), proxy)
     proxy.delay = 0.03  # each request: the upload is the slower side
+    proxy.most_in_flight = 0
     try:
         result = convert_to_url(
             sources[kind],
@@ -123,6 +128,31 @@ def test_staging_holds_a_few_shards_and_the_objects_equal_a_local_conversion(
     assert watch.most < total / 2
     note = next(n for n in result.notes if n.startswith("uploaded"))
     assert f"{len(data)} while converting" in note, note
+
+
+def test_several_shards_go_up_at_once(
+    server: S3Server, proxy: FaultProxy, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    """One PUT at a time used under half of a link (benchmarks/staging_stream.py): with room
+    under the limit, shards are sent several at once."""
+    url, staging = f"s3://{BUCKET}/together.lmdb", tmp_path / "staging"
+    watch = Watch(staging_folder(url, staging), proxy)
+    proxy.delay, proxy.most_in_flight = 0.05, 0
+    try:
+        convert_to_url(
+            sources["images"],
+            url,
+            storage_options={"endpoint_url": proxy.endpoint},
+            staging=staging,
+            shard_size=SHARD,
+            staging_limit="1MB",
+            workers=1,
+            progress=False,
+            on_event=watch,
+        )
+    finally:
+        proxy.delay = 0.0
+    assert watch.streamed_at_once >= 3, watch.streamed_at_once
 
 
 def test_a_released_object_lost_from_the_store_is_refused_on_resume(
