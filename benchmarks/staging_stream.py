@@ -29,6 +29,7 @@ from typing import Any
 
 from harness.host_load import QuietWaiter, add_quiet_options
 from harness.record import report_head, run_costs, save_report, stamped_log
+from harness.staging_probe import WAYS, probe
 from harness.staging_run import MODES, StagingStore, convert_once
 from harness.throughput import prepare_images
 from harness.throughput_report import machine_info
@@ -47,16 +48,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--latency-ms", type=float, default=20.0)
     p.add_argument("--bandwidth-mbps", type=float, default=50.0, help="MB/s each way; 0: no cap")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--formats", nargs="+", choices=list(FORMATS), default=list(FORMATS))
+    p.add_argument(
+        "--formats",
+        nargs="*",
+        choices=list(FORMATS),
+        default=list(FORMATS),
+        help="none: probe only",
+    )
+    p.add_argument(
+        "--no-prototype", action="store_true", help="leave out harness/staging_fix.py's mode"
+    )
+    p.add_argument(
+        "--probe-shards", type=int, default=8, help="shard-sized objects per upload probe; 0: none"
+    )
     add_quiet_options(p, below=0.25, budget=30.0)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/staging_stream.json"))
     return p.parse_args(argv)
 
 
-def round_order(rep: int) -> list[str]:
-    """Streamed and whole staging swap places every round; the local reference comes last."""
+def round_order(rep: int, prototype: bool) -> list[str]:
+    """Streamed and whole staging swap places every round; the prototype of the fix, then the
+    local reference, come last."""
     pair = ["streamed", "whole"] if rep % 2 == 0 else ["whole", "streamed"]
-    return [*pair, "local"]
+    return [*pair, *(["parallel"] if prototype else []), "local"]
 
 
 def median(runs: list[dict[str, Any]], key: str) -> float | None:
@@ -100,8 +114,15 @@ def summarize(results: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, 
         s, w = rows.get("streamed", {}), rows.get("whole", {})
         if s.get("wall_s") and w.get("wall_s"):
             rows["streamed_over_whole_wall"] = s["wall_s"] / w["wall_s"]
+        p = rows.get("parallel", {})
+        if p.get("wall_s") and w.get("wall_s"):
+            rows["parallel_over_whole_wall"] = p["wall_s"] / w["wall_s"]
         out[fmt] = rows
     return out
+
+
+def probe_line(got: dict[str, Any]) -> str:
+    return "; ".join(f"{way}: {r['mb_per_s']:.1f} MB/s" for way, r in got.items())
 
 
 def table(summary: dict[str, Any], limit: int, shard: int) -> str:
@@ -110,25 +131,30 @@ def table(summary: dict[str, Any], limit: int, shard: int) -> str:
         "| format | mode | wall s | peak staging MB | output MB | peak ÷ output | sent MB |",
         "|---|---|--:|--:|--:|--:|--:|",
     ]
-    for fmt, rows in summary.items():
+    formats = {k: v for k, v in summary.items() if k in FORMATS}
+    for fmt, rows in formats.items():
         for mode in MODES:
             r = rows.get(mode)
             if not r or r["wall_s"] is None:
                 continue
             sent = f"{r['sent_bytes'] / MB:.0f}" if mode != "local" else "–"
+            mode = "streamed, 4 in flight (prototype)" if mode == "parallel" else mode
             lines.append(
                 f"| {fmt} | {mode} | {r['wall_s']:.1f} | {r['peak_staging_bytes'] / MB:.0f} | "
                 f"{r['output_bytes'] / MB:.0f} | {r['peak_over_output']:.2f} | {sent} |"
             )
     lines.append("")
-    for fmt, rows in summary.items():
+    for fmt, rows in formats.items():
         out = rows.get("streamed", {}).get("output_bytes") or 0
         expected = (limit + 2 * shard) / out if out else float("nan")
         ratio = rows.get("streamed_over_whole_wall", float("nan"))
+        fixed = rows.get("parallel_over_whole_wall", float("nan"))
         lines.append(
-            f"{fmt}: streamed ÷ whole wall {ratio:.2f}; expected peak ÷ output "
+            f"{fmt}: streamed ÷ whole wall {ratio:.2f} (4 in flight: {fixed:.2f}); expected peak ÷ output "
             f"(limit + 2 shards) ÷ output = {expected:.2f}"
         )
+    for way, r in summary.get("upload_probe", {}).items():
+        lines.append(f"upload probe, {way}: {r['mb_per_s']:.1f} MB/s ({r['seconds']:.1f} s)")
     return "\n".join(lines)
 
 
@@ -147,10 +173,11 @@ def main(args: argparse.Namespace) -> int:
         fmt: {m: [] for m in MODES} for fmt in args.formats
     }
     load_before = os.getloadavg()
+    probes: list[dict[str, Any]] = []
     with StagingStore(args.latency_ms, args.bandwidth_mbps, scratch / "store") as store:
         for rep in range(args.repeats):
             for fmt in args.formats:
-                for mode in round_order(rep):
+                for mode in round_order(rep, not args.no_prototype):
                     waiter.wait()
                     cpu = store.cpu()
                     got = convert_once(mode, src, FORMATS[fmt], store, scratch, options)
@@ -162,12 +189,19 @@ def main(args: argparse.Namespace) -> int:
                         f"{got['peak_staging_bytes'] / MB:.0f} MB of "
                         f"{got['output_bytes'] / MB:.0f} MB, sent {got['sent_bytes'] / MB:.0f} MB"
                     )
+            if args.probe_shards:
+                probes.append(probe(store, scratch, shard, args.probe_shards))
+                log(f"[{rep + 1}/{args.repeats}] upload probe: {probe_line(probes[-1])}")
     shutil.rmtree(scratch, ignore_errors=True)
     summary = summarize(results)
+    summary["upload_probe"] = {
+        way: {k: median([p[way] for p in probes], k) for k in ("seconds", "mb_per_s")}
+        for way in (WAYS if probes else ())
+    }
     print(table(summary, limit, shard))
     report = report_head("staging_stream", machine_info(), args)
     report.update(run_costs(started, waiter.waited, load_before, os.getloadavg()))
-    report.update(summary=summary, results=results)
+    report.update(summary=summary, results=results, upload_probes=probes)
     save_report(args.out, report, indent=1)
     log(f"wrote {args.out}")
     return 0

@@ -18,18 +18,21 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import packer
 from harness.host_load import host_busy_seconds, others_during, own_usage
 from harness.remote_s3 import CREDENTIALS, HERE, LoopbackStore, _start
+from harness.staging_fix import installed
 from packer.staging import convert_to_url
 from packer.upload import Uploader
 from packer.upload_stream import ShardStream
 
-MODES = ("streamed", "whole", "local")
+# streamed: convert_to_url's default; whole: keep_staging=True; local: packer.convert;
+# parallel: streamed through the prototype of harness/staging_fix.py (4 shards in flight)
+MODES = ("streamed", "parallel", "whole", "local")
 
 
 def blocks_under(folder: Path) -> int:
@@ -198,7 +201,8 @@ def convert_once(
     started = time.perf_counter()
     events = EventLog(staging, started)
     common = dict(shard_size=options["shard_size"], progress=False, on_event=events)
-    with DiskPoll(staging) as poll, timed_methods(timings):
+    fix = installed() if mode == "parallel" else nullcontext()
+    with DiskPoll(staging) as poll, timed_methods(timings), fix:
         if mode == "local":
             result = packer.convert(src, staging / f"out{suffix}", **common)
         else:
