@@ -7,9 +7,10 @@ flight at once (fsspec's ``cat_ranges``). BMP records are whole objects (one fil
 fetched by one GET and checked against the record table's xxh3 before it is served.
 
 :class:`CachedLMDBReader` and :class:`CachedShardReader` read whole shards downloaded into the
-node's shard cache (``packer.cache``): LMDB needs a local file; NPY/HDF5 shards are cached when
-asked (warm epochs then read at local speed). A cached shard is held (never evicted) while its
-handle is open.
+node's shard cache (``packer.cache``): LMDB needs a local file, so a shard is downloaded before
+its first read; NPY/HDF5 shards are cached when asked (warm epochs then read at local speed),
+and a record whose shard is not cached yet is served by a checked ranged GET while the shard
+downloads in the background. A cached shard is held (never evicted) while its handle is open.
 
 All are picklable: the URL, the options, the tables and the cache's folder and limit; each
 process opens its own client (``packer.storage.RemoteFolder``) and its own cache entries.
@@ -27,7 +28,7 @@ from packer import storage
 from packer.cache import CacheEntry, ShardCache
 from packer.errors import FormatError
 from packer.formats import lmdb
-from packer.formats.base import FileReader, ReaderBase
+from packer.formats.base import ReaderBase
 from packer.formats.bmp import record_name
 from packer.formats.files import Folder, MappedFile
 from packer.formats.lmdb_env import Handle
@@ -68,14 +69,19 @@ class RemoteReader(ReaderBase):
         records: np.ndarray,
         sample_suffix: str,
         gap: int = GAP,
+        verify: bool = False,
+        max_open_files: int | None = None,
     ) -> None:
-        super().__init__(folder.url, manifest, records)
+        super().__init__(folder.url, manifest, records, max_open_files)
         self.url = folder.url
         self.remote = folder
         self.sample_suffix = sample_suffix
         self.gap = gap
-        # BMP: a record is a whole file, checked against its xxh3 (the object has no other check)
-        self.checksum: np.ndarray | None = records["checksum"] if manifest.format == "bmp" else None
+        # BMP: a record is a whole file, checked against its xxh3 (the object has no other
+        # check); with ``verify`` every record fetched is (a cached reader's ranged reads)
+        self.whole_files = manifest.format == "bmp"
+        checked = self.whole_files or verify
+        self.checksum: np.ndarray | None = records["checksum"] if checked else None
 
     def file_name(self, file: int) -> str:
         """The name of data file ``file`` in the folder (a shard, or a sample's file)."""
@@ -93,7 +99,7 @@ class RemoteReader(ReaderBase):
             chosen = rec[where]
             offsets = self.offset[chosen].tolist()
             lengths = self.length[chosen].tolist()
-            if self.checksum is not None:  # BMP: record k is file record_name(key, kind, k)
+            if self.whole_files:  # BMP: record k is file record_name(key, kind, k)
                 key = self.keys[file]
                 for j, number, n in zip(where.tolist(), offsets, lengths):
                     names.append(record_name(key, self.kind, number))
@@ -112,46 +118,46 @@ class RemoteReader(ReaderBase):
 
     def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
         """The stored bytes of each record, in the order asked: one request per coalesced run,
-        all runs of the call in flight together."""
+        all runs of the call in flight together (each record checked against its xxh3 when
+        the reader checks them)."""
         rec = np.asarray(records, dtype=np.int64)
+        out = self._fetch(rec)
+        if self.checksum is not None:
+            self._check_records(rec, out)
+        return out
+
+    def _fetch(self, rec: np.ndarray) -> list[bytes]:
         out: list[bytes] = [b""] * len(rec)
         names, starts, stops, pieces = self._runs(rec)
         if not names:
             return out
         blocks = self.remote.read_runs(names, starts, stops)
-        if self.checksum is not None:
-            blocks = self._checked_files(rec, names, stops, blocks, pieces)
         for block, (start, positions, offsets, lengths) in zip(blocks, pieces):
             view = memoryview(block)
             for j, a, n in zip(positions, offsets, lengths):
                 out[j] = bytes(view[a - start : a - start + n])
         return out
 
-    def _checked_files(
-        self, rec: np.ndarray, names: list[str], sizes: list[int], blocks: list[bytes], pieces: Any
-    ) -> list[bytes]:
-        """``blocks``, whole record files, each matching its xxh3 (a corrupt body is fetched
-        again, up to :data:`RETRY`'s attempts; then a clear error, never the wrong bytes)."""
+    def _check_records(self, rec: np.ndarray, out: list[bytes]) -> None:
+        """Every ``out[j]`` matching record ``rec[j]``'s xxh3 in the record table; a corrupt
+        one is fetched again, up to :data:`RETRY`'s attempts; then a clear error, never the
+        wrong bytes."""
         assert self.checksum is not None
-        expected = [int(self.checksum[rec[piece[1][0]]]) for piece in pieces]
+        expected = self.checksum[rec].tolist()
         for attempt in range(1, storage.RETRY.attempts + 1):
-            bad = [k for k, block in enumerate(blocks) if bytes_checksum(block) != expected[k]]
+            bad = [j for j, data in enumerate(out) if bytes_checksum(data) != expected[j]]
             if not bad:
-                return blocks
+                return
             if attempt == storage.RETRY.attempts:
-                url = self.remote.url_of(names[bad[0]])
+                url = self.remote.url_of(self._runs(rec[bad[:1]])[0][0])
                 raise FormatError(
                     f"{url!r} differs from its checksum in the record table after "
-                    f"{attempt} reads: it was replaced after the conversion or is corrupt in "
-                    "the store. Convert and upload the dataset again"
+                    f"{attempt} reads (record {int(rec[bad[0]])}): it was replaced after the "
+                    "conversion or is corrupt in the store. Convert and upload the dataset again"
                 )
             time.sleep(storage.RETRY.delay(attempt))
-            again = self.remote.read_runs(
-                [names[k] for k in bad], [0] * len(bad), [sizes[k] for k in bad]
-            )
-            for k, block in zip(bad, again):
-                blocks[k] = block
-        return blocks
+            for j, data in zip(bad, self._fetch(rec[bad])):
+                out[j] = data
 
     def read_into(
         self,
@@ -258,10 +264,17 @@ class _CachedMap(MappedFile):
             self._entry.close()
 
 
-class CachedShardReader(_CachedShards, FileReader):
-    """An NPY or HDF5 shard output at a URL read through the cache: each shard downloaded
-    whole on first touch, then mapped and sliced as a local one (``cache_dir=`` or
-    ``cache=True`` asked for it)."""
+class _NotCached(Exception):
+    """A shard's checked download is not in the cache (yet)."""
+
+
+class CachedShardReader(_CachedShards, RemoteReader):
+    """An NPY or HDF5 shard output at a URL read through the cache (``cache_dir=`` or
+    ``cache=True`` asked for it): a shard in the cache is mapped and sliced as a local one; a
+    record of a shard not there yet is fetched by a ranged GET (checked against its xxh3 in
+    the record table) while the shard's download into the cache goes on in the background
+    (one per shard on the node: :meth:`packer.cache.ShardCache.prefetch`), so the first batch
+    of a shuffled cold epoch waits for its records, not for every shard they lie in."""
 
     def __init__(
         self,
@@ -269,19 +282,87 @@ class CachedShardReader(_CachedShards, FileReader):
         cache: ShardCache,
         manifest: Manifest,
         records: np.ndarray,
-        **options: Any,
+        max_open_files: int | None = None,
+        readahead: bool | None = None,  # noqa: ARG002 - a local reader's option: maps as cached
+        sample_suffix: str = "",
     ) -> None:
-        FileReader.__init__(self, folder.url, manifest, records, **options)
+        RemoteReader.__init__(
+            self,
+            folder,
+            manifest,
+            records,
+            sample_suffix,
+            verify=True,
+            max_open_files=max_open_files,
+        )
         self._cached_init(folder, cache, manifest)
         self._capacity(self.handles, manifest)
 
-    def _mapped(self, file: int) -> memoryview:
-        def opener() -> _CachedMap:
-            entry = self.cached(file)
-            try:
-                return _CachedMap(entry)
-            except BaseException:
-                entry.close()
-                raise
+    def _open_map(self, file: int) -> _CachedMap:
+        name, size = self.shard_names[file], self.shard_sizes[file]
+        entry = self.cache.open_present(self.remote, name, size, self.shard_digests[file])
+        if entry is None:
+            raise _NotCached(name)
+        try:
+            return _CachedMap(entry)
+        except BaseException:
+            entry.close()
+            raise
 
-        return self.handles.get(file, opener).view
+    def _local(self, file: int) -> memoryview | None:
+        """Shard ``file`` mapped from the cache, or None when it is not there yet."""
+        try:
+            return self.handles.get(file, lambda: self._open_map(file)).view
+        except _NotCached:
+            return None
+
+    def _split(self, rec: np.ndarray) -> tuple[list[tuple[memoryview, np.ndarray]], np.ndarray]:
+        """The request's records in cached shards (``(map, positions)`` per shard) and the
+        positions of the others, whose shards' downloads are started."""
+        near: list[tuple[memoryview, np.ndarray]] = []
+        far: list[np.ndarray] = []
+        missing: list[int] = []
+        for file, where in self._groups(rec):
+            view = self._local(file)
+            if view is None:
+                far.append(where)
+                missing.append(file)
+            else:
+                near.append((view, where))
+        if missing:
+            self.prefetch(missing)
+        return near, (np.concatenate(far) if far else np.zeros(0, np.int64))
+
+    def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
+        """The stored bytes of each record, in the order asked: from the cache, or by ranged
+        GETs (checked) for shards still on their way."""
+        rec = np.asarray(records, dtype=np.int64)
+        out: list[bytes] = [b""] * len(rec)
+        near, far = self._split(rec)
+        for view, where in near:
+            for j in where.tolist():
+                a, n = int(self.offset[rec[j]]), int(self.length[rec[j]])
+                out[j] = bytes(view[a : a + n])
+        if len(far):
+            for j, data in zip(far.tolist(), RemoteReader.read_many(self, rec[far])):
+                out[j] = data
+        return out
+
+    def read_into(
+        self,
+        records: Sequence[int] | np.ndarray,
+        out: memoryview,
+        where: Sequence[int] | np.ndarray,
+    ) -> None:
+        """Copy record ``records[k]`` into ``out[where[k]:where[k]+length]``."""
+        rec = np.asarray(records, dtype=np.int64)
+        dest = np.asarray(where, dtype=np.int64)
+        near, far = self._split(rec)
+        for view, positions in near:
+            for j in positions.tolist():
+                a, n, w = int(self.offset[rec[j]]), int(self.length[rec[j]]), int(dest[j])
+                out[w : w + n] = view[a : a + n]
+        if len(far):
+            for j, data in zip(far.tolist(), RemoteReader.read_many(self, rec[far])):
+                w = int(dest[j])
+                out[w : w + len(data)] = data
