@@ -9,6 +9,9 @@ shard cache when asked), whole-object GETs for BMP's record files, the shard cac
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -35,7 +38,14 @@ from packer.manifest import (
 from packer.storage import RemoteFolder
 from packer.tablefile import check_digest, parse_table
 
-__all__ = ["CacheOptions", "RemoteOutput", "open_remote", "remote_manifest", "url_manifest"]
+__all__ = [
+    "CacheOptions",
+    "RemoteOutput",
+    "fetched_manifest",
+    "open_remote",
+    "remote_manifest",
+    "url_manifest",
+]
 
 
 class RemoteOutput(NamedTuple):
@@ -73,9 +83,9 @@ def remote_manifest(
     return folder.url, manifest
 
 
-def _check_remote_shards(folder: RemoteFolder, manifest: Manifest) -> None:
-    """Every shard the manifest names is an object of the recorded size (one listing)."""
-    sizes = folder.sizes([shard.name for shard in manifest.shards])
+def _check_remote_shards(folder: RemoteFolder, manifest: Manifest, sizes: dict[str, int]) -> None:
+    """Every shard the manifest names is an object of the recorded size (``sizes``: the
+    folder's listing)."""
     for shard in manifest.shards:
         found = sizes.get(shard.name)
         if found != shard.bytes:
@@ -87,11 +97,48 @@ def _check_remote_shards(folder: RemoteFolder, manifest: Manifest) -> None:
             )
 
 
+def _fetch_manifest(folder: RemoteFolder) -> Manifest:
+    """``packer.json`` at ``folder``, by one GET (a manifest is small)."""
+    data = folder.read_whole(MANIFEST_NAME, small=True)
+    return parse_manifest(data, folder.url_of(MANIFEST_NAME), folder.url)
+
+
+# The manifest an open_dataset fetched to choose its class, handed to the open of that same
+# call (fetched_manifest's block): never seen by any other open, so never a stale one
+_HANDED: ContextVar[tuple[RemoteFolder, Manifest] | None] = ContextVar("handed", default=None)
+
+
+@contextmanager
+def fetched_manifest(
+    url: str, split: str | None, storage_options: dict[str, Any] | None
+) -> Iterator[tuple[str, Manifest]]:
+    """The URL of the output at ``url`` (of its ``split``) and its manifest, as
+    :func:`remote_manifest`; an :func:`open_remote` of that URL inside the block uses this
+    manifest (and client) instead of fetching it again."""
+    folder, manifest = _remote_manifest(RemoteFolder(url, storage_options), split)
+    token = _HANDED.set((folder, manifest))
+    try:
+        yield folder.url, manifest
+    finally:
+        _HANDED.reset(token)
+
+
+def _opened_manifest(
+    url: str, split: str | None, storage_options: dict[str, Any] | None
+) -> tuple[RemoteFolder, Manifest]:
+    """The manifest handed over for ``url`` (:func:`fetched_manifest`), else fetched."""
+    handed = _HANDED.get()
+    if handed is not None and split is None:
+        folder, manifest = handed
+        if folder.url == url.rstrip("/") and folder.options == dict(storage_options or {}):
+            _HANDED.set(None)  # once
+            return folder, manifest
+    return _remote_manifest(RemoteFolder(url, storage_options), split)
+
+
 def _remote_manifest(folder: RemoteFolder, split: str | None) -> tuple[RemoteFolder, Manifest]:
     """The manifest at ``folder`` (of ``split``'s folder for an output holding splits)."""
-    manifest = parse_manifest(
-        folder.read_whole(MANIFEST_NAME), folder.url_of(MANIFEST_NAME), folder.url
-    )
+    manifest = _fetch_manifest(folder)
     names = list(manifest.options.get("splits", {})) if manifest.kind == "splits" else []
     if not names and split is None:
         return folder, manifest
@@ -192,7 +239,7 @@ def open_remote(
         FormatError: anything open_packed refuses.
         PackerError: the cache's limit is below the largest shard.
     """
-    folder, manifest = _remote_manifest(RemoteFolder(url, storage_options), split)
+    folder, manifest = _opened_manifest(url, split, storage_options)
     where = folder.url
     if format and manifest.format != format:
         raise FormatError(f"{where!r} holds format {manifest.format!r}, not {format!r}")
@@ -200,15 +247,20 @@ def open_remote(
         raise FormatError(f"{where!r} holds {manifest.kind}s, not {kind}s")
     module = by_name(manifest.format)
     shard_cache = (cache or CacheOptions()).wanted(manifest, where)
-    _recorded(folder, manifest, (INDEX_NAME, RECORDS_NAME, KEYS_NAME))
-    fetched = folder.read_wholes([INDEX_NAME, RECORDS_NAME, KEYS_NAME])  # in flight together
+    tables = [INDEX_NAME, RECORDS_NAME, KEYS_NAME]
+    _recorded(folder, manifest, tuple(tables))
+    listed = check_files and manifest.options.get("layout", "shards") == "shards"
+    # the listing first: s3fs then knows each table's size from it, and asks no HEAD before
+    # each table's GET (a shard listing is needed anyway)
+    sizes = folder.sizes([s.name for s in manifest.shards]) if listed else {}
+    fetched = folder.read_wholes(tables)  # in flight together
     index = _remote_index(folder, manifest, fetched[0])
     raw = _remote_table(folder, manifest, RECORDS_NAME, fetched[1])
     records = parse_table(raw, folder.url_of(RECORDS_NAME), RECORD_DTYPE, "record table")
     check_runs(folder.url_of(RECORDS_NAME), index, records)
     keys = _remote_keys(folder, manifest, fetched[2])
-    if check_files and manifest.options.get("layout", "shards") == "shards":
-        _check_remote_shards(folder, manifest)
+    if listed:
+        _check_remote_shards(folder, manifest, sizes)
     options = dict(reader_options or {})
     reader: ReaderBase
     if shard_cache is None:
@@ -225,7 +277,4 @@ def open_remote(
 
 def url_manifest(url: str, storage_options: dict[str, Any] | None) -> Manifest:
     """The manifest at ``url`` as it is (an output holding splits: its top manifest)."""
-    folder = RemoteFolder(url, storage_options)
-    return parse_manifest(
-        folder.read_whole(MANIFEST_NAME), folder.url_of(MANIFEST_NAME), folder.url
-    )
+    return _fetch_manifest(RemoteFolder(url, storage_options))
