@@ -43,6 +43,7 @@ from packer.storage import RemoteFolder
 __all__ = [
     "CacheEntry",
     "Cached",
+    "CorruptDownload",
     "ShardCache",
     "default_cache_dir",
     "parse_limit",
@@ -50,6 +51,10 @@ __all__ = [
 ]
 
 _EVICT = ".evict.lock"  # held while one process makes room, so two do not both evict
+
+
+class CorruptDownload(FormatError):
+    """Every download of an object gave other bytes than the manifest's checksum."""
 
 
 def default_cache_dir() -> Path:
@@ -350,8 +355,7 @@ def _background() -> tuple[ThreadPoolExecutor, dict[str, Future[None]]]:
 
 
 def wait_for_downloads(timeout: float | None = None) -> bool:
-    """Wait until this process's background downloads (prefetches, and those a cached reader
-    started for records it served by ranged GETs) have ended; whether all did in time."""
+    """Wait for this process's background downloads to end; whether all did in time."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         with _FETCH_LOCK:
@@ -395,7 +399,7 @@ def _download(folder: RemoteFolder, name: str, fd: int, size: int, xxh3: str) ->
         folder.check_unchanged(url)  # replaced since the open: say so
         if attempt < attempts:
             time.sleep(storage.RETRY.delay(attempt))
-    raise FormatError(
+    raise CorruptDownload(
         f"cannot cache {url!r}: {attempts} downloads over {time.monotonic() - began:.1f}s "
         f"all gave bytes whose xxh3 differs from the manifest's ({xxh3}; last {found}). The "
         "object is corrupt in the store or on the way; upload the dataset again or check the "

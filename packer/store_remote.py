@@ -197,6 +197,11 @@ class CacheOptions:
     def given(self) -> bool:
         return any(v is not None for v in (self.cache, self.cache_dir, self.cache_limit))
 
+    def given_as(self) -> dict[str, Any]:
+        """The options given, as ``open_packed``'s keyword arguments."""
+        names = ("cache", "cache_dir", "cache_limit")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
     def wanted(self, manifest: Manifest, where: str) -> ShardCache | None:
         """The cache the output at ``where`` is read through, or None (ranged GETs).
 
@@ -249,9 +254,10 @@ def open_remote(
     shard_cache = (cache or CacheOptions()).wanted(manifest, where)
     tables = [INDEX_NAME, RECORDS_NAME, KEYS_NAME]
     _recorded(folder, manifest, tuple(tables))
-    listed = check_files and manifest.options.get("layout", "shards") == "shards"
+    shards = manifest.options.get("layout", "shards") == "shards"
     # the listing first: s3fs then knows each table's size from it, and asks no HEAD before
-    # each table's GET (a shard listing is needed anyway)
+    # each table's GET; it checks the shards, and gives the ETags the cache keys hold
+    listed = shards and (check_files or shard_cache is not None)
     sizes = folder.sizes([s.name for s in manifest.shards]) if listed else {}
     fetched = folder.read_wholes(tables)  # in flight together
     index = _remote_index(folder, manifest, fetched[0])
@@ -259,7 +265,7 @@ def open_remote(
     records = parse_table(raw, folder.url_of(RECORDS_NAME), RECORD_DTYPE, "record table")
     check_runs(folder.url_of(RECORDS_NAME), index, records)
     keys = _remote_keys(folder, manifest, fetched[2])
-    if listed:
+    if check_files and shards:
         _check_remote_shards(folder, manifest, sizes)
     options = dict(reader_options or {})
     reader: ReaderBase
