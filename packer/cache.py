@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,24 +159,17 @@ class ShardCache:
     ) -> CacheEntry | None:
         """Object ``name`` held from the cache if its checked download is there already, else
         None at once (never a download, never a wait for one)."""
-        key = self._entry_key(folder, name, size, xxh3)
-        data = self._path(key, ".data")
+        data = self._path(self._entry_key(folder, name, size, xxh3), ".data")
         if not _present(data, size):  # the common miss costs one stat, no lock
             return None
-        try:
-            use = lock(self._path(key, ".lock"), fcntl.LOCK_SH)
-        except OSError as exc:
-            raise self._unusable(exc) from exc
-        assert use is not None
-        try:
-            if not _present(data, size):  # evicted between the stat and the lock
-                release(use)
-                return None
-            os.utime(data)
-        except BaseException:
-            release(use)
-            raise
-        return CacheEntry(data, use)
+        use = lock(data.with_suffix(".lock"), fcntl.LOCK_SH)
+        assert use is not None  # a blocking lock is always taken
+        if _present(data, size):
+            with suppress(OSError):
+                os.utime(data)  # least recently used goes first
+            return CacheEntry(data, use)
+        release(use)  # evicted between the stat and the lock
+        return None
 
     def open(self, folder: RemoteFolder, name: str, size: int, xxh3: str) -> CacheEntry:
         """Object ``name`` of ``folder`` (``size`` bytes, xxh3 ``xxh3`` as the manifest

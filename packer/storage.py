@@ -257,12 +257,10 @@ class RemoteFolder:
         """The URL of ``name`` in this folder."""
         return join_url(self.url, name)
 
-    def read_whole(self, name: str, small: bool = False) -> bytes:
-        """The whole object ``name`` (a manifest, a table, ``keys.txt``); ``small``: by one GET,
-        no HEAD first (s3fs asks the size to split a large object into parallel GETs)."""
+    def read_whole(self, name: str) -> bytes:
+        """The whole object ``name`` (a manifest, a table, ``keys.txt``)."""
         url = self.url_of(name)
-        kw = {"max_concurrency": 1} if small and self.url.startswith(("s3://", "s3a://")) else {}
-        return bytes(self.call(url, lambda: self.fs().cat_file(url, **kw)))
+        return bytes(self.call(url, lambda: self.fs().cat_file(url)))
 
     def read_wholes(self, names: list[str]) -> list[bytes]:
         """The whole objects ``names``, the requests in flight together (the tables at open:

@@ -1,7 +1,7 @@
 """Open a packed output at a URL for reading (the work of ``packer.store.open_packed`` for a URL): the
 manifest, tables and keys fetched whole and checked against the manifest's xxh3 exactly as a
 local open checks them, shard sizes checked by one listing, and a reader
-(``packer.formats.remote``): ranged GETs for NPY and HDF5 (their shards through the node's
+(``packer.formats.remote``, ``remote_cached``): ranged GETs for NPY and HDF5 (their shards through the node's
 shard cache when asked), whole-object GETs for BMP's record files, the shard cache for LMDB
 (it needs a local file).
 """
@@ -9,7 +9,7 @@ shard cache when asked), whole-object GETs for BMP's record files, the shard cac
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -18,12 +18,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from packer.cache import ShardCache
+from packer.cache import CorruptDownload, ShardCache
 from packer.contained import check_relative
-from packer.errors import FormatError
+from packer.errors import FormatError, PackerError
 from packer.formats import by_name
 from packer.formats.base import ReaderBase
-from packer.formats.remote import CachedLMDBReader, CachedShardReader, HeldKeys, RemoteReader
+from packer.formats.remote import HeldKeys, RemoteReader
+from packer.formats.remote_cached import CachedLMDBReader, CachedShardReader
 from packer.manifest import (
     INDEX_NAME,
     KEYS_NAME,
@@ -40,12 +41,17 @@ from packer.tablefile import check_digest, parse_table
 
 __all__ = [
     "CacheOptions",
+    "Check",
     "RemoteOutput",
+    "cache_check",
     "fetched_manifest",
     "open_remote",
     "remote_manifest",
     "url_manifest",
 ]
+
+
+Check = Callable[[str, str, "int | None"], "str | None"]  # verify's check of one object
 
 
 class RemoteOutput(NamedTuple):
@@ -98,9 +104,12 @@ def _check_remote_shards(folder: RemoteFolder, manifest: Manifest, sizes: dict[s
 
 
 def _fetch_manifest(folder: RemoteFolder) -> Manifest:
-    """``packer.json`` at ``folder``, by one GET (a manifest is small)."""
-    data = folder.read_whole(MANIFEST_NAME, small=True)
-    return parse_manifest(data, folder.url_of(MANIFEST_NAME), folder.url)
+    """``packer.json`` at ``folder``, by one GET (small: s3fs need not HEAD it for its size,
+    which it asks to split a large object into parallel GETs)."""
+    url = folder.url_of(MANIFEST_NAME)
+    one = {"max_concurrency": 1} if url.startswith(("s3://", "s3a://")) else {}
+    data = bytes(folder.call(url, lambda: folder.fs().cat_file(url, **one)))
+    return parse_manifest(data, url, folder.url)
 
 
 # The manifest an open_dataset fetched to choose its class, handed to the open of that same
@@ -284,3 +293,31 @@ def open_remote(
 def url_manifest(url: str, storage_options: dict[str, Any] | None) -> Manifest:
     """The manifest at ``url`` as it is (an output holding splits: its top manifest)."""
     return _fetch_manifest(RemoteFolder(url, storage_options))
+
+
+def cache_check(
+    folder: RemoteFolder, cache: ShardCache, manifest: Manifest, stream: Check, differs: str
+) -> Check:
+    """A ``check(name, xxh3, size)`` for ``verify`` of a URL through the shard cache: a shard's
+    size from one listing, its bytes downloaded into ``cache`` (checked there: the dataset is
+    then warm); a table (size None) by ``stream``. ``differs``: the finding for bytes that do
+    not match the manifest's xxh3."""
+    listed = folder.sizes([s.name for s in manifest.shards])
+
+    def check(name: str, digest: str, size: int | None) -> str | None:
+        if size is None:
+            return stream(name, digest, size)
+        found = listed.get(name)
+        if found is None:
+            return f"cannot be read: missing from the listing of {folder.url!r}"
+        if found != size:
+            return f"{found} bytes, manifest records {size}"
+        try:
+            cache.open(folder, name, size, digest).close()
+        except CorruptDownload:
+            return differs
+        except PackerError as exc:
+            return f"cannot be read: {exc}"
+        return None
+
+    return check

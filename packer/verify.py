@@ -32,9 +32,8 @@ from packer.manifest import (
 from packer.pixels import pixels_output
 from packer.storage import RemoteFolder, is_url, join_url
 from packer.store import Packed, open_packed
-from packer.store_remote import CacheOptions, url_manifest
+from packer.store_remote import CacheOptions, Check, cache_check, url_manifest
 from packer.tablefile import fd_checksum
-from packer.verify_cache import cache_check
 
 __all__ = ["Problem", "VerifyReport", "verify"]
 
@@ -280,24 +279,18 @@ def _skip_bad_shards(
 
 
 def _verify_url(
-    url: str,
-    full: bool,
-    progress: bool,
-    workers: int,
-    options: dict[str, Any] | None,
-    cache: CacheOptions,
+    url: str, full: bool, progress: bool, workers: int, options: Any, cache: CacheOptions
 ) -> VerifyReport:
     """``verify`` of a URL: every shard and table streamed and hashed (sizes and xxh3 against
     the manifest), then every record read by ranged GETs and checked against its checksum.
     Shards read through the node-local cache (LMDB; NPY/HDF5 with ``cache``) are downloaded
-    into it and checked there instead (``packer.verify_cache``): the dataset is then warm."""
+    into it and checked there instead (``store_remote.cache_check``): then warm."""
     manifest = url_manifest(url, options)
     if manifest.kind == "splits":
         return _verify_splits(url, manifest, full, progress, workers, options, cache)
     report = VerifyReport(url)  # type: ignore[arg-type]  # a URL stays a str
     folder = RemoteFolder(url, options)
-    check: Callable[[str, str, int | None], str | None]
-    check = functools.partial(_check_object, folder)
+    check: Check = functools.partial(_check_object, folder)
     cached = cache.wanted(manifest, url)
     if cached is not None and manifest.shards:
         check = cache_check(folder, cached, manifest, check, _DIFFERS)
@@ -311,10 +304,8 @@ def _verify_url(
     except PackerError as exc:
         report.problems.append(Problem("tables", str(exc)))
         return report
-    # a corrupt shard is never in the cache: its records would be fetched (and refused) one by
-    # one, so its samples are skipped as an LMDB shard's are
-    lmdb_or_cached = manifest.format == "lmdb" or cached is not None
-    bad_files = unreadable | (corrupt if lmdb_or_cached else set())
+    # a corrupt shard is never cached: its samples are skipped, as a corrupt LMDB shard's are
+    bad_files = unreadable | (corrupt if manifest.format == "lmdb" or cached else set())
     return _check_samples(packed, keys, bad_files, full, progress, workers, report)
 
 
@@ -339,8 +330,7 @@ def verify(
     node-local shard cache and checked there, so a verified dataset is then read warm.
 
     Raises:
-        PackerError: an option that does not apply (storage or cache options for a local path,
-            a cache limit below the largest shard).
+        PackerError: storage or cache options for a local path; a cache limit below a shard.
     """
     cache = CacheOptions(cache_dir=cache_dir, cache_limit=cache_limit)
     if is_url(path):

@@ -22,6 +22,7 @@ import packer
 from packer import storage
 from packer.cache import ShardCache, wait_for_downloads
 from packer.errors import PackerError
+from packer.formats import remote_cached
 from packer.manifest import load_manifest
 from packer.tools.image_demo import make_image_tree
 
@@ -178,3 +179,33 @@ def test_a_corrupt_ranged_record_is_never_served(
         again[0]
     remote.close()
     again.close()
+
+
+def test_past_its_share_a_read_waits_for_the_download(
+    monkeypatch: pytest.MonkeyPatch,
+    proxy: FaultProxy,
+    urls: dict[str, str],
+    local: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    """A process serves at most its share of a downloading shard by range (here: the first
+    record only); the next read of that shard waits for the download, then reads the cache."""
+    name = "images.npy"
+    shard = load_manifest(local[name]).shards[0]
+    expected = packer.open_dataset(local[name], output="bytes")
+    remote = _open(urls[name], proxy, tmp_path)
+    in_shard = np.flatnonzero(remote.shard_of_sample() == 0).tolist()
+    first = len(expected[in_shard[0]][0])
+    monkeypatch.setattr(remote_cached, "RANGED_SHARE", 0.0)
+    monkeypatch.setattr(remote_cached, "RANGED_FLOOR", first)
+    proxy.inject(["slow"], match=f"GET /{BUCKET}/{name}/{shard.name} Range={_whole(shard)};")
+    proxy.sent.clear()
+    began = time.monotonic()
+    assert remote[in_shard[0]] == expected[in_shard[0]]
+    assert time.monotonic() - began < SLOW / 2  # within its share: by range
+    assert remote[in_shard[1]] == expected[in_shard[1]]
+    assert time.monotonic() - began > SLOW / 2  # past it: waited for the download
+    assert _cached(tmp_path) == {shard.name}
+    ranged = [n for _, r, n in _shard_traffic(proxy, name) if r != _whole(shard)]
+    assert ranged == [first]  # the bytes fetched twice: that one record
+    remote.close()
