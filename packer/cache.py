@@ -28,8 +28,8 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,9 +40,21 @@ from packer.file_locks import CacheEntry, lock, release, unlink_quietly
 from packer.sizes import format_size, parse_size
 from packer.storage import RemoteFolder
 
-__all__ = ["CacheEntry", "Cached", "ShardCache", "default_cache_dir", "parse_limit"]
+__all__ = [
+    "CacheEntry",
+    "Cached",
+    "CorruptDownload",
+    "ShardCache",
+    "default_cache_dir",
+    "parse_limit",
+    "wait_for_downloads",
+]
 
 _EVICT = ".evict.lock"  # held while one process makes room, so two do not both evict
+
+
+class CorruptDownload(FormatError):
+    """Every download of an object gave other bytes than the manifest's checksum."""
 
 
 def default_cache_dir() -> Path:
@@ -111,32 +123,53 @@ class ShardCache:
         text = "\0".join((url, str(size), etag or "", xxh3))
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
+    def _entry_key(self, folder: RemoteFolder, name: str, size: int, xxh3: str) -> str:
+        etag = folder.identity.get(name, (size, None))[1]
+        return self.key(folder.url_of(name), size, etag, xxh3)
+
     def prefetch(self, folder: RemoteFolder, name: str, size: int, xxh3: str) -> bool:
         """Start downloading object ``name`` into the cache on a background thread of this
         process, unless it is cached or this process fetches it already; whether a download
         started. Not held once there: eviction may take it before its read (which then
         downloads it again); a failure is left to that read to report."""
         self.check_fits(size, f"object {folder.url_of(name)!r}")
-        key = self.key(folder.url_of(name), size, folder.identity.get(name, (size, None))[1], xxh3)
-        if _present(self._path(key, ".data"), size):
+        data = self._path(self._entry_key(folder, name, size, xxh3), ".data")
+        if _present(data, size):
             return False
         pool, fetching = _background()
+        key = str(data)  # the object in this cache folder (another folder has its own)
         with _FETCH_LOCK:
             if key in fetching:
                 return False
-            fetching.add(key)
 
-        def fetch() -> None:
-            try:
-                self.open(folder, name, size, xxh3).close()
-            except Exception:  # noqa: S110 - the read that needs the object reports it
-                pass
-            finally:
-                with _FETCH_LOCK:
-                    fetching.discard(key)
+            def fetch() -> None:
+                try:
+                    self.open(folder, name, size, xxh3).close()
+                except Exception:  # noqa: S110 - the read that needs the object reports it
+                    pass
+                finally:
+                    with _FETCH_LOCK:
+                        fetching.pop(key, None)
 
-        pool.submit(fetch)
+            fetching[key] = pool.submit(fetch)
         return True
+
+    def open_present(
+        self, folder: RemoteFolder, name: str, size: int, xxh3: str
+    ) -> CacheEntry | None:
+        """Object ``name`` held from the cache if its checked download is there already, else
+        None at once (never a download, never a wait for one)."""
+        data = self._path(self._entry_key(folder, name, size, xxh3), ".data")
+        if not _present(data, size):  # the common miss costs one stat, no lock
+            return None
+        use = lock(data.with_suffix(".lock"), fcntl.LOCK_SH)
+        assert use is not None  # a blocking lock is always taken
+        if _present(data, size):
+            with suppress(OSError):
+                os.utime(data)  # least recently used goes first
+            return CacheEntry(data, use)
+        release(use)  # evicted between the stat and the lock
+        return None
 
     def open(self, folder: RemoteFolder, name: str, size: int, xxh3: str) -> CacheEntry:
         """Object ``name`` of ``folder`` (``size`` bytes, xxh3 ``xxh3`` as the manifest
@@ -148,7 +181,7 @@ class ShardCache:
         """
         url = folder.url_of(name)
         self.check_fits(size, f"object {url!r}")
-        key = self.key(url, size, folder.identity.get(name, (size, None))[1], xxh3)
+        key = self._entry_key(folder, name, size, xxh3)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             use = lock(self._path(key, ".lock"), fcntl.LOCK_SH)
@@ -300,18 +333,32 @@ class ShardCache:
 
 PREFETCH_THREADS = 4  # background downloads in flight per process
 _FETCH_LOCK = threading.Lock()
-_BACKGROUND: dict[int, tuple[ThreadPoolExecutor, set[str]]] = {}  # by process id
+_BACKGROUND: dict[int, tuple[ThreadPoolExecutor, dict[str, Future[None]]]] = {}  # by pid
 
 
-def _background() -> tuple[ThreadPoolExecutor, set[str]]:
-    """This process's prefetch threads and the keys they fetch (a forked child starts its own:
-    its parent's threads did not survive the fork)."""
+def _background() -> tuple[ThreadPoolExecutor, dict[str, Future[None]]]:
+    """This process's prefetch threads and the downloads they have in hand, by key (a forked
+    child starts its own: its parent's threads did not survive the fork)."""
     with _FETCH_LOCK:
         pid = os.getpid()
         if pid not in _BACKGROUND:
             pool = ThreadPoolExecutor(PREFETCH_THREADS, thread_name_prefix="packer-prefetch")
-            _BACKGROUND[pid] = (pool, set())
+            _BACKGROUND[pid] = (pool, {})
         return _BACKGROUND[pid]
+
+
+def wait_for_downloads(timeout: float | None = None) -> bool:
+    """Wait for this process's background downloads to end; whether all did in time."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        with _FETCH_LOCK:
+            pending = list(_BACKGROUND.get(os.getpid(), (None, {}))[1].values())
+        if not pending:
+            return True
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        _, waiting = wait(pending, timeout=left)
+        if waiting:
+            return False
 
 
 def _fresh_lock_in_child() -> None:
@@ -345,7 +392,7 @@ def _download(folder: RemoteFolder, name: str, fd: int, size: int, xxh3: str) ->
         folder.check_unchanged(url)  # replaced since the open: say so
         if attempt < attempts:
             time.sleep(storage.RETRY.delay(attempt))
-    raise FormatError(
+    raise CorruptDownload(
         f"cannot cache {url!r}: {attempts} downloads over {time.monotonic() - began:.1f}s "
         f"all gave bytes whose xxh3 differs from the manifest's ({xxh3}; last {found}). The "
         "object is corrupt in the store or on the way; upload the dataset again or check the "

@@ -336,9 +336,17 @@ def demo(workdir: Path, classes: int, per_class: int, kind: str, quiet: bool) ->
 @json_flag("Print the result as one JSON object.")
 @quiet_flag()
 @storage_option()
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="A URL's shards are checked in this node-local shard cache: left warm.")  # fmt: skip
 @friendly
 def verify(
-    dst: Any, full: bool, workers: int | None, as_json: bool, quiet: bool, storage_options: Any
+    dst: Any,
+    full: bool,
+    workers: int | None,
+    as_json: bool,
+    quiet: bool,
+    storage_options: Any,
+    cache_dir: Path | None,
 ) -> None:
     """Check a packed dataset: file checksums, every sample's checksum, and (--full) decoding.
 
@@ -347,10 +355,12 @@ def verify(
     \b
     Example:
       packer verify train.lmdb --full
+      packer verify s3://bucket/train.npy --cache-dir /scratch/packer-cache
     """
     from packer.verify import verify as run
 
-    report = run(dst, full, not (quiet or as_json), workers or 0, storage_options or None)
+    progress = not (quiet or as_json)
+    report = run(dst, full, progress, workers or 0, storage_options or None, cache_dir)
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.summary())
     if not report.ok:
         sys.exit(1)

@@ -384,13 +384,13 @@ def _expect(kind: str | None, found: str, root: Path) -> str:
 def _open_url(
     url: str, split: str | None, kind: str | None, kwargs: dict[str, Any]
 ) -> ImageDataset | VideoDataset:
-    """The dataset class of the output at ``url`` (its manifest fetched once more by the class:
-    the open checks it with the tables)."""
-    from packer.store_remote import remote_manifest
+    """The dataset class of the output at ``url`` (its manifest handed to the class's open:
+    fetched once)."""
+    from packer.store_remote import fetched_manifest
 
-    url, manifest = remote_manifest(url, split, kwargs.get("storage_options"))
-    if _expect(kind, manifest.kind, Path(url)) == "video":
-        from packer.video.datasets import _CLASSES as VIDEO_CLASSES
+    with fetched_manifest(url, split, kwargs.get("storage_options")) as (url, manifest):
+        if _expect(kind, manifest.kind, Path(url)) == "video":
+            from packer.video.datasets import _CLASSES as VIDEO_CLASSES
 
-        return VIDEO_CLASSES[manifest.format](url, **kwargs)
-    return _CLASSES[manifest.format](url, **kwargs)
+            return VIDEO_CLASSES[manifest.format](url, **kwargs)
+        return _CLASSES[manifest.format](url, **kwargs)

@@ -1,7 +1,7 @@
 """Open a packed output at a URL for reading (the work of ``packer.store.open_packed`` for a URL): the
 manifest, tables and keys fetched whole and checked against the manifest's xxh3 exactly as a
 local open checks them, shard sizes checked by one listing, and a reader
-(``packer.formats.remote``): ranged GETs for NPY and HDF5 (their shards through the node's
+(``packer.formats.remote``, ``remote_cached``): ranged GETs for NPY and HDF5 (their shards through the node's
 shard cache when asked), whole-object GETs for BMP's record files, the shard cache for LMDB
 (it needs a local file).
 """
@@ -9,18 +9,22 @@ shard cache when asked), whole-object GETs for BMP's record files, the shard cac
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from packer.cache import ShardCache
+from packer.cache import CorruptDownload, ShardCache
 from packer.contained import check_relative
-from packer.errors import FormatError
+from packer.errors import FormatError, PackerError
 from packer.formats import by_name
 from packer.formats.base import ReaderBase
-from packer.formats.remote import CachedLMDBReader, CachedShardReader, HeldKeys, RemoteReader
+from packer.formats.remote import HeldKeys, RemoteReader
+from packer.formats.remote_cached import CachedLMDBReader, CachedShardReader
 from packer.manifest import (
     INDEX_NAME,
     KEYS_NAME,
@@ -35,7 +39,19 @@ from packer.manifest import (
 from packer.storage import RemoteFolder
 from packer.tablefile import check_digest, parse_table
 
-__all__ = ["CacheOptions", "RemoteOutput", "open_remote", "remote_manifest", "url_manifest"]
+__all__ = [
+    "CacheOptions",
+    "Check",
+    "RemoteOutput",
+    "cache_check",
+    "fetched_manifest",
+    "open_remote",
+    "remote_manifest",
+    "url_manifest",
+]
+
+
+Check = Callable[[str, str, "int | None"], "str | None"]  # verify's check of one object
 
 
 class RemoteOutput(NamedTuple):
@@ -73,9 +89,9 @@ def remote_manifest(
     return folder.url, manifest
 
 
-def _check_remote_shards(folder: RemoteFolder, manifest: Manifest) -> None:
-    """Every shard the manifest names is an object of the recorded size (one listing)."""
-    sizes = folder.sizes([shard.name for shard in manifest.shards])
+def _check_remote_shards(folder: RemoteFolder, manifest: Manifest, sizes: dict[str, int]) -> None:
+    """Every shard the manifest names is an object of the recorded size (``sizes``: the
+    folder's listing)."""
     for shard in manifest.shards:
         found = sizes.get(shard.name)
         if found != shard.bytes:
@@ -87,11 +103,51 @@ def _check_remote_shards(folder: RemoteFolder, manifest: Manifest) -> None:
             )
 
 
+def _fetch_manifest(folder: RemoteFolder) -> Manifest:
+    """``packer.json`` at ``folder``, by one GET (small: s3fs need not HEAD it for its size,
+    which it asks to split a large object into parallel GETs)."""
+    url = folder.url_of(MANIFEST_NAME)
+    one = {"max_concurrency": 1} if url.startswith(("s3://", "s3a://")) else {}
+    data = bytes(folder.call(url, lambda: folder.fs().cat_file(url, **one)))
+    return parse_manifest(data, url, folder.url)
+
+
+# The manifest an open_dataset fetched to choose its class, handed to the open of that same
+# call (fetched_manifest's block): never seen by any other open, so never a stale one
+_HANDED: ContextVar[tuple[RemoteFolder, Manifest] | None] = ContextVar("handed", default=None)
+
+
+@contextmanager
+def fetched_manifest(
+    url: str, split: str | None, storage_options: dict[str, Any] | None
+) -> Iterator[tuple[str, Manifest]]:
+    """The URL of the output at ``url`` (of its ``split``) and its manifest, as
+    :func:`remote_manifest`; an :func:`open_remote` of that URL inside the block uses this
+    manifest (and client) instead of fetching it again."""
+    folder, manifest = _remote_manifest(RemoteFolder(url, storage_options), split)
+    token = _HANDED.set((folder, manifest))
+    try:
+        yield folder.url, manifest
+    finally:
+        _HANDED.reset(token)
+
+
+def _opened_manifest(
+    url: str, split: str | None, storage_options: dict[str, Any] | None
+) -> tuple[RemoteFolder, Manifest]:
+    """The manifest handed over for ``url`` (:func:`fetched_manifest`), else fetched."""
+    handed = _HANDED.get()
+    if handed is not None and split is None:
+        folder, manifest = handed
+        if folder.url == url.rstrip("/") and folder.options == dict(storage_options or {}):
+            _HANDED.set(None)  # once
+            return folder, manifest
+    return _remote_manifest(RemoteFolder(url, storage_options), split)
+
+
 def _remote_manifest(folder: RemoteFolder, split: str | None) -> tuple[RemoteFolder, Manifest]:
     """The manifest at ``folder`` (of ``split``'s folder for an output holding splits)."""
-    manifest = parse_manifest(
-        folder.read_whole(MANIFEST_NAME), folder.url_of(MANIFEST_NAME), folder.url
-    )
+    manifest = _fetch_manifest(folder)
     names = list(manifest.options.get("splits", {})) if manifest.kind == "splits" else []
     if not names and split is None:
         return folder, manifest
@@ -150,6 +206,11 @@ class CacheOptions:
     def given(self) -> bool:
         return any(v is not None for v in (self.cache, self.cache_dir, self.cache_limit))
 
+    def given_as(self) -> dict[str, Any]:
+        """The options given, as ``open_packed``'s keyword arguments."""
+        names = ("cache", "cache_dir", "cache_limit")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
     def wanted(self, manifest: Manifest, where: str) -> ShardCache | None:
         """The cache the output at ``where`` is read through, or None (ranged GETs).
 
@@ -192,7 +253,7 @@ def open_remote(
         FormatError: anything open_packed refuses.
         PackerError: the cache's limit is below the largest shard.
     """
-    folder, manifest = _remote_manifest(RemoteFolder(url, storage_options), split)
+    folder, manifest = _opened_manifest(url, split, storage_options)
     where = folder.url
     if format and manifest.format != format:
         raise FormatError(f"{where!r} holds format {manifest.format!r}, not {format!r}")
@@ -200,15 +261,21 @@ def open_remote(
         raise FormatError(f"{where!r} holds {manifest.kind}s, not {kind}s")
     module = by_name(manifest.format)
     shard_cache = (cache or CacheOptions()).wanted(manifest, where)
-    _recorded(folder, manifest, (INDEX_NAME, RECORDS_NAME, KEYS_NAME))
-    fetched = folder.read_wholes([INDEX_NAME, RECORDS_NAME, KEYS_NAME])  # in flight together
+    tables = [INDEX_NAME, RECORDS_NAME, KEYS_NAME]
+    _recorded(folder, manifest, tuple(tables))
+    shards = manifest.options.get("layout", "shards") == "shards"
+    # the listing first: s3fs then knows each table's size from it, and asks no HEAD before
+    # each table's GET; it checks the shards, and gives the ETags the cache keys hold
+    listed = shards and (check_files or shard_cache is not None)
+    sizes = folder.sizes([s.name for s in manifest.shards]) if listed else {}
+    fetched = folder.read_wholes(tables)  # in flight together
     index = _remote_index(folder, manifest, fetched[0])
     raw = _remote_table(folder, manifest, RECORDS_NAME, fetched[1])
     records = parse_table(raw, folder.url_of(RECORDS_NAME), RECORD_DTYPE, "record table")
     check_runs(folder.url_of(RECORDS_NAME), index, records)
     keys = _remote_keys(folder, manifest, fetched[2])
-    if check_files and manifest.options.get("layout", "shards") == "shards":
-        _check_remote_shards(folder, manifest)
+    if check_files and shards:
+        _check_remote_shards(folder, manifest, sizes)
     options = dict(reader_options or {})
     reader: ReaderBase
     if shard_cache is None:
@@ -225,7 +292,32 @@ def open_remote(
 
 def url_manifest(url: str, storage_options: dict[str, Any] | None) -> Manifest:
     """The manifest at ``url`` as it is (an output holding splits: its top manifest)."""
-    folder = RemoteFolder(url, storage_options)
-    return parse_manifest(
-        folder.read_whole(MANIFEST_NAME), folder.url_of(MANIFEST_NAME), folder.url
-    )
+    return _fetch_manifest(RemoteFolder(url, storage_options))
+
+
+def cache_check(
+    folder: RemoteFolder, cache: ShardCache, manifest: Manifest, stream: Check, differs: str
+) -> Check:
+    """A ``check(name, xxh3, size)`` for ``verify`` of a URL through the shard cache: a shard's
+    size from one listing, its bytes downloaded into ``cache`` (checked there: the dataset is
+    then warm); a table (size None) by ``stream``. ``differs``: the finding for bytes that do
+    not match the manifest's xxh3."""
+    listed = folder.sizes([s.name for s in manifest.shards])
+
+    def check(name: str, digest: str, size: int | None) -> str | None:
+        if size is None:
+            return stream(name, digest, size)
+        found = listed.get(name)
+        if found is None:
+            return f"cannot be read: missing from the listing of {folder.url!r}"
+        if found != size:
+            return f"{found} bytes, manifest records {size}"
+        try:
+            cache.open(folder, name, size, digest).close()
+        except CorruptDownload:
+            return differs
+        except PackerError as exc:
+            return f"cannot be read: {exc}"
+        return None
+
+    return check

@@ -32,7 +32,7 @@ from packer.manifest import (
 from packer.pixels import pixels_output
 from packer.storage import RemoteFolder, is_url, join_url
 from packer.store import Packed, open_packed
-from packer.store_remote import url_manifest
+from packer.store_remote import CacheOptions, Check, cache_check, url_manifest
 from packer.tablefile import fd_checksum
 
 __all__ = ["Problem", "VerifyReport", "verify"]
@@ -186,6 +186,7 @@ def _verify_splits(
     progress: bool,
     workers: int,
     options: dict[str, Any] | None = None,
+    cache: CacheOptions | None = None,
 ) -> VerifyReport:
     """Each split is a complete output inside ``root`` (a folder or a URL): a plain folder
     name, a real folder."""
@@ -205,7 +206,8 @@ def _verify_splits(
                 continue  # reported by _odd_entries above, never followed
             part = verify(root / split, full, progress, workers)
         else:
-            part = verify(join_url(root, split), full, progress, workers, options)
+            given = (cache or CacheOptions()).given_as()
+            part = verify(join_url(root, split), full, progress, workers, options, **given)
         report.files_checked += part.files_checked
         report.samples_checked += part.samples_checked
         report.decoded += part.decoded
@@ -277,26 +279,33 @@ def _skip_bad_shards(
 
 
 def _verify_url(
-    url: str, full: bool, progress: bool, workers: int, options: dict[str, Any] | None
+    url: str, full: bool, progress: bool, workers: int, options: Any, cache: CacheOptions
 ) -> VerifyReport:
     """``verify`` of a URL: every shard and table streamed and hashed (sizes and xxh3 against
-    the manifest), then every record read by ranged GETs and checked against its checksum."""
+    the manifest), then every record read by ranged GETs and checked against its checksum.
+    Shards read through the node-local cache (LMDB; NPY/HDF5 with ``cache``) are downloaded
+    into it and checked there instead (``store_remote.cache_check``): then warm."""
     manifest = url_manifest(url, options)
     if manifest.kind == "splits":
-        return _verify_splits(url, manifest, full, progress, workers, options)
+        return _verify_splits(url, manifest, full, progress, workers, options, cache)
     report = VerifyReport(url)  # type: ignore[arg-type]  # a URL stays a str
     folder = RemoteFolder(url, options)
-    unreadable, corrupt = _check_named(manifest, report, functools.partial(_check_object, folder))
+    check: Check = functools.partial(_check_object, folder)
+    cached = cache.wanted(manifest, url)
+    if cached is not None and manifest.shards:
+        check = cache_check(folder, cached, manifest, check, _DIFFERS)
+    unreadable, corrupt = _check_named(manifest, report, check)
     if {INDEX_NAME, RECORDS_NAME, KEYS_NAME} & (unreadable | corrupt):
         return report
     try:
-        packed = open_packed(url, check_files=False, storage_options=options)
+        packed = open_packed(url, check_files=False, storage_options=options, **cache.given_as())
         keys = packed.reader.keys
         len(keys)
     except PackerError as exc:
         report.problems.append(Problem("tables", str(exc)))
         return report
-    bad_files = unreadable | (corrupt if manifest.format == "lmdb" else set())
+    # a corrupt shard is never cached: its samples are skipped, as a corrupt LMDB shard's are
+    bad_files = unreadable | (corrupt if manifest.format == "lmdb" or cached else set())
     return _check_samples(packed, keys, bad_files, full, progress, workers, report)
 
 
@@ -306,6 +315,8 @@ def verify(
     progress: bool = True,
     workers: int = 0,
     storage_options: dict[str, Any] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
 ) -> VerifyReport:
     """Verify the packed dataset at ``path``; never raises on damaged data, reports it.
 
@@ -314,12 +325,19 @@ def verify(
     every record of every sample (every frame of a video) and compares its bytes' checksum with
     the record table, naming the shard and sample key of each mismatch. With ``full``, also
     decodes every record, on ``workers`` threads (default: the CPU count). A URL is read
-    through ``storage_options`` (shards and tables streamed, records by ranged GETs).
+    through ``storage_options`` (shards and tables streamed, records by ranged GETs); with
+    ``cache_dir`` (or ``cache_limit``), and for LMDB always, its shards are downloaded into the
+    node-local shard cache and checked there, so a verified dataset is then read warm.
+
+    Raises:
+        PackerError: storage or cache options for a local path; a cache limit below a shard.
     """
+    cache = CacheOptions(cache_dir=cache_dir, cache_limit=cache_limit)
     if is_url(path):
-        return _verify_url(str(path), full, progress, workers, storage_options)
-    if storage_options is not None:
-        raise PackerError(f"storage_options is for a URL; {str(path)!r} is a local path")
+        return _verify_url(str(path), full, progress, workers, storage_options, cache)
+    if storage_options is not None or cache.given():
+        what = "storage_options" if storage_options is not None else "the shard cache"
+        raise PackerError(f"{what} is for a URL; {str(path)!r} is a local path")
     root = Path(path)
     manifest = load_manifest(root)
     report = VerifyReport(root)

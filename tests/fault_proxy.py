@@ -12,6 +12,10 @@ requests matching a pattern get the faults of a schedule:
   the connection is closed (a client killed mid-download).
 
 ``delay`` (seconds) holds every forwarded request that long first: a store far away.
+
+A pattern is matched against ``METHOD path``, followed by `` Range=bytes=A-B;`` for a ranged
+request (so a test can single out a whole-object download). ``sent`` logs the body bytes of each
+answer: ``(METHOD path, Range header or None, bytes)``.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class FaultProxy:
         self.delay = 0.0  # seconds each forwarded request waits before it is forwarded
         self.in_flight = self.most_in_flight = 0  # requests being served now, and at most
         self.served: list[str] = []  # "METHOD path -> fault or status", in order
+        self.sent: list[tuple[str, str | None, int]] = []  # (METHOD path, Range, body bytes)
         self.lock = threading.Lock()
         self.released = threading.Event()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -79,7 +84,8 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
             request = f"{self.command} {self.path}"
-            fault = proxy.next_fault(request)
+            ranged = self.headers.get("Range")
+            fault = proxy.next_fault(request + (f" Range={ranged};" if ranged else ""))
             proxy.served.append(f"{request} -> {fault or 'forwarded'}")
             if fault in _CODES:
                 return self._status(int(fault), *_CODES[fault])
@@ -117,6 +123,7 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data[:cut])
+                proxy.sent.append((request, ranged, cut))
             if fault == "stall":
                 self.wfile.flush()
                 proxy.released.wait(60)

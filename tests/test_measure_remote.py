@@ -15,6 +15,7 @@ from fault_proxy import FaultProxy, fault_proxy
 from s3_server import S3Server
 
 import packer
+from packer.cache import wait_for_downloads
 from packer.cli import main
 from packer.cpus import available_cpus
 from packer.errors import PackerError
@@ -109,6 +110,7 @@ def test_doctor_reports_what_the_node_local_cache_holds(
     ds = packer.open_dataset(url, storage_options=server.options, cache_dir=tmp_path)
     for i in range(len(ds)):  # one epoch through the cache
         ds[i]
+    assert wait_for_downloads(30)  # the shards whose records came by range meanwhile
     ds.close()
     full = json.loads(runner.invoke(main, args).stdout)
     assert full["cached_files"] == full["files"] == empty["files"]

@@ -26,7 +26,7 @@ from torch.utils.data import ConcatDataset, DataLoader
 
 import packer
 from packer import storage
-from packer.cache import ShardCache
+from packer.cache import ShardCache, wait_for_downloads
 from packer.cli import main
 from packer.convert import convert_video
 from packer.errors import FormatError, PackerError
@@ -170,6 +170,7 @@ def test_npy_and_hdf5_shards_cached_when_asked(
     options = {"storage_options": _options(proxy), "cache_dir": tmp_path / "c"}
     cold = packer.open_dataset(url, output="bytes", **options)
     assert type(cold.reader).__name__ == "CachedShardReader" and _every(cold) == expected
+    assert wait_for_downloads(30)  # records came by range while their shards downloaded
     before = _shard_gets(proxy, f"cached-{name}")
     warm = pickle.loads(pickle.dumps(packer.open_dataset(url, output="bytes", **options)))
     assert _every(warm) == expected

@@ -1,0 +1,211 @@
+"""The first batch through the node-local cache (issue 21): a record of an NPY or HDF5 shard not
+yet cached is served by a checked ranged GET while the shard downloads in the background, then
+read from the cache. Against a real S3 API server (moto) behind the real fault proxy, whose log
+shows every request, its Range and the bytes it carried."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from fault_proxy import SLOW, FaultProxy
+from s3_server import S3Server
+from torch.utils.data import DataLoader, RandomSampler
+
+import packer
+from packer import storage
+from packer.cache import ShardCache, wait_for_downloads
+from packer.errors import PackerError
+from packer.formats import remote_cached
+from packer.manifest import load_manifest
+from packer.tools.image_demo import make_image_tree
+
+BUCKET = "first"
+NAMES = ["images.npy", "images.h5"]
+
+
+@pytest.fixture(autouse=True)
+def quiet_proxy(monkeypatch: pytest.MonkeyPatch, proxy: FaultProxy) -> Iterator[None]:
+    monkeypatch.setattr(storage, "RETRY", storage.Retry(attempts=3, base=0.01, cap=0.05))
+    proxy.inject([])
+    yield
+    proxy.inject([])
+    proxy.delay = 0.0
+    assert wait_for_downloads(30)  # nothing of this test's left running into the next
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("first_src")
+    images = make_image_tree(root / "images", classes=3, per_class=4, size=(64, 48), bad=0)
+    out = {}
+    for name in NAMES:
+        out[name] = root / name
+        packer.convert(images.root, out[name], shard_size="6kB", workers=1, progress=False)
+        assert len(load_manifest(out[name]).shards) >= 4
+    return out
+
+
+@pytest.fixture(scope="module")
+def urls(server: S3Server, local: dict[str, Path]) -> dict[str, str]:
+    return {name: server.upload(path, name) for name, path in local.items()}
+
+
+def _open(url: str, proxy: FaultProxy, cache: Path) -> Any:
+    options = {"endpoint_url": proxy.endpoint}
+    return packer.open_dataset(url, output="bytes", storage_options=options, cache_dir=cache)
+
+
+def _whole(shard: Any) -> str:
+    """The Range of a shard's whole download."""
+    return f"bytes=0-{shard.bytes - 1}"
+
+
+def _cached(cache: Path) -> set[str]:
+    return {e.url.rsplit("/", 1)[1] for e in ShardCache(cache).entries() if not e.partial}
+
+
+def _shard_traffic(proxy: FaultProxy, name: str) -> list[tuple[str, str | None, int]]:
+    """(shard, Range, bytes) of every shard GET the proxy answered for dataset ``name``."""
+    prefix = f"GET /{BUCKET}/{name}/shard-"
+    return [
+        (request.rsplit("/", 1)[1].split("?")[0], ranged, sent)
+        for request, ranged, sent in list(proxy.sent)
+        if request.startswith(prefix)
+    ]
+
+
+def _wait_for(test: Any, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not test():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_first_read_is_served_while_its_shard_downloads(
+    proxy: FaultProxy, urls: dict[str, str], local: dict[str, Path], tmp_path: Path, name: str
+) -> None:
+    manifest = load_manifest(local[name])
+    shard = manifest.shards[0]
+    expected = packer.open_dataset(local[name], output="bytes")
+    remote = _open(urls[name], proxy, tmp_path)
+    proxy.inject(["slow"], match=f"GET /{BUCKET}/{name}/{shard.name} Range={_whole(shard)};")
+    began = time.monotonic()
+    assert remote[0] == expected[0]  # sample 0 lies in shard 0
+    assert time.monotonic() - began < SLOW / 2  # not held by the download
+    _wait_for(lambda: not proxy.faults)  # the whole shard was asked for: still on its way
+    assert _cached(tmp_path) == set() and list(tmp_path.glob("*.part"))
+    assert wait_for_downloads(10) and _cached(tmp_path) == {shard.name}
+    proxy.sent.clear()
+    in_shard = np.flatnonzero(remote.shard_of_sample() == 0).tolist()
+    assert len(in_shard) >= 2
+    assert [remote[i] for i in in_shard] == [expected[i] for i in in_shard]
+    assert _shard_traffic(proxy, name) == []  # now read from the cache
+    remote.close()
+
+
+def test_a_cold_shuffled_epoch_downloads_each_shard_once(
+    proxy: FaultProxy, urls: dict[str, str], local: dict[str, Path], tmp_path: Path
+) -> None:
+    """A RandomSampler epoch in batches: every shard downloaded whole once; a record fetched by
+    a ranged GET only while its shard was not in the cache, so the epoch's traffic stays under
+    1.05x the dataset plus those records; the next epoch reads the cache only."""
+    name = "images.npy"
+    manifest = load_manifest(local[name])
+    sizes = {s.name: s.bytes for s in manifest.shards}
+    expected = packer.open_dataset(local[name], output="bytes")
+    remote = _open(urls[name], proxy, tmp_path)
+    shard_of = remote.shard_of_sample()
+    proxy.delay = 0.01  # a store a little away: downloads overlap the reads
+    proxy.sent.clear()
+    order = list(RandomSampler(remote, generator=torch.Generator().manual_seed(5)))
+    sampler = RandomSampler(remote, generator=torch.Generator().manual_seed(5))  # the same
+    loader = DataLoader(remote, batch_size=4, sampler=sampler, collate_fn=list)
+    missing_then = 0  # bytes of the shards each batch touched while they were not cached
+    got: list[Any] = []
+    cached: set[str] = set()  # before the batch (a shard once cached stays: no limit)
+    for k, batch in enumerate(loader):
+        touched = {manifest.shards[int(shard_of[i])].name for i in order[4 * k : 4 * k + 4]}
+        got += batch
+        missing_then += sum(sizes[s] for s in touched - cached)
+        cached = _cached(tmp_path)
+    assert got == [expected[i] for i in order]
+    assert wait_for_downloads(10)
+    traffic = _shard_traffic(proxy, name)
+    downloads = Counter(shard for shard, ranged, _ in traffic if ranged == _whole_of(sizes, shard))
+    assert downloads == Counter(dict.fromkeys(sizes, 1))  # each shard once, whole
+    twice = sum(n for shard, ranged, n in traffic if ranged != _whole_of(sizes, shard))
+    assert 0 < twice <= missing_then  # ranged only for shards not cached at their batch
+    assert sum(n for _, _, n in traffic) <= 1.05 * manifest.data_bytes + twice
+    proxy.sent.clear()
+    assert [remote[i] for i in order] == [expected[i] for i in order]
+    assert _shard_traffic(proxy, name) == []  # the second epoch: the cache only
+    remote.close()
+
+
+def _whole_of(sizes: dict[str, int], shard: str) -> str:
+    return f"bytes=0-{sizes[shard] - 1}"
+
+
+def test_a_corrupt_ranged_record_is_never_served(
+    proxy: FaultProxy, urls: dict[str, str], local: dict[str, Path], tmp_path: Path
+) -> None:
+    """The ranged path of a cached reader checks each record against the record table's
+    xxh3: a flipped byte is fetched again; flipped every time, a clear error."""
+    name = "images.npy"
+    shard = load_manifest(local[name]).shards[0]
+    expected = packer.open_dataset(local[name], output="bytes")
+    remote = _open(urls[name], proxy, tmp_path / "a")
+    partial = f"GET /{BUCKET}/{name}/{shard.name} Range=bytes="
+    whole = f"{partial}0-{shard.bytes - 1};"
+    proxy.inject(["slow"], match=whole)  # the download waits: the read goes by range
+    assert remote.reader.prefetch([0]) == 1
+    _wait_for(lambda: not proxy.faults)
+    proxy.inject(["flip"], match=partial)
+    assert remote[0] == expected[0] and proxy.faults == []
+    again = _open(urls[name], proxy, tmp_path / "b")
+    proxy.inject(["slow"], match=whole)
+    assert again.reader.prefetch([0]) == 1  # another cache folder: its own download
+    _wait_for(lambda: not proxy.faults)
+    proxy.inject(["flip"] * 3, match=partial)
+    with pytest.raises(PackerError, match=f"{shard.name}.*differs from its checksum"):
+        again[0]
+    remote.close()
+    again.close()
+
+
+def test_past_its_share_a_read_waits_for_the_download(
+    monkeypatch: pytest.MonkeyPatch,
+    proxy: FaultProxy,
+    urls: dict[str, str],
+    local: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    """A process serves at most its share of a downloading shard by range (here: the first
+    record only); the next read of that shard waits for the download, then reads the cache."""
+    name = "images.npy"
+    shard = load_manifest(local[name]).shards[0]
+    expected = packer.open_dataset(local[name], output="bytes")
+    remote = _open(urls[name], proxy, tmp_path)
+    in_shard = np.flatnonzero(remote.shard_of_sample() == 0).tolist()
+    first = len(expected[in_shard[0]][0])
+    monkeypatch.setattr(remote_cached, "RANGED_SHARE", 0.0)
+    monkeypatch.setattr(remote_cached, "RANGED_FLOOR", first)
+    proxy.inject(["slow"], match=f"GET /{BUCKET}/{name}/{shard.name} Range={_whole(shard)};")
+    proxy.sent.clear()
+    began = time.monotonic()
+    assert remote[in_shard[0]] == expected[in_shard[0]]
+    assert time.monotonic() - began < SLOW / 2  # within its share: by range
+    assert remote[in_shard[1]] == expected[in_shard[1]]
+    assert time.monotonic() - began > SLOW / 2  # past it: waited for the download
+    assert _cached(tmp_path) == {shard.name}
+    ranged = [n for _, r, n in _shard_traffic(proxy, name) if r != _whole(shard)]
+    assert ranged == [first]  # the bytes fetched twice: that one record
+    remote.close()
