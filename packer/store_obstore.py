@@ -48,6 +48,7 @@ SCHEMES = ("s3", "s3a", "http", "https")
 
 _RUNTIME_PID: int | None = None  # the process whose obstore call started its tokio runtime
 _LOCK = threading.Lock()
+_LOOPS = threading.local()  # each thread's event loop for obstore's futures (and its pid)
 
 # s3fs options with no meaning for a ranged read (fsspec caching, listings, the event loop)
 _IGNORED = frozenset(
@@ -221,15 +222,16 @@ class _BotocoreCredentials:
     """obstore's credential callback over botocore's chain (environment, shared config and
     credentials files, SSO, container and instance roles): the same credentials s3fs finds."""
 
-    def __init__(self, profile: str | None = None) -> None:
-        self.profile = profile
+    def __init__(self) -> None:
+        self.session: Any = None
 
     def __call__(self) -> dict[str, Any]:
         import datetime
 
         import botocore.session
 
-        found = botocore.session.get_session().get_credentials()
+        self.session = self.session or botocore.session.get_session()
+        found = self.session.get_credentials()
         if found is None:
             raise PackerError(
                 "no AWS credentials found (environment, ~/.aws, instance role); set "
@@ -280,8 +282,8 @@ class ObstoreRanges:
         if root.startswith(("http://", "https://")):
             given["client_options"] = {"allow_http": root.startswith("http://"), **self.client}
             return HTTPStore.from_url(root, **given)
-        if self.chain and _has_botocore():
-            given["credential_provider"] = _BotocoreCredentials()
+        if self.chain and not os.environ.get("AWS_ACCESS_KEY_ID") and _has_botocore():
+            given["credential_provider"] = _BotocoreCredentials()  # profiles, SSO, roles
         given["config"] = self.config
         return S3Store(root, **given)
 
@@ -297,7 +299,7 @@ class ObstoreRanges:
         flight together (``config_kwargs={"max_pool_connections": n}``, else
         :data:`POOL`)."""
         _started()
-        return asyncio.run(self._gather(urls, starts, stops))
+        return _loop().run_until_complete(self._gather(urls, starts, stops))
 
     async def _gather(
         self, urls: Sequence[str], starts: Sequence[int], stops: Sequence[int]
@@ -315,6 +317,16 @@ class ObstoreRanges:
                     return _plain(url, exc)
 
         return await asyncio.gather(*(one(*run) for run in zip(urls, starts, stops)))
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    """This thread's event loop, kept: ``asyncio.run`` per batch (a loop made and closed each
+    time) cost 68 CPU ms per 1.5 MB range against 1.2 ms on a kept loop."""
+    loop = getattr(_LOOPS, "loop", None)
+    if loop is None or _LOOPS.pid != os.getpid():
+        loop = _LOOPS.loop = asyncio.new_event_loop()
+        _LOOPS.pid = os.getpid()
+    return loop
 
 
 def _has_botocore() -> bool:
