@@ -248,7 +248,13 @@ def test_plain_http_reads_through_obstore(
 
 def test_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(store_obstore.ENV, raising=False)
+    assert store_obstore.backend_of({}) == "obstore"  # the default: installed, it pays
     assert store_obstore.backend_of({"backend": "fsspec"}) == "fsspec"
+    botocore_only = {"config_kwargs": {"response_checksum_validation": "when_supported"}}
+    assert store_obstore.backend_of(botocore_only) == "fsspec"  # an option obstore lacks
+    assert store_obstore.backend_of({}, "gs://b/x.npy") == "fsspec"
+    with pytest.raises(PackerError, match=r"reads s3://, s3a://, http://, https:// only"):
+        store_obstore.backend_of({"backend": "obstore"}, "gs://b/x.npy")
     monkeypatch.setenv(store_obstore.ENV, "fsspec")
     assert store_obstore.backend_of({}) == "fsspec"
     assert store_obstore.backend_of({"backend": "obstore"}) == "obstore"
