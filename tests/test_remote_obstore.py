@@ -27,7 +27,7 @@ import packer
 from packer import storage, store_obstore
 from packer.errors import FormatError, PackerError
 from packer.manifest import load_manifest
-from packer.storage import RemoteFolder, passing
+from packer.storage import RemoteFolder, passing, remote_error
 from packer.tools.image_demo import make_image_tree
 
 BUCKET = "obstore"
@@ -306,3 +306,9 @@ def test_obstore_errors_read_as_fsspec_errors() -> None:
     assert passing(store_obstore._plain("s3://b/k", throttled))
     assert "Debug source" not in str(store_obstore._plain("s3://b/k", throttled))
     assert not passing(store_obstore._plain("s3://b/k", odd))
+    unauthorized = GenericError(
+        "Generic S3 error: Error performing GET http://h/b/k - Server returned non-2xx status "
+        "code: 401 Unauthorized: <Error/>"
+    )
+    denied = remote_error("s3://b/k", store_obstore._plain("s3://b/k", unauthorized))
+    assert isinstance(denied, FormatError) and "access is denied" in str(denied)
