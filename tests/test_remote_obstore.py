@@ -312,3 +312,20 @@ def test_obstore_errors_read_as_fsspec_errors() -> None:
     )
     denied = remote_error("s3://b/k", store_obstore._plain("s3://b/k", unauthorized))
     assert isinstance(denied, FormatError) and "access is denied" in str(denied)
+
+
+def test_max_pool_connections_caps_the_requests_in_flight(
+    proxy: FaultProxy, local: dict[str, Path], urls: dict[str, str]
+) -> None:
+    """obstore's pool has no cap of its own: s3fs's ``max_pool_connections`` is kept as the
+    number of a batch's ranged GETs in flight at once."""
+    shards = len(load_manifest(local["images.npy"]).shards)
+    assert shards >= 4
+    options = _obstore(proxy, config_kwargs={"max_pool_connections": 2})
+    remote = packer.open_dataset(urls["images.npy"], output="bytes", storage_options=options)
+    proxy.delay, proxy.most_in_flight = 0.2, 0
+    try:
+        assert remote.reader.read_many(range(len(remote))) == _every(_local(local, "images.npy"))
+    finally:
+        proxy.delay = 0.0
+    assert proxy.most_in_flight == 2
