@@ -35,7 +35,7 @@ import re
 import threading
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from packer.errors import PackerError
 
@@ -274,7 +274,7 @@ class ObstoreRanges:
         if parts.scheme in ("s3", "s3a"):
             root, path = parts.netloc, parts.path.lstrip("/")
         elif parts.scheme in ("http", "https"):
-            root, path = f"{parts.scheme}://{parts.netloc}", parts.path.lstrip("/")
+            root, path = f"{parts.scheme}://{parts.netloc}", unquote(parts.path.lstrip("/"))
         else:
             raise PackerError(f"the obstore backend reads s3:// and http(s):// only, not {url!r}")
         if root not in self.stores:
