@@ -167,11 +167,13 @@ def remote_error(url: str, exc: BaseException) -> PackerError:
 
 
 class RemoteFolder:
-    """A dataset folder at ``url``, read through fsspec; picklable (URL and options only).
+    """A dataset folder at ``url``, read through fsspec (its ranged GETs through obstore where
+    chosen: :meth:`ranges`); picklable (URL and options only).
 
     Args:
         url: the folder's URL (``s3://bucket/out.npy``).
-        storage_options: passed to the fsspec file system (``endpoint_url``, ``anon``, ...).
+        storage_options: for the fsspec file system (``endpoint_url``, ``anon``, ...), and
+            ``backend`` (``"obstore"`` or ``"fsspec"``: :mod:`packer.store_obstore`).
     """
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
