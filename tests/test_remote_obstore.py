@@ -7,6 +7,7 @@ used obstore reads through fsspec instead of hanging in obstore's inherited runt
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -329,3 +330,15 @@ def test_max_pool_connections_caps_the_requests_in_flight(
     finally:
         proxy.delay = 0.0
     assert proxy.most_in_flight == 2
+
+
+def test_reads_from_a_thread_that_runs_an_event_loop(
+    proxy: FaultProxy, local: dict[str, Path], urls: dict[str, str]
+) -> None:
+    """A notebook's cells run inside an event loop: obstore's futures run on packer's own."""
+    remote = packer.open_dataset(urls["images.h5"], output="bytes", storage_options=_obstore(proxy))
+
+    async def inside() -> list[bytes]:
+        return _every(remote)
+
+    assert asyncio.run(inside()) == _every(_local(local, "images.h5"))
