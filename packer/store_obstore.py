@@ -7,8 +7,8 @@ faster backend").
 the options), else ``$PACKER_REMOTE_BACKEND``, else obstore when it is installed (the ``remote``
 extra), reads the URL's scheme and honours every option given, else fsspec. obstore is the
 default because it pays: ``benchmarks/remote_backends.py`` (20 ms per request, two workers)
-reads a shuffled epoch 1.79x faster (ShardedSampler 1.66x, in order 1.07x) with 0.3x the
-reader's CPU.
+reads a shuffled epoch 1.4-1.8x faster with a third of the reader's CPU, and never slower
+beyond the machine's noise (in order, or link-bound under a 50 MB/s cap).
 
 Only the hot path comes here: the batches of byte ranges of :meth:`RemoteFolder.read_runs` (and
 so :meth:`RemoteFolder.download`). The few metadata requests (manifest, tables, listing, the
