@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from packer.errors import FormatError, PackerError
+from packer.store_obstore import POOL, fsspec_options
 
-__all__ = ["GAP", "RETRY", "RemoteFolder", "Retry", "coalesce", "is_url", "join_url"]
+__all__ = ["GAP", "POOL", "RETRY", "RemoteFolder", "Retry", "coalesce", "is_url", "join_url"]
 
 T = TypeVar("T")
 
@@ -166,11 +167,13 @@ def remote_error(url: str, exc: BaseException) -> PackerError:
 
 
 class RemoteFolder:
-    """A dataset folder at ``url``, read through fsspec; picklable (URL and options only).
+    """A dataset folder at ``url``, read through fsspec (its ranged GETs through obstore where
+    chosen: :meth:`ranges`); picklable (URL and options only).
 
     Args:
         url: the folder's URL (``s3://bucket/out.npy``).
-        storage_options: passed to the fsspec file system (``endpoint_url``, ``anon``, ...).
+        storage_options: for the fsspec file system (``endpoint_url``, ``anon``, ...), and
+            ``backend`` (``"obstore"`` or ``"fsspec"``: :mod:`packer.store_obstore`).
     """
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
@@ -179,6 +182,7 @@ class RemoteFolder:
         self.identity: dict[str, tuple[int, str | None]] = {}  # name: (size, ETag) at open
         self._fs: Any = None
         self._pid = -1
+        self._ranged: tuple[int, Any] = (-1, None)  # (pid, obstore's reader or None)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "options": self.options, "identity": self.identity}
@@ -238,7 +242,7 @@ class RemoteFolder:
             fsspec = _import_fsspec()
             protocol = self.url.split("://", 1)[0]
             try:
-                options = _one_retry_layer(protocol, self.options)
+                options = fsspec_options(protocol, self.options)
                 self._fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
             except Exception as exc:  # unknown protocol, a backend not installed, bad options
                 raise PackerError(
@@ -249,6 +253,16 @@ class RemoteFolder:
                 self._fs.retries = 1  # s3fs's own loop: packer's RETRY is the one retry layer
             self._pid = os.getpid()
         return self._fs
+
+    def ranges(self) -> Any:
+        """What serves this process's ranged GETs (``cat_ranges``): obstore when chosen and
+        safe here (:mod:`packer.store_obstore`), else :meth:`fs`."""
+        if self._ranged[0] != os.getpid():
+            from packer import store_obstore as ob
+
+            use = ob.usable() and ob.backend_of(self.options, self.url) == "obstore"
+            self._ranged = (os.getpid(), ob.ObstoreRanges(self.options) if use else None)
+        return self._ranged[1] or self.fs()
 
     def _name(self, url: str) -> str:
         return url[len(self.url) + 1 :] if url.startswith(self.url + "/") else ""
@@ -334,7 +348,7 @@ class RemoteFolder:
 
         def attempt() -> list[bytes]:  # only the ranges not yet read are asked again
             todo = [k for k, block in enumerate(got) if block is None]
-            blocks = self.fs().cat_ranges(
+            blocks = self.ranges().cat_ranges(
                 [urls[k] for k in todo],
                 [starts[k] for k in todo],
                 [stops[k] for k in todo],
@@ -376,22 +390,6 @@ class RemoteFolder:
             return int(self.fs().info(url).get("size") or 0)
         except Exception:
             return -1
-
-
-POOL = 64  # connections an s3 client keeps (botocore's default, 10, caps a batch's ranged GETs)
-
-
-def _one_retry_layer(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` for s3 with botocore's own retries off unless the caller set them (packer's
-    :data:`RETRY` is then the one bounded retry layer: no 5 x 5 attempts) and a pool of
-    :data:`POOL` connections unless set (a shuffled batch's ~50 ranged GETs go out together
-    instead of 10 at a time: 268 → 154 ms a batch in ``benchmarks/harness/remote_clients.py``)."""
-    if protocol not in ("s3", "s3a"):
-        return options
-    config = dict(options.get("config_kwargs") or {})
-    config.setdefault("retries", {"total_max_attempts": 1})
-    config.setdefault("max_pool_connections", POOL)
-    return {**options, "config_kwargs": config}
 
 
 def _identity(entry: dict[str, Any]) -> tuple[int, str | None]:

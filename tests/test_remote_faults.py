@@ -3,7 +3,7 @@ connections dropped mid-body and bodies cut short are retried by packer's storag
 bounded backoff and give the right bytes, or fail with an error naming the URL and the attempts;
 403/404 are not retried; an object replaced after the dataset was opened is refused.
 
-botocore's and s3fs's own retries are off for s3 by default (packer.storage._one_retry_layer and
+botocore's and s3fs's own retries are off for s3 by default (packer.store_obstore.fsspec_options and
 ``fs.retries = 1``), so the retries seen here are packer's."""
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ BUCKET = "faults"  # the module's bucket on the shared S3 server (conftest)
 @pytest.fixture(autouse=True)
 def quick_retry(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(storage, "RETRY", storage.Retry(attempts=4, base=0.01, cap=0.05))
+    # the fsspec read backend here; tests/test_remote_obstore.py meets the same faults through obstore
+    monkeypatch.setenv("PACKER_REMOTE_BACKEND", "fsspec")
 
 
 @pytest.fixture(scope="module")
@@ -149,9 +151,8 @@ def test_a_batch_of_ranged_gets_goes_out_together(
     url = server.upload(tmp_path / "many.npy", "many.npy")
     counts = []
     for options in ({}, {"config_kwargs": {"max_pool_connections": 4}}):
-        ds = packer.open_dataset(
-            url, output="bytes", storage_options={"endpoint_url": proxy.endpoint, **options}
-        )
+        options = {"endpoint_url": proxy.endpoint, "backend": "fsspec", **options}  # s3fs's pool
+        ds = packer.open_dataset(url, output="bytes", storage_options=options)
         assert len(ds.manifest.shards) == len(ds) == 24
         proxy.delay, proxy.most_in_flight = 0.3, 0
         try:
