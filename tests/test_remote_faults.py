@@ -179,3 +179,21 @@ def test_the_tables_are_fetched_together_at_open(
         proxy.delay = 0.0
     assert len(ds) == 4 and proxy.most_in_flight >= 3
     ds.close()
+
+
+@pytest.mark.parametrize("backend", ["fsspec", "obstore"])
+def test_a_flipped_byte_in_a_ranged_read_is_never_served(
+    proxy: FaultProxy, local: Path, url: str, backend: str
+) -> None:
+    """Ranged reads without a cache check every record against the record table's xxh3 (TCP's
+    checksum lets some corruption through; an http:// store has nothing else): a byte flipped
+    on the way is fetched again; flipped every time, a clear error, never the wrong sample."""
+    options = {**_through(proxy), "backend": backend}
+    remote = packer.open_dataset(url, output="bytes", storage_options=options)
+    shard = load_manifest(local).shards[0].name
+    proxy.inject(["flip"], match=f"GET /faults/images.h5/{shard}")
+    assert remote.reader.read_many(range(len(remote))) == _expected(local)
+    assert proxy.faults == []
+    proxy.inject(["flip"] * 4, match=f"GET /faults/images.h5/{shard}")
+    with pytest.raises(FormatError, match=f"{shard}.*differs from its checksum"):
+        remote.reader.read_many(range(len(remote)))
