@@ -1,7 +1,7 @@
 """Upload alone, no conversion running: how fast the loopback link of
 ``benchmarks/staging_stream.py`` takes shard-sized objects one PUT at a time (what
-``ShardStream`` does: ``Uploader.put`` per shard, the next only after it), several objects at
-once (``Uploader.put_many``, what the final upload of a whole staged output does), and one
+``ShardStream`` did before it sent ``IN_FLIGHT`` shards at once), several objects at once
+(``Uploader.put_many``, what the final upload of a whole staged output does), and one
 object as a multipart upload with its parts in flight together (s3fs ``chunksize`` /
 ``max_concurrency``) — the candidates for keeping the link busy while converting.
 """
