@@ -115,6 +115,8 @@ def summarize(results: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, 
         s, w = rows.get("streamed", {}), rows.get("whole", {})
         if s.get("wall_s") and w.get("wall_s"):
             rows["streamed_over_whole_wall"] = s["wall_s"] / w["wall_s"]
+            pairs = zip(by_mode.get("streamed", []), by_mode.get("whole", []))
+            rows["streamed_over_whole_per_round"] = [a["wall_s"] / b["wall_s"] for a, b in pairs]
         out[fmt] = rows
     return out
 
@@ -145,8 +147,10 @@ def table(summary: dict[str, Any], limit: int, shard: int) -> str:
         out = rows.get("streamed", {}).get("output_bytes") or 0
         expected = (limit + 2 * shard) / out if out else float("nan")
         ratio = rows.get("streamed_over_whole_wall", float("nan"))
+        rounds = rows.get("streamed_over_whole_per_round") or [float("nan")]
         lines.append(
-            f"{fmt}: streamed ÷ whole wall {ratio:.2f}; expected peak ÷ output "
+            f"{fmt}: streamed ÷ whole wall {ratio:.2f} (per round {min(rounds):.2f}–"
+            f"{max(rounds):.2f}); expected peak ÷ output "
             f"(limit + 2 shards) ÷ output = {expected:.2f}"
         )
     for way, r in summary.get("upload_probe", {}).items():

@@ -46,8 +46,8 @@ def _multipart(up: Uploader, files: list[Path], prefix: str, parts: int = 4) -> 
 
 
 WAYS = {
-    "one PUT at a time (streamed)": _one_at_a_time,
-    "8 PUTs at once (final upload)": _all_at_once,
+    "one PUT at a time (the stream before 331f502)": _one_at_a_time,
+    "8 PUTs at once (final upload; the stream now: 4)": _all_at_once,
     "one at a time, multipart 5 MiB x 4 in flight": _multipart,
 }
 
