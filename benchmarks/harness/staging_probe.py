@@ -1,7 +1,7 @@
 """Upload alone, no conversion running: how fast the loopback link of
 ``benchmarks/staging_stream.py`` takes shard-sized objects one PUT at a time (what
-``ShardStream`` does: ``Uploader.put`` per shard, the next only after it), several objects at
-once (``Uploader.put_many``, what the final upload of a whole staged output does), and one
+``ShardStream`` did before it sent ``IN_FLIGHT`` shards at once), several objects at once
+(``Uploader.put_many``, what the final upload of a whole staged output does), and one
 object as a multipart upload with its parts in flight together (s3fs ``chunksize`` /
 ``max_concurrency``) — the candidates for keeping the link busy while converting.
 """
@@ -46,8 +46,8 @@ def _multipart(up: Uploader, files: list[Path], prefix: str, parts: int = 4) -> 
 
 
 WAYS = {
-    "one PUT at a time (streamed)": _one_at_a_time,
-    "8 PUTs at once (final upload)": _all_at_once,
+    "one PUT at a time (the stream before 331f502)": _one_at_a_time,
+    "8 PUTs at once (final upload; the stream now: 4)": _all_at_once,
     "one at a time, multipart 5 MiB x 4 in flight": _multipart,
 }
 

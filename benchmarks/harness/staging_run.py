@@ -6,8 +6,8 @@ sampled at each conversion event, and where the time goes.
 Where the time goes is read by timing a few packer methods from outside (wrapped for the run,
 restored after; packer's code is not changed): the converter blocked in
 ``ShardStream.after_shard`` (waiting while ``staging_limit`` bytes wait for upload) and in
-``drain`` (before the tables), the upload thread busy in ``ShardStream._send`` (its idle time
-is the rest of the conversion), and the final ``Uploader.upload``.
+``drain`` (before the tables), the upload threads busy in ``ShardStream._send`` (summed over
+the up to ``IN_FLIGHT`` shards sent at once), and the final ``Uploader.upload``.
 """
 
 from __future__ import annotations
@@ -18,21 +18,20 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import packer
 from harness.host_load import host_busy_seconds, others_during, own_usage
 from harness.remote_s3 import CREDENTIALS, HERE, LoopbackStore, _start
-from harness.staging_fix import installed
 from packer.staging import convert_to_url
 from packer.upload import Uploader
 from packer.upload_stream import ShardStream
 
-# streamed: convert_to_url's default; whole: keep_staging=True; local: packer.convert;
-# parallel: streamed through the prototype of harness/staging_fix.py (4 shards in flight)
-MODES = ("streamed", "parallel", "whole", "local")
+# streamed: convert_to_url's default (up to IN_FLIGHT shards sent at once); whole:
+# keep_staging=True; local: packer.convert
+MODES = ("streamed", "whole", "local")
 
 
 def blocks_under(folder: Path) -> int:
@@ -74,15 +73,24 @@ class DiskPoll:
 
 
 class Timings:
-    """Seconds spent in wrapped methods (any thread), and how many calls."""
+    """Seconds spent in wrapped methods (any thread), how many calls, and the most calls of
+    each running at once (the shards the stream had in flight, for ``_send``)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self.calls: dict[str, int] = {}
+        self.most_at_once: dict[str, int] = {}
+        self._running: dict[str, int] = {}
         self._lock = threading.Lock()
+
+    def enter(self, key: str) -> None:
+        with self._lock:
+            self._running[key] = self._running.get(key, 0) + 1
+            self.most_at_once[key] = max(self.most_at_once.get(key, 0), self._running[key])
 
     def add(self, key: str, seconds: float) -> None:
         with self._lock:
+            self._running[key] -= 1
             self.seconds[key] = self.seconds.get(key, 0.0) + seconds
             self.calls[key] = self.calls.get(key, 0) + 1
 
@@ -103,6 +111,7 @@ def timed_methods(timings: Timings) -> Iterator[None]:
 
     def wrap(orig: Callable[..., Any], key: str) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
+            timings.enter(key)
             start = time.perf_counter()
             try:
                 return orig(*args, **kwargs)
@@ -201,8 +210,7 @@ def convert_once(
     started = time.perf_counter()
     events = EventLog(staging, started)
     common = dict(shard_size=options["shard_size"], progress=False, on_event=events)
-    fix = installed() if mode == "parallel" else nullcontext()
-    with DiskPoll(staging) as poll, timed_methods(timings), fix:
+    with DiskPoll(staging) as poll, timed_methods(timings):
         if mode == "local":
             result = packer.convert(src, staging / f"out{suffix}", **common)
         else:
@@ -243,6 +251,7 @@ def convert_once(
         "events_s": events.first,
         "timings_s": timings.seconds,
         "timings_calls": timings.calls,
+        "timings_most_at_once": timings.most_at_once,
         "cpu_s": cpu,
         "others_share": others_during(host0, host_busy_seconds(), cpu, wall),
         "notes": list(result.notes),
