@@ -304,6 +304,8 @@ def _verify_url(
     except PackerError as exc:
         report.problems.append(Problem("tables", str(exc)))
         return report
+    if cached is None:  # an uncached RemoteReader: verify compares every record itself and
+        packed.reader.checksum = None  # type: ignore[attr-defined]  # names the samples
     # a corrupt shard is never cached: its samples are skipped, as a corrupt LMDB shard's are
     bad_files = unreadable | (corrupt if manifest.format == "lmdb" or cached else set())
     return _check_samples(packed, keys, bad_files, full, progress, workers, report)
