@@ -24,6 +24,7 @@ __all__ = [
     "Sample",
     "Scan",
     "SkippedInput",
+    "check_source_folder",
     "natural_key",
     "path_keys",
     "scan",
@@ -99,18 +100,23 @@ def is_video_name(name: str) -> bool:
     return os.path.splitext(name)[1].lower() in VIDEO_EXTENSIONS
 
 
-def class_dirs(root: Path) -> list[str]:
-    """The sorted class folder names of ``root`` (hidden folders left out).
-
-    Raises:
-        SourceError: ``root`` is missing, a file, unreadable, or has no class folders.
-    """
+def check_source_folder(root: Path) -> None:
+    """Raise SourceError unless ``root`` is an existing folder."""
     if not root.exists():
         raise SourceError(f"source {str(root)!r} does not exist")
     if not root.is_dir():
         raise SourceError(
             f"source {str(root)!r} is a file; expected a folder laid out as <class>/<image>"
         )
+
+
+def class_dirs(root: Path) -> list[str]:
+    """The sorted class folder names of ``root`` (hidden folders left out).
+
+    Raises:
+        SourceError: ``root`` is missing, a file, unreadable, or has no class folders.
+    """
+    check_source_folder(root)
     try:
         entries = list(os.scandir(root))
     except PermissionError as exc:

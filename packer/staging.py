@@ -33,10 +33,11 @@ from typing import Any
 
 from packer.convert import convert
 from packer.convert_result import ConvertResult
-from packer.errors import DestinationError, PackerError, SourceError
+from packer.errors import DestinationError, PackerError
 from packer.merge import merge
 from packer.plan import DEFAULT_SHARD_SIZE
 from packer.sizes import parse_size
+from packer.sources import check_source_folder
 from packer.upload import JOURNAL_NAME, Journal, Uploader
 from packer.upload_stream import ShardStream, stream_limit
 
@@ -116,13 +117,6 @@ def _staged(url: str, staging: Any, shared: bool = False) -> Iterator[Path]:
         os.close(fd)
 
 
-def _check_source(src: Path) -> None:
-    if not src.exists():
-        raise SourceError(f"source {str(src)!r} does not exist")
-    if not src.is_dir():
-        raise SourceError(f"source {str(src)!r} is a file; expected a folder")
-
-
 def _clear(folder: Path, keep: tuple[str, ...] = (_LOCK,)) -> None:
     """Remove everything in ``folder`` but ``keep``."""
     for entry in folder.iterdir():
@@ -186,7 +180,7 @@ def convert_to_url(
     """
     name = _name_of(url)
     options = dict(storage_options or {})
-    _check_source(Path(src))  # a mistyped source is said before the store is asked
+    check_source_folder(Path(src))  # a mistyped source is said before the store is asked
     with _staged(url, staging, shared=part is not None) as folder:
         local, journal = folder / name, Journal(folder / JOURNAL_NAME)
         uploader = Uploader(url, options, journal, resume)

@@ -22,7 +22,6 @@ the backoff of :data:`packer.storage.RETRY`; every error names the URL.
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -275,9 +274,9 @@ class Uploader:
                 if future.done() and not future.cancelled():
                     future.result()  # raises the first failure
 
-    def put(self, local: Path, name: str, bar: Any) -> os.stat_result:
+    def put(self, local: Path, name: str, bar: Any) -> None:
         """Upload the file ``local`` as the object ``name``, check the object's size, record
-        it in the journal; return the file's status as sent."""
+        it in the journal."""
         url = join_url(self.url, name)
         st = local.stat()
         fs = self.folder.fs()
@@ -302,7 +301,6 @@ class Uploader:
                 f"{st.st_size}: the store truncated it; run the same command with --resume"
             )
         self.journal.record(name, st, size, etag)
-        return st
 
 
 def _etag(info: dict[str, Any]) -> str | None:

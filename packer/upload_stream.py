@@ -110,7 +110,7 @@ class ShardStream:
     ) -> None:
         self.uploader, self.local, self.limit, self.user_event = uploader, local, limit, on_event
         self.overwrite, self._begun = overwrite, False
-        self.uploaded = self.bytes = self.waiting = self.most_waiting = 0
+        self.uploaded = self.bytes = self.waiting = 0
         self._queue: deque[tuple[list[tuple[Path, str]], int]] = deque()
         self._cond = threading.Condition()
         self._sending: dict[int, int] = {}  # shards being sent: id of their files -> bytes
@@ -139,7 +139,6 @@ class ShardStream:
             self._raise()
             self._queue.append((files, size))
             self.waiting += size
-            self.most_waiting = max(self.most_waiting, self.waiting)
             self._cond.notify_all()
 
     def on_event(self, name: str, number: int) -> None:

@@ -173,7 +173,6 @@ class CachedShardReader(_CachedShards, RemoteReader):
             manifest,
             records,
             sample_suffix,
-            verify=True,
             max_open_files=max_open_files,
         )
         self._cached_init(folder, cache, manifest)
