@@ -7,15 +7,21 @@ making the upload slower than the conversion (so the limit is what holds staging
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from fault_proxy import FaultProxy
 from s3_server import S3Server
-from test_remote_write import assert_same_dataset, files, objects
+from test_remote_write import assert_same_dataset, files, holding_proxy, objects
 
 import packer
+from packer.cli import main
 from packer.errors import DestinationError
 from packer.staging import convert_to_url, staging_folder
 from packer.tools.image_demo import make_image_tree
@@ -262,3 +268,41 @@ def test_an_executor_writes_ahead_of_the_upload_by_a_window_only(
     assert watch.most < total / 2, (watch.most, total)
     note = next(n for n in result.notes if n.startswith("uploaded"))
     assert f"{len(data)} while converting" in note, note
+
+
+def test_a_part_that_finds_another_parts_shards_takes_them_as_ours(
+    server: S3Server, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    """Two real ``--part`` processes on one URL: part 1 reads the journal, then its check of the
+    store is held while part 0 runs whole, sending its shards (no manifest). Part 1's check then
+    finds them: it reads the journal again, sees the upload is this staging folder's, and goes
+    on instead of refusing a foreign prefix; ``merge`` uploads the tables and manifest, and the
+    dataset equals one run's."""
+    url, staging = f"s3://{BUCKET}/parts.lmdb", tmp_path / "staging"
+    env = {**os.environ, "PYTHONPATH": str(Path(packer.__file__).parents[1])}
+    with holding_proxy(server.endpoint) as proxy:
+        common = ["--staging", str(staging), "--storage-option", f"endpoint_url={proxy.endpoint}"]
+        given = [*common, "--shard-size", str(SHARD), "--workers", "1", "-q"]
+
+        def part(i: int) -> subprocess.Popen[str]:
+            command = [sys.executable, "-m", "packer", "convert", str(sources["images"]), url]
+            command += ["--part", f"{i}/2", *given]
+            return subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+
+        proxy.hold = "list-type=2&prefix=parts.lmdb"
+        second = part(1)
+        deadline = time.monotonic() + 60
+        while not proxy.held:  # part 1 has read the journal and asks the store
+            assert second.poll() is None and time.monotonic() < deadline, second.stderr
+            time.sleep(0.02)
+        proxy.hold = ""  # part 0 passes
+        first = part(0)
+        assert first.wait(120) == 0, first.communicate()[1]
+        assert objects(server, url)  # part 0's shards, no manifest
+        proxy.released.set()  # part 1's held listing fails (503), its retry sees them
+        assert second.wait(120) == 0, second.communicate()[1]
+        merged = CliRunner().invoke(main, ["merge", url, *common])
+    assert merged.exit_code == 0, merged.output
+    local = tmp_path / "local.lmdb"
+    packer.convert(sources["images"], local, shard_size=SHARD, workers=1, progress=False)
+    assert_same_dataset(objects(server, url), files(local))
