@@ -23,7 +23,7 @@ from test_remote_write import assert_same_dataset, files, holding_proxy, objects
 import packer
 from packer.cli import main
 from packer.errors import DestinationError
-from packer.staging import convert_to_url, staging_folder
+from packer.staging import convert_to_url, merge_to_url, staging_folder
 from packer.tools.image_demo import make_image_tree
 from packer.tools.video_demo import make_video_tree
 
@@ -303,6 +303,27 @@ def test_a_part_that_finds_another_parts_shards_takes_them_as_ours(
         assert second.wait(120) == 0, second.communicate()[1]
         merged = CliRunner().invoke(main, ["merge", url, *common])
     assert merged.exit_code == 0, merged.output
+    local = tmp_path / "local.lmdb"
+    packer.convert(sources["images"], local, shard_size=SHARD, workers=1, progress=False)
+    assert_same_dataset(objects(server, url), files(local))
+
+
+def test_a_shard_written_again_after_its_copy_was_released_is_sent(
+    server: S3Server, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    """The journal's "released" mark holds only for the released copy itself: a part staged
+    again whole (``keep_staging``) after a streamed one was merged rewrites its shard files, and
+    the next ``merge`` sends them instead of refusing them as released."""
+    url, staging = f"s3://{BUCKET}/again-parts.lmdb", tmp_path / "staging"
+    common = dict(staging=staging, storage_options={"endpoint_url": server.endpoint})
+    args = dict(shard_size=SHARD, workers=1, progress=False, part=(0, 1), **common)
+    convert_to_url(sources["images"], url, **args)  # streamed: the shards sent, copies released
+    merge_to_url(url, keep_staging=True, progress=False, **common)  # the journal stays
+    journal = staging_folder(url, staging) / "upload-journal.jsonl"
+    assert '"released": true' in journal.read_text()
+    convert_to_url(sources["images"], url, overwrite=True, keep_staging=True, **args)
+    merged = merge_to_url(url, overwrite=True, progress=False, **common)
+    assert "already uploaded" not in " ".join(merged.notes), merged.notes  # all sent again
     local = tmp_path / "local.lmdb"
     packer.convert(sources["images"], local, shard_size=SHARD, workers=1, progress=False)
     assert_same_dataset(objects(server, url), files(local))
