@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from packer.errors import DestinationError, PackerError
-from packer.manifest import MANIFEST_NAME
+from packer.manifest import MANIFEST_NAME, file_checksum, load_manifest
 from packer.storage import RemoteFolder, join_url, passing
 from packer.upload_journal import JOURNAL_NAME, Journal
 
@@ -54,6 +54,18 @@ def upload_order(folder: Path) -> list[str]:
 
 def _is_manifest(name: str) -> bool:
     return name.rsplit("/", 1)[-1] == MANIFEST_NAME
+
+
+def expected_checksums(folder: Path) -> dict[str, str]:
+    """The xxh3 that the manifests of the finished output ``folder`` (the top one and each
+    split's) record for its shard files and tables, by relative name."""
+    sums: dict[str, str] = {}
+    for path in sorted(folder.rglob(MANIFEST_NAME)):
+        prefix = "".join(p + "/" for p in path.parent.relative_to(folder).parts)
+        manifest = load_manifest(path.parent)
+        sums.update({prefix + s.name: s.xxh3_64 for s in manifest.shards})
+        sums.update({prefix + n: h for n, h in manifest.files.items()})
+    return sums
 
 
 @dataclass
@@ -159,9 +171,16 @@ class Uploader:
                 out[str(path)[len(root) :]] = (int(entry.get("size") or 0), tag and str(tag))
         return out
 
-    def ours(self, name: str, local: Path, listing: dict[str, tuple[int, str | None]]) -> bool:
-        """Whether the object ``name`` is the upload of ``local`` this journal recorded."""
-        return self.journal.holds(name, local, listing.get(name))
+    def ours(
+        self,
+        name: str,
+        local: Path,
+        listing: dict[str, tuple[int, str | None]],
+        expected: str | None = None,
+    ) -> bool:
+        """Whether the object ``name`` is the upload of ``local`` (or of its released copy)
+        this journal recorded, sent from bytes whose xxh3 is ``expected`` where known."""
+        return self.journal.holds(name, local, listing.get(name), expected)
 
     def check(
         self, overwrite: bool, staged: Path | None = None
@@ -215,17 +234,18 @@ class Uploader:
         began = time.perf_counter()
         listing = self.begin(overwrite, staged)
         names = upload_order(staged)
-        todo = [n for n in names if not self.ours(n, staged / n, listing)]
-        self._check_released(staged, todo)
+        sums = expected_checksums(staged)
+        todo = [n for n in names if not self.ours(n, staged / n, listing, sums.get(n))]
+        self._check_released(staged, todo, sums)
         report = UploadReport(self.url, skipped=len(names) - len(todo))
         total = sum((staged / n).stat().st_size for n in todo)
         manifests = [n for n in todo if _is_manifest(n)]  # deepest first, the top one last
         data = [n for n in todo if not _is_manifest(n)]
         small = [n for n in data if (staged / n).stat().st_size < LARGE]
         with _bar(total, progress) as bar:
-            self.put_many([(staged / n, n) for n in small], bar)
+            self.put_many([(staged / n, n) for n in small], bar, sums)
             for name in sorted(set(data) - set(small)):  # one at a time: bounded memory
-                self.put(staged / name, name, bar)
+                self.put(staged / name, name, bar, sums.get(name))
             for name in manifests:  # one at a time, once every data file is there
                 self.put(staged / name, name, bar)
         stale = sorted(set(listing) - set(names))
@@ -237,10 +257,11 @@ class Uploader:
         report.bytes, report.seconds = total, time.perf_counter() - began
         return report
 
-    def _check_released(self, staged: Path, todo: list[str]) -> None:
+    def _check_released(self, staged: Path, todo: list[str], sums: dict[str, str]) -> None:
         """Refuse to send an object whose staged copy was released after an earlier upload
-        (its bytes are gone locally) but which the store no longer holds as uploaded."""
-        gone = [n for n in todo if self.journal.released(n, staged / n)]
+        (its bytes are gone locally, whatever point of the release a kill came at) but which
+        the store no longer holds as uploaded."""
+        gone = [n for n in todo if self.journal.released(n, staged / n, sums.get(n))]
         if gone:
             raise DestinationError(
                 f"{join_url(self.url, gone[0])!r} (and {len(gone) - 1} more) was uploaded during "
@@ -260,13 +281,18 @@ class Uploader:
             self.attempt(url, "delete the old manifest", functools.partial(fs.rm_file, url))
             del listing[name]
 
-    def put_many(self, pairs: list[tuple[Path, str]], bar: Any) -> None:
-        """Upload each ``(local file, object name)`` several at once; the first failure
-        cancels the rest and raises."""
+    def put_many(
+        self, pairs: list[tuple[Path, str]], bar: Any, sums: dict[str, str] | None = None
+    ) -> None:
+        """Upload each ``(local file, object name)`` several at once (each checked against
+        its xxh3 in ``sums``, where given); the first failure cancels the rest and raises."""
         if not pairs:
             return
+        sums = sums or {}
         with ThreadPoolExecutor(min(THREADS, len(pairs)), thread_name_prefix="upload") as pool:
-            futures = [pool.submit(self.put, local, name, bar) for local, name in pairs]
+            futures = [
+                pool.submit(self.put, local, name, bar, sums.get(name)) for local, name in pairs
+            ]
             done, pending = wait(futures, return_when=FIRST_EXCEPTION)
             for future in pending:
                 future.cancel()
@@ -274,11 +300,24 @@ class Uploader:
                 if future.done() and not future.cancelled():
                     future.result()  # raises the first failure
 
-    def put(self, local: Path, name: str, bar: Any) -> None:
+    def put(self, local: Path, name: str, bar: Any, expected: str | None = None) -> None:
         """Upload the file ``local`` as the object ``name``, check the object's size, record
-        it in the journal."""
+        it in the journal (with the xxh3 of the bytes sent).
+
+        Raises:
+            DestinationError: ``local``'s bytes do not hash to ``expected`` (the xxh3 the
+                manifest records for it): nothing is sent.
+        """
         url = join_url(self.url, name)
         st = local.stat()
+        found = file_checksum(local)
+        if expected is not None and found != expected:
+            raise DestinationError(
+                f"refusing to upload {str(local)!r} to {url!r}: its bytes (xxh3 {found}) differ "
+                f"from the checksum its manifest records ({expected}); the staged copy was "
+                "damaged or emptied after it was written. Nothing was sent for it; convert "
+                "again with --overwrite"
+            )
         fs = self.folder.fs()
         s3 = self.url.split("://", 1)[0] in ("s3", "s3a")
         extra = {"max_concurrency": PARTS} if s3 and st.st_size >= LARGE else {}
@@ -300,7 +339,7 @@ class Uploader:
                 f"uploaded {str(local)!r} to {url!r} but the store holds {size} bytes, not "
                 f"{st.st_size}: the store truncated it; run the same command with --resume"
             )
-        self.journal.record(name, st, size, etag)
+        self.journal.record(name, st, size, etag, found)
 
 
 def _etag(info: dict[str, Any]) -> str | None:

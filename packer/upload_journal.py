@@ -2,8 +2,12 @@
 staging folder, so that ``--resume`` does not send an object again that the store already holds.
 
 A line is flushed as soon as its object is uploaded (a process kill keeps it); a lost or torn
-line costs one upload again, never a wrong object: an entry counts only while both the local
-file (size and mtime) and the store's object (size and ETag) are as it recorded. Several
+line costs one upload again, never a wrong object: an entry counts only while the store's object
+(size and ETag) is as it recorded and the bytes it was sent from are the ones the output needs
+(the local file's size and mtime unchanged, or, once known, the xxh3 of the bytes sent equal to
+the one the manifest records). A staged copy released after its upload
+(:mod:`packer.upload_stream`) is marked so durably (the line fsync'd) before the file is touched,
+so a kill at any point of the release leaves a copy that is known as released. Several
 processes (``--part`` tasks sharing a staging folder) may append to one journal: each line is
 one ``write`` under an exclusive ``flock`` of the file.
 """
@@ -16,6 +20,8 @@ import os
 import threading
 from pathlib import Path
 from typing import Any
+
+from packer.manifest import file_checksum
 
 __all__ = ["JOURNAL_NAME", "Journal"]
 
@@ -43,13 +49,16 @@ class Journal:
             except (ValueError, TypeError):
                 continue  # a line torn by a crash: that object is uploaded again
 
-    def _append(self, entry: dict[str, Any]) -> None:
-        """One line, written whole under the file's lock (other processes may append too)."""
+    def _append(self, entry: dict[str, Any], durable: bool = False) -> None:
+        """One line, written whole under the file's lock (other processes may append too);
+        ``durable``: on disk before this returns (fsync)."""
         line = (json.dumps(entry) + "\n").encode("utf-8")
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             os.write(fd, line)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)  # releases the lock
 
@@ -78,26 +87,37 @@ class Journal:
             self.path.write_text(json.dumps({"owner": url}) + "\n", encoding="utf-8")
             self.entries, self.owned = {}, True
 
-    def record(self, name: str, local: os.stat_result, size: int, etag: str | None) -> None:
-        """Note that ``name`` (the local file of ``local``) is at the store with ``size`` and
-        ``etag``; flushed at once (a process kill keeps it)."""
+    def record(
+        self, name: str, local: os.stat_result, size: int, etag: str | None, xxh3: str
+    ) -> None:
+        """Note that ``name`` (the local file of ``local``, whose bytes hash to ``xxh3``) is at
+        the store with ``size`` and ``etag``; flushed at once (a process kill keeps it)."""
         entry = {"name": name, "local": [local.st_size, local.st_mtime_ns], "size": size}
-        entry["etag"] = etag
+        entry.update(etag=etag, xxh3=xxh3)
         with self._lock:
             self.entries[name], self.owned = entry, True
             self._append(entry)
 
     def release(self, name: str) -> None:
         """Note, before the staged copy of the uploaded ``name`` is released (its blocks freed,
-        its size and mtime kept: :mod:`packer.upload_stream`), that it cannot be sent again."""
+        its size and mtime kept: :mod:`packer.upload_stream`), that it cannot be sent again;
+        on disk (fsync'd) before this returns, so a kill inside the release leaves it known."""
         with self._lock:
             entry = dict(self.entries[name], released=True)
             self.entries[name] = entry
-            self._append(entry)
+            self._append(entry, durable=True)
 
-    def released(self, name: str, local: Path) -> bool:
-        """Whether ``local`` is the staged copy of ``name`` released after its upload (a file
-        written since is not)."""
+    def sent_from(self, name: str) -> str | None:
+        """The xxh3 of the bytes ``name`` was last uploaded from (None: not recorded)."""
+        found = self.entries.get(name, {}).get("xxh3")
+        return found if isinstance(found, str) else None
+
+    def released(self, name: str, local: Path, expected: str | None = None) -> bool:
+        """Whether ``local`` is (or was being made) the released staged copy of ``name``: the
+        journal marks it released and its bytes are not whole any more, at whatever point of
+        the release a kill came (emptied, zero-filled, its mtime not yet restored). A file
+        written again since, whose bytes hash to ``expected`` (the manifest's xxh3) or to the
+        xxh3 it was sent from, is not."""
         entry = self.entries.get(name, {})
         if not entry.get("released"):
             return False
@@ -105,17 +125,34 @@ class Journal:
             st = local.stat()
         except FileNotFoundError:
             return False
-        return entry.get("local") == [st.st_size, st.st_mtime_ns]
+        if entry.get("local") == [st.st_size, st.st_mtime_ns] and st.st_blocks == 0:
+            return True  # released to the end: a file of holes as recorded
+        whole = expected or self.sent_from(name)
+        return whole is None or file_checksum(local) != whole
 
-    def holds(self, name: str, local: Path, remote: tuple[int, str | None] | None) -> bool:
-        """Whether ``name`` was uploaded from ``local`` as it is now and the store still has
-        that object (same size and ETag)."""
+    def holds(
+        self,
+        name: str,
+        local: Path,
+        remote: tuple[int, str | None] | None,
+        expected: str | None = None,
+    ) -> bool:
+        """Whether the store still has the object ``name`` as uploaded (same size and ETag) and
+        it was sent from the bytes the output needs: ``local`` as it is now (size and mtime),
+        or a copy released since; and, where the journal and the manifest both know it, with
+        the xxh3 ``expected``."""
         entry = self.entries.get(name)
         if entry is None or remote is None:
             return False
+        if (entry.get("size"), entry.get("etag")) != remote:
+            return False
+        sent = self.sent_from(name)
+        if expected is not None and sent is not None and sent != expected:
+            return False  # sent from other bytes than the manifest's
+        if entry.get("released"):
+            return True  # its bytes are at the store only (or a copy identical to them)
         try:
             st = local.stat()
         except FileNotFoundError:
             return False
-        same_local = entry.get("local") == [st.st_size, st.st_mtime_ns]
-        return same_local and (entry.get("size"), entry.get("etag")) == remote
+        return entry.get("local") == [st.st_size, st.st_mtime_ns]

@@ -5,13 +5,14 @@ Each planned shard, once durable and checkpointed (the converter's ``after_shard
 queued; a background thread sends the queued shards in order, up to :data:`IN_FLIGHT` at once
 while their bytes stay under :data:`IN_FLIGHT_BYTES` (a shard file ≥ 16 MiB alone, multipart as
 :class:`packer.upload.Uploader` does it; a group's per-sample files several at once), and then
-*releases* each staged copy: the file is emptied and extended back to its
-size (a hole: no disk blocks), its mtime restored. So every step of the conversion that looks at
+*releases* each staged copy: a file of holes (no disk blocks) with its size and mtime is
+renamed over it, in one step a kill cannot cut. So every step of the conversion that looks at
 the staged output (sizes in the manifest, the published-output checks of ``--resume``, the
 stale-object listing of the upload) sees the same tree as before, without its bytes.
 
-Safety: a file is released only after its upload is checked (size) and journaled, and its
-journal line says so first (:meth:`packer.upload_journal.Journal.release`). The final upload
+Safety: a file is released only after its upload is checked (size, and the xxh3 of the bytes
+sent against the checkpoint's) and journaled, and its journal line says so first, fsync'd
+(:meth:`packer.upload_journal.Journal.release`). The final upload
 skips it while the store holds the object as journaled, and refuses, naming it, if the store
 lost it; a released copy is never sent. The converter never reads a finished shard again.
 
@@ -61,12 +62,43 @@ def data_names(job: Job, checkpoint: Checkpoint) -> list[str]:
     return names
 
 
-def release(path: Path, st: os.stat_result) -> None:
+_SPARE = ".release-"  # + "<pid>-<thread>": a released copy being made, in the staging folder
+
+
+def release(path: Path, st: os.stat_result, spare: Path) -> None:
     """Free the disk blocks of the uploaded ``path`` but keep its size and modification time
-    (a file of holes), so it still looks as it was sent."""
-    os.truncate(path, 0)
-    os.truncate(path, st.st_size)
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    (a file of holes), so it still looks as it was sent.
+
+    In one step a kill cannot cut: the file of holes is made under a temporary name in the
+    folder ``spare`` (same file system, outside the output) and renamed over ``path``, so the
+    staged copy is either whole or released, never emptied with its size or mtime changed."""
+    temp = spare / f"{_SPARE}{os.getpid()}-{threading.get_ident()}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+    fd = os.open(temp, flags, st.st_mode & 0o777)
+    try:
+        os.ftruncate(fd, st.st_size)
+        os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+    finally:
+        os.close(fd)
+    os.rename(temp, path)
+
+
+def clear_spares(spare: Path) -> None:
+    """Remove the temporaries of releases that a killed process left in ``spare``."""
+    for entry in spare.glob(_SPARE + "*"):
+        pid = entry.name[len(_SPARE) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            entry.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class _Forward:
@@ -115,7 +147,9 @@ class ShardStream:
         self._cond = threading.Condition()
         self._sending: dict[int, int] = {}  # shards being sent: id of their files -> bytes
         self._error: BaseException | None = None
+        self._sums: dict[str, str] = {}  # shard file -> the xxh3 its checkpoint records
         self._stopped = False
+        clear_spares(local.parent)
         self._thread = threading.Thread(target=self._run, name="packer-upload", daemon=True)
         self._thread.start()
 
@@ -133,6 +167,8 @@ class ShardStream:
         prefix = self._prefix(job.partial)
         files = [(job.partial / n, prefix + n) for n in data_names(job, checkpoint)]
         size = sum(local.stat().st_size for local, _ in files)
+        if checkpoint.shard is not None:  # sent only if its bytes are the checkpoint's
+            self._sums[prefix + checkpoint.shard.name] = checkpoint.shard.xxh3_64
         with self._cond:
             while self._error is None and self.waiting and self.waiting + size > self.limit:
                 self._cond.wait()
@@ -218,15 +254,16 @@ class ShardStream:
         """Upload one shard's files (a large one alone, small ones several at once), then
         release each staged copy, journaled first."""
         large = [f[0].stat().st_size >= LARGE for f in files]
-        self.uploader.put_many([f for f, big in zip(files, large) if not big], _NoBar())
+        sums = self._sums
+        self.uploader.put_many([f for f, big in zip(files, large) if not big], _NoBar(), sums)
         for (local, name), big in zip(files, large):
             if big:  # one at a time: bounded memory
-                self.uploader.put(local, name, _NoBar())
+                self.uploader.put(local, name, _NoBar(), sums.get(name))
         journal = self.uploader.journal
         for local, name in files:
             st = local.stat()
             journal.release(name)
-            release(local, st)
+            release(local, st, self.local.parent)
 
 
 def stream_limit(shard_size: int, given: Any = None) -> int:
