@@ -92,7 +92,7 @@ def kept_in(dst: Any, part: tuple[int, int] | None, staging: Path | None, option
     if isinstance(dst, str):
         from packer.staging import staging_folder
 
-        dst = staging_folder(dst, staging) / dst.rstrip("/").rsplit("/", 1)[-1]
+        dst = staging_folder(dst, staging, options) / dst.rstrip("/").rsplit("/", 1)[-1]
     return str(part_path(dst, part[0]) if part else dst)
 
 

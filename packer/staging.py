@@ -2,7 +2,8 @@
 staging folder, with all its checks, ``resume`` and checksums, then uploaded by
 :mod:`packer.upload` (data first, manifest last) and the staging folder removed.
 
-The staging folder of ``s3://bucket/out.lmdb`` is ``<root>/<hash of the URL>/``,
+The staging folder of ``s3://bucket/out.lmdb`` is ``<root>/<hash of the URL and the store's
+options>/`` (:func:`staging_folder`),
 holding ``out.lmdb`` (or ``out.lmdb.partial`` while it is built), the upload journal and a
 lock; ``<root>`` is ``staging=`` (``--staging DIR``), else ``$PACKER_CACHE_DIR/staging``, else
 ``$XDG_CACHE_HOME/packer/staging`` (``~/.cache/packer/staging``).
@@ -41,7 +42,13 @@ from packer.sources import check_source_folder
 from packer.upload import JOURNAL_NAME, Journal, Uploader
 from packer.upload_stream import ShardStream, stream_limit
 
-__all__ = ["convert_to_url", "merge_to_url", "staging_folder", "staging_root"]
+__all__ = [
+    "convert_to_url",
+    "merge_to_url",
+    "staging_folder",
+    "staging_root",
+    "store_identity",
+]
 
 _MARK = "staging.json"  # says the folder is a packer staging folder, and of which URL
 _LOCK = ".lock"
@@ -58,11 +65,32 @@ def staging_root(staging: str | os.PathLike[str] | None = None) -> Path:
     return Path(cache) / "packer" / "staging"
 
 
-def staging_folder(url: str, staging: Any = None) -> Path:
-    """The staging folder of ``url`` under :func:`staging_root`: named by a hash of the URL
-    only, so a run resumed through another endpoint (a proxy, another name of the same store)
-    finds it; the journal's ETags decide what is already at the store."""
-    key = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:20]
+_SECRETS = frozenset(
+    {"key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key"}
+    | {"aws_session_token", "session_token", "account_key", "sas_token", "client_secret"}
+)
+
+
+def store_identity(storage_options: dict[str, Any] | None) -> str:
+    """What names the store behind a URL besides the URL: every storage option but the
+    credentials (``endpoint_url``, ``client_kwargs``, ``profile``, ...), and the endpoint the
+    environment sets (``AWS_ENDPOINT_URL``), as canonical JSON."""
+    options = {k: v for k, v in (storage_options or {}).items() if k.lower() not in _SECRETS}
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        if os.environ.get(name):
+            options.setdefault(f"env:{name}", os.environ[name])
+    return json.dumps(options, sort_keys=True, default=repr) if options else ""
+
+
+def staging_folder(
+    url: str, staging: Any = None, storage_options: dict[str, Any] | None = None
+) -> Path:
+    """The staging folder of ``url`` under :func:`staging_root`: named by a hash of the URL and
+    of the options that pick the store (:func:`store_identity`), so a run to the same URL on
+    another endpoint never adopts this one's journal (and with it, the right to replace or
+    delete objects there); a resumed run must name the store as the first run did."""
+    identity = url.rstrip("/") + ("\n" + store_identity(storage_options)).rstrip("\n")
+    key = hashlib.sha256(identity.encode()).hexdigest()[:20]
     return staging_root(staging) / key
 
 
@@ -79,11 +107,13 @@ def _name_of(url: str) -> str:
 
 
 @contextmanager
-def _staged(url: str, staging: Any, shared: bool = False) -> Iterator[Path]:
+def _staged(
+    url: str, staging: Any, options: dict[str, Any], shared: bool = False
+) -> Iterator[Path]:
     """Hold the staging folder of ``url``: one writer at a time, or (``shared``) any number of
     ``--part`` tasks, each locking its own part as the converter does. A folder that holds
     anything must be a packer staging folder (our mark)."""
-    folder = staging_folder(url, staging)
+    folder = staging_folder(url, staging, options)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(folder / _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -181,7 +211,7 @@ def convert_to_url(
     name = _name_of(url)
     options = dict(storage_options or {})
     check_source_folder(Path(src))  # a mistyped source is said before the store is asked
-    with _staged(url, staging, shared=part is not None) as folder:
+    with _staged(url, staging, options, shared=part is not None) as folder:
         local, journal = folder / name, Journal(folder / JOURNAL_NAME)
         uploader = Uploader(url, options, journal, resume)
         uploader.check(overwrite, local)  # before the conversion: refuse early
@@ -231,7 +261,7 @@ def merge_to_url(
     does; run again after an interruption, it resumes the upload."""
     name = _name_of(url)
     options = dict(storage_options or {})
-    with _staged(url, staging) as folder:
+    with _staged(url, staging, options) as folder:
         local = folder / name
         remerge = not (local / "packer.json").is_file() or any(folder.glob(f"{name}.part-*"))
         journal = Journal(folder / JOURNAL_NAME)

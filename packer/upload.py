@@ -10,7 +10,10 @@ A reader opens a dataset through its ``packer.json``; so the order is:
 3. every data file and table is uploaded (small ones several at once, a large one alone,
    multipart as the backend does it: s3fs from 100 MiB, in 50 MiB parts, 4 in flight, so
    memory stays near 200 MiB), then each split's ``packer.json``, then the top one last;
-4. objects of an old output that the new one does not have are deleted.
+4. objects of an old output that the new one does not have are deleted: only those the old
+   manifests list or this upload's journal knows (:mod:`packer.upload_owned`); any other object
+   under the prefix is kept, and a prefix without a manifest that holds objects packer did not
+   write there is refused.
 
 Each finished upload appends one line to a journal in the staging folder (the local file's
 size and mtime, the object's size and ETag). Another run with ``resume`` skips an object whose
@@ -30,9 +33,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from packer.errors import DestinationError, PackerError
-from packer.manifest import MANIFEST_NAME, file_checksum, load_manifest
+from packer.manifest import MANIFEST_NAME, file_checksum
 from packer.storage import RemoteFolder, join_url, passing
 from packer.upload_journal import JOURNAL_NAME, Journal
+from packer.upload_owned import expected_checksums, listed_by_manifests
 
 __all__ = ["JOURNAL_NAME", "Journal", "UploadReport", "Uploader", "upload_order"]
 
@@ -54,18 +58,6 @@ def upload_order(folder: Path) -> list[str]:
 
 def _is_manifest(name: str) -> bool:
     return name.rsplit("/", 1)[-1] == MANIFEST_NAME
-
-
-def expected_checksums(folder: Path) -> dict[str, str]:
-    """The xxh3 that the manifests of the finished output ``folder`` (the top one and each
-    split's) record for its shard files and tables, by relative name."""
-    sums: dict[str, str] = {}
-    for path in sorted(folder.rglob(MANIFEST_NAME)):
-        prefix = "".join(p + "/" for p in path.parent.relative_to(folder).parts)
-        manifest = load_manifest(path.parent)
-        sums.update({prefix + s.name: s.xxh3_64 for s in manifest.shards})
-        sums.update({prefix + n: h for n, h in manifest.files.items()})
-    return sums
 
 
 @dataclass
@@ -206,13 +198,18 @@ class Uploader:
                 "--overwrite to replace it (its manifest is deleted first, so no reader mixes "
                 "the two), or choose another URL"
             )
-        if MANIFEST_NAME not in listing and not self.journal.owned_now():
-            raise DestinationError(
-                f"{self.url!r} holds {len(listing)} object(s) (e.g. {min(listing)!r}) but no "
-                f"{MANIFEST_NAME}: not a packer dataset, or an upload whose staging folder is "
-                "gone. packer writes only to an empty prefix or over a packer dataset; delete "
-                "those objects first or choose another URL"
-            )
+        if MANIFEST_NAME not in listing:
+            ours = self.journal.known(sorted(listing)) if self.journal.owned_now() else set()
+            foreign = sorted(set(listing) - ours)
+            if foreign:
+                raise DestinationError(
+                    f"{self.url!r} holds {len(foreign)} object(s) packer did not write there "
+                    f"(e.g. {foreign[0]!r}) and no {MANIFEST_NAME}: not a packer dataset, or an "
+                    "upload whose staging folder is gone (or was made for another endpoint or "
+                    "options). packer writes only to an empty prefix, over a packer dataset, "
+                    "or over its own interrupted upload; delete those objects first or choose "
+                    "another URL"
+                )
         return listing
 
     def begin(self, overwrite: bool, staged: Path) -> dict[str, tuple[int, str | None]]:
@@ -221,8 +218,15 @@ class Uploader:
         objects are being replaced); return the listing left."""
         listing = self.check(overwrite, staged)
         self.journal.claim(self.url)  # a --part task's first shard: the objects are ours now
+        if MANIFEST_NAME in listing:  # over a dataset: what its manifests list may go
+            old = listed_by_manifests(self._cat, listing)
+            self.journal.adopt(old, set(listing) - old - self.journal.known(sorted(listing)))
         self._drop_old_manifests(staged, listing)
         return listing
+
+    def _cat(self, name: str) -> bytes:
+        url, fs = join_url(self.url, name), self.folder.fs()
+        return self.attempt(url, "read", lambda: bytes(fs.cat_file(url)))
 
     def upload(self, staged: Path, overwrite: bool, progress: bool = True) -> UploadReport:
         """Upload the finished output ``staged`` (the module's order); return what was done.
@@ -248,7 +252,7 @@ class Uploader:
                 self.put(staged / name, name, bar, sums.get(name))
             for name in manifests:  # one at a time, once every data file is there
                 self.put(staged / name, name, bar)
-        stale = sorted(set(listing) - set(names))
+        stale = sorted(self.journal.deletable(set(listing) - set(names)))  # never a user's
         if stale:
             fs = self.folder.fs()
             urls = [join_url(self.url, n) for n in stale]
@@ -310,6 +314,7 @@ class Uploader:
         """
         url = join_url(self.url, name)
         st = local.stat()
+        self.journal.intend(name)
         found = file_checksum(local)
         if expected is not None and found != expected:
             raise DestinationError(

@@ -34,10 +34,16 @@ class Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.entries: dict[str, dict[str, Any]] = {}
+        self.sending: set[str] = set()  # objects whose upload was begun (maybe not finished)
+        self.old: set[str] = set()  # objects of the dataset this upload replaces (deletable)
+        self.kept: set[str] = set()  # other objects found beside it (never deleted)
         self.owned = False  # the journal exists: this staging folder writes that URL
         self._lock = threading.Lock()
+        self._read()
+
+    def _read(self) -> None:
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
+            lines = self.path.read_text(encoding="utf-8").splitlines()
         except FileNotFoundError:
             lines = []
         for line in lines:
@@ -46,8 +52,46 @@ class Journal:
                 self.owned = self.owned or "owner" in entry
                 if "name" in entry:
                     self.entries[str(entry["name"])] = entry
-            except (ValueError, TypeError):
+                if "sending" in entry:
+                    self.sending.add(str(entry["sending"]))
+                if "old" in entry:
+                    self.old.update(map(str, entry["old"]))
+                    self.kept.update(map(str, entry["kept"]))
+            except (ValueError, TypeError, AttributeError):
                 continue  # a line torn by a crash: that object is uploaded again
+
+    def intend(self, name: str) -> None:
+        """Note, before its upload begins, that the object ``name`` will be this staging
+        folder's (a kill during the upload leaves an object the journal knows)."""
+        with self._lock:
+            if name not in self.sending:
+                self.sending.add(name)
+                self._append({"sending": name})
+
+    def adopt(self, old: set[str], kept: set[str]) -> None:
+        """Note, durably, the objects found at the destination when this upload began over a
+        dataset: ``old``, what its manifests list (deleted once the new one no longer has
+        them), and ``kept``, anything else (a user's files, never deleted)."""
+        with self._lock:
+            self.old |= old
+            self.kept |= kept
+            self._append({"old": sorted(old), "kept": sorted(kept)}, durable=True)
+
+    def known(self, names: list[str]) -> set[str]:
+        """Which of ``names`` this journal (re-read: other ``--part`` processes append to it)
+        says were sent or begun from this staging folder, or found beside the dataset this
+        upload replaces."""
+        with self._lock:
+            self._read()
+            mine = self.entries.keys() | self.sending | self.old | self.kept
+            return {n for n in names if n in mine}
+
+    def deletable(self, names: set[str]) -> set[str]:
+        """Which of ``names`` packer wrote: sent from here or listed by the replaced dataset's
+        manifests (never an object that was ``kept``)."""
+        with self._lock:
+            mine = (self.entries.keys() | self.sending | self.old) - self.kept
+            return {n for n in names if n in mine}
 
     def _append(self, entry: dict[str, Any], durable: bool = False) -> None:
         """One line, written whole under the file's lock (other processes may append too);
@@ -81,11 +125,17 @@ class Journal:
         return self.owned
 
     def reset(self, url: str) -> None:
-        """Start over: forget every upload, but keep saying that the objects at ``url`` are
-        this staging folder's (an interrupted upload of ours may be there)."""
+        """Start over: forget every upload (nothing is skipped as sent), but keep saying that
+        the objects at ``url`` are this staging folder's: what it sent or found to replace
+        stays deletable, what it found beside them stays kept."""
         with self._lock:
-            self.path.write_text(json.dumps({"owner": url}) + "\n", encoding="utf-8")
-            self.entries, self.owned = {}, True
+            old = (self.entries.keys() | self.sending | self.old) - self.kept
+            lines = [{"owner": url}, {"old": sorted(old), "kept": sorted(self.kept)}]
+            text = "".join(json.dumps(line) + "\n" for line in lines)
+            temp = self.path.with_name(self.path.name + ".new")
+            temp.write_text(text, encoding="utf-8")
+            os.replace(temp, self.path)
+            self.entries, self.sending, self.owned, self.old = {}, set(), True, old
 
     def record(
         self, name: str, local: os.stat_result, size: int, etag: str | None, xxh3: str

@@ -36,6 +36,7 @@ from typing import Any
 from packer.errors import PackerError
 from packer.resume import Checkpoint
 from packer.upload import LARGE, Uploader
+from packer.upload_owned import sample_files
 from packer.write import Event, Job
 
 __all__ = ["ShardStream", "data_names", "release", "stream_limit"]
@@ -51,15 +52,8 @@ def data_names(job: Job, checkpoint: Checkpoint) -> list[str]:
         return [checkpoint.shard.name]
     if job.layout != "per-sample":
         return []  # a shard whose every input was skipped
-    record_name = getattr(job.fmt, "record_name", None)  # a file per record (BMP)
-    suffix = getattr(job.fmt.Reader, "SAMPLE_SUFFIX", "")
-    names: list[str] = []
-    for key, count in zip(checkpoint.keys, checkpoint.samples["count"].tolist()):
-        if record_name is not None:
-            names += [record_name(key, job.source.kind, n) for n in range(count)]
-        else:
-            names.append(key + suffix)
-    return names
+    counts = checkpoint.samples["count"].tolist()
+    return sample_files(job.fmt, job.source.kind, checkpoint.keys, counts)
 
 
 _SPARE = ".release-"  # + "<pid>-<thread>": a released copy being made, in the staging folder

@@ -125,7 +125,7 @@ def test_existing_dataset_refused_then_overwritten_manifest_first(
     assert first.exit_code == 0, first.output
     old = objects(server, url)
     assert "shard-00001.npy" in old
-    kept = staging_folder(url, staging) / "over.npy"
+    kept = staging_folder(url, staging, {"endpoint_url": server.endpoint}) / "over.npy"
     assert files(kept) == old  # --keep-staging: the staged output is what was uploaded
     again = run(server.endpoint, staging, "convert", src, url, "-q")  # even from its staging
     assert again.exit_code == 1
@@ -238,8 +238,8 @@ def test_upload_killed_then_resumed_equals_an_uninterrupted_one(
     src, url, staging = str(sources["images"]), "s3://write/killed.bmp", tmp_path / "staging"
     with holding_proxy(server.endpoint) as proxy:
         proxy.hold = "PUT /write/killed.bmp/class_01/"
-        journal = staging_folder(url, staging)
-        journal /= "upload-journal.jsonl"
+        folder = staging_folder(url, staging, {"endpoint_url": proxy.endpoint})
+        journal = folder / "upload-journal.jsonl"
         command = [sys.executable, "-m", "packer", "convert", src, url, "--workers", "1", "-q"]
         command += ["--staging", str(staging), "--storage-option", f"endpoint_url={proxy.endpoint}"]
         command += ["--shard-size", "100B"]  # a shard per image: 4 sent before class_01
@@ -263,6 +263,8 @@ def test_upload_killed_then_resumed_equals_an_uninterrupted_one(
         released = sorted(staging.rglob("class_00/*.bmp"))
         assert len(released) == 4 and all(p.stat().st_blocks == 0 for p in released)
         with fault_proxy(server.endpoint) as counting:
+            # staging is keyed by the store's endpoint: the same store, counted, takes it over
+            folder.rename(staging_folder(url, staging, {"endpoint_url": counting.endpoint}))
             again = ["-q", "--resume", "--shard-size", "100B"]
             resumed = run(counting.endpoint, staging, "convert", src, url, *again)
             puts = [r for r in counting.served if r.startswith("PUT /write/killed.bmp/")]
@@ -294,7 +296,7 @@ def test_parts_staged_then_merged_into_a_url(
     merge whose upload failed is run again and sends only the rest; parts run again over the
     uploaded dataset are refused without --overwrite and replace it with it."""
     src, url, staging = str(sources["images"]), "s3://write/parts.lmdb", tmp_path / "shared"
-    folder = staging_folder(url, staging)
+    folder = staging_folder(url, staging, {"endpoint_url": server.endpoint})
     folder.mkdir(parents=True)
     with open(folder / ".lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_SH)  # as a running --part task holds it
@@ -314,7 +316,11 @@ def test_parts_staged_then_merged_into_a_url(
     monkeypatch.setattr(storage, "RETRY", storage.Retry(attempts=2, base=0.01))
     with fault_proxy(server.endpoint) as proxy:
         proxy.inject(["503"] * 2, match="PUT /write/parts.lmdb/records.npy")
+        # staging is keyed by the store's endpoint: the same store behind the proxy takes it
+        through = staging_folder(url, staging, {"endpoint_url": proxy.endpoint})
+        folder.rename(through)
         cut = run(proxy.endpoint, staging, "merge", url)
+        through.rename(folder)
         assert not any("PUT /write/parts.lmdb/shard-" in r for r in proxy.served)
     assert cut.exit_code == 1 and "records.npy': 2 attempts" in cut.output, cut.output
     assert "packer.json" not in objects(server, url)
@@ -369,7 +375,7 @@ def test_a_fresh_run_takes_over_its_own_interrupted_upload(
     first = run(server.endpoint, staging, "convert", src, url, "-q", "--keep-staging")
     assert first.exit_code == 0, first.output
     server.filesystem().rm_file("write/again.h5/packer.json")  # as if killed before it
-    server.filesystem().pipe("write/again.h5/shard-00009.h5", b"a stale shard of ours")
+    server.filesystem().pipe("write/again.h5/shard-00000.h5", b"a stale shard of ours")
     again = run(server.endpoint, staging, "convert", src, url, "-q")
     assert again.exit_code == 0, again.output
     assert "already uploaded" not in again.output  # started over: every object sent again
@@ -398,6 +404,10 @@ def test_endless_503_names_the_object_then_resume_sends_the_rest(
     with fault_proxy(server.endpoint) as proxy:
         proxy.inject(["503"] * 2, match="PUT /write/throttled.npy/shard-00001")
         failed = run(proxy.endpoint, staging, "convert", src, url, "--shard-size", "8kB", "-q")
+        # staging is keyed by the store's endpoint: the same store without the proxy takes it
+        staging_folder(url, staging, {"endpoint_url": proxy.endpoint}).rename(
+            staging_folder(url, staging, {"endpoint_url": server.endpoint})
+        )
     assert failed.exit_code == 1
     assert (
         "cannot upload to 's3://write/throttled.npy/shard-00001.npy': 2 attempts" in failed.output

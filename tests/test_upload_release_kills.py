@@ -66,7 +66,7 @@ def test_resume_after_a_kill_inside_a_release_publishes_the_real_bytes(
     staging = tmp_path / "staging"
     killed = cli(server, source, url, staging, trace=point)
     assert killed.returncode in (-9, 137), (killed.returncode, killed.stderr[-2000:])
-    journal = staging_folder(url, staging) / "upload-journal.jsonl"
+    journal = staging_folder(url, staging, {"endpoint_url": server.endpoint}) / "upload-journal.jsonl"
     lines = [json.loads(line) for line in journal.read_text().splitlines()]
     assert any(e.get("released") for e in lines), "the kill came inside a release"
     resumed = cli(server, source, url, staging, "--resume")
@@ -88,7 +88,7 @@ def test_a_copy_left_half_released_is_known_as_released(
     url, staging = f"s3://{BUCKET}/{stem}-half.{suffix}", tmp_path / "staging"
     killed = cli(server, source, url, staging, trace="utimensat:when=3")
     assert killed.returncode in (-9, 137), killed.stderr[-2000:]
-    folder = staging_folder(url, staging)
+    folder = staging_folder(url, staging, {"endpoint_url": server.endpoint})
     lines = [
         json.loads(line) for line in (folder / "upload-journal.jsonl").read_text().splitlines()
     ]
@@ -123,7 +123,7 @@ def test_an_upload_never_sends_a_staged_copy_that_differs_from_its_checksum(
         workers=1,
         progress=False,
     )
-    folder = staging_folder(url, staging)
+    folder = staging_folder(url, staging, {"endpoint_url": server.endpoint})
 
     def damage_first_shard(event: str, number: int) -> None:
         if event == "tables":

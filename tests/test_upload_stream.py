@@ -105,7 +105,7 @@ def test_staging_holds_a_few_shards_and_the_objects_equal_a_local_conversion(
     limit plus the shard being written and one waiting; every data file is sent while
     converting (none by the final upload); the objects equal a local conversion's files."""
     url, staging = f"s3://{BUCKET}/{kind}-{name}", tmp_path / "staging"
-    watch = Watch(staging_folder(url, staging), proxy)
+    watch = Watch(staging_folder(url, staging, {"endpoint_url": proxy.endpoint}), proxy)
     proxy.delay = 0.03  # each request: the upload is the slower side
     proxy.most_in_flight = 0
     try:
@@ -142,7 +142,7 @@ def test_several_shards_go_up_at_once(
     """One PUT at a time used under half of a link (benchmarks/staging_stream.py): with room
     under the limit, shards are sent several at once."""
     url, staging = f"s3://{BUCKET}/together.lmdb", tmp_path / "staging"
-    watch = Watch(staging_folder(url, staging), proxy)
+    watch = Watch(staging_folder(url, staging, {"endpoint_url": proxy.endpoint}), proxy)
     proxy.delay, proxy.most_in_flight = 0.05, 0
     try:
         convert_to_url(
@@ -168,8 +168,8 @@ def test_a_released_object_lost_from_the_store_is_refused_on_resume(
     then deleted at the store: ``resume`` refuses, naming it, and sends no released (empty)
     copy; without ``resume`` the conversion starts over and the dataset is whole."""
     url, staging = f"s3://{BUCKET}/lost.lmdb", tmp_path / "staging"
-    journal = staging_folder(url, staging) / "upload-journal.jsonl"
     options = {"endpoint_url": server.endpoint}
+    journal = staging_folder(url, staging, options) / "upload-journal.jsonl"
 
     def stop_once_two_released(name: str, number: int) -> None:
         if name == "shard" and journal.read_text().count('"released": true') >= 2:
@@ -244,7 +244,7 @@ def test_an_executor_writes_ahead_of_the_upload_by_a_window_only(
     url, staging = f"s3://{BUCKET}/pool.bmp", tmp_path / "staging"
     proxy.delay = 0.03
     try:
-        with ProcessPoolExecutor(2) as pool, Poll(staging_folder(url, staging)) as watch:
+        with ProcessPoolExecutor(2) as pool, Poll(staging_folder(url, staging, {"endpoint_url": proxy.endpoint})) as watch:
             result = convert_to_url(
                 sources["images"],
                 url,
@@ -320,7 +320,7 @@ def test_a_shard_written_again_after_its_copy_was_released_is_sent(
     args = dict(shard_size=SHARD, workers=1, progress=False, part=(0, 1), **common)
     convert_to_url(sources["images"], url, **args)  # streamed: the shards sent, copies released
     merge_to_url(url, keep_staging=True, progress=False, **common)  # the journal stays
-    journal = staging_folder(url, staging) / "upload-journal.jsonl"
+    journal = staging_folder(url, staging, common["storage_options"]) / "upload-journal.jsonl"
     assert '"released": true' in journal.read_text()
     convert_to_url(sources["images"], url, overwrite=True, keep_staging=True, **args)
     server.filesystem().rm_file(f"{url}/shard-00000.mdb")
