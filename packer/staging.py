@@ -132,24 +132,34 @@ def _staged(
                 f"{str(folder)!r} is locked); wait for it to finish or stop it first"
             ) from None
         alone, mark = not shared, folder / _MARK
-        others = [e for e in folder.iterdir() if e.name != _LOCK]
+        others = [e.name for e in folder.iterdir() if not _made_by_us(e.name, _name_of(url))]
         if others and not mark.is_file():
             raise DestinationError(
-                f"{str(folder)!r} is not a packer staging folder: choose another"
+                f"{str(folder)!r} is not a packer staging folder (it holds {others[0]!r}): "
+                "choose another with --staging DIR"
             )
         if not mark.is_file():
             mark.write_text(json.dumps({"url": url.rstrip("/")}) + "\n", encoding="utf-8")
         yield folder
     finally:
-        if alone and [e.name for e in folder.iterdir()] == [_LOCK]:  # all uploaded
+        if alone and {e.name for e in folder.iterdir()} <= {_LOCK, _MARK}:  # done, or refused
+            (folder / _MARK).unlink(missing_ok=True)
             os.unlink(folder / _LOCK)
             folder.rmdir()
         os.close(fd)
 
 
+def _made_by_us(entry: str, name: str) -> bool:
+    """Whether ``entry`` of a staging folder is one packer makes for the dataset ``name``: a
+    removal that a kill cut short (the mark gone first) leaves only such entries."""
+    ours = (_LOCK, _MARK, JOURNAL_NAME, JOURNAL_NAME + ".new")
+    return entry in ours or entry.startswith((name, ".release-"))
+
+
 def _clear(folder: Path, keep: tuple[str, ...] = (_LOCK,)) -> None:
-    """Remove everything in ``folder`` but ``keep``."""
-    for entry in folder.iterdir():
+    """Remove everything in ``folder`` but ``keep``; the mark last (a kill leaves it while
+    anything else is there)."""
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name == _MARK):
         if entry.name not in keep:
             _remove(entry)
 

@@ -45,6 +45,11 @@ THREADS = 8  # small objects in flight together (small per-sample files need man
 LARGE = 16 << 20  # a file this large is sent alone (s3fs holds a file < 100 MiB in memory)
 PARTS = 4  # parts of one multipart upload in flight (s3fs: 50 MiB each): ~200 MiB of memory
 _READ_ONLY = ("http", "https")
+_AGAIN = "run the same command again with --resume (finished objects are not sent again)"
+_NOTHING_WRITTEN = (
+    "nothing was written to it. Check the endpoint (--storage-option endpoint_url=...) and that "
+    "the store is up, then run the command again"
+)
 
 
 def upload_order(folder: Path) -> list[str]:
@@ -113,6 +118,7 @@ class Uploader:
         self.folder = RemoteFolder(url, storage_options)
         self.url = self.folder.url
         self.journal, self.resume = journal, resume
+        self.wrote = journal.owned_now()  # the store may hold objects of ours: --resume helps
 
     def attempt(self, url: str, what: str, request: Callable[[], T]) -> T:
         """``request()``, tried again after a passing failure (the backoff of
@@ -137,11 +143,11 @@ class Uploader:
                         "endpoint_url=...)"
                     ) from exc
                 if attempt == plan.attempts:
+                    then = _AGAIN if self.wrote else _NOTHING_WRITTEN
                     raise DestinationError(
                         f"cannot {what} {url!r}: {plan.attempts} attempts over "
                         f"{time.monotonic() - began:.1f}s all failed, the last with {failure}. "
-                        "The store is unreachable, overloaded or throttling; run the same "
-                        "command again with --resume (finished objects are not sent again)"
+                        f"The store is unreachable, overloaded or throttling; {then}"
                     ) from exc
                 time.sleep(plan.delay(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
@@ -281,7 +287,7 @@ class Uploader:
         old = [n for n in old if not (self.resume and self.ours(n, staged / n, listing))]
         fs = self.folder.fs()
         for name in sorted(old, key=lambda n: (n.count("/"), n)):
-            url = join_url(self.url, name)
+            url, self.wrote = join_url(self.url, name), True
             self.attempt(url, "delete the old manifest", functools.partial(fs.rm_file, url))
             del listing[name]
 
@@ -315,6 +321,7 @@ class Uploader:
         url = join_url(self.url, name)
         st = local.stat()
         self.journal.intend(name)
+        self.wrote = True
         found = file_checksum(local)
         if expected is not None and found != expected:
             raise DestinationError(

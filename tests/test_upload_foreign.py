@@ -156,3 +156,36 @@ def test_overwrite_deletes_only_what_the_old_manifest_lists(
         assert found.pop(user_name) == data
     assert_same_dataset(found, files(local))  # the old images' objects all deleted
     assert len(packer.open_dataset(url, storage_options=options)) == 4
+
+
+def test_a_refused_command_leaves_no_staging_folder(
+    server: S3Server, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    url, staging = f"s3://{BUCKET}/refused.npy", tmp_path / "staging"
+    common = dict(storage_options={"endpoint_url": server.endpoint}, progress=False)
+    convert_to_url(sources["images"], url, staging=tmp_path / "first", **common)
+    with pytest.raises(DestinationError, match="already holds a packer dataset"):
+        convert_to_url(sources["images"], url, staging=staging, **common)
+    assert list(staging.iterdir()) == []
+
+
+def test_an_unreachable_store_says_nothing_was_written_not_resume(
+    sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from packer import storage
+
+    monkeypatch.setattr(storage, "RETRY", storage.Retry(attempts=2, base=0.01))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens there
+    options = {"endpoint_url": closed}
+    with pytest.raises(DestinationError) as refused:
+        convert_to_url(
+            sources["images"],
+            f"s3://{BUCKET}/nowhere.lmdb",
+            storage_options=options,
+            staging=tmp_path / "staging",
+            progress=False,
+        )
+    assert "nothing was written" in str(refused.value) and "--resume" not in str(refused.value)
+    assert "endpoint_url" in str(refused.value)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,13 +40,25 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_image_tree(root / "images", classes=2, per_class=8, size=(64, 48), bad=0).root
 
 
-def cli(server: S3Server, src: Path, url: str, staging: Path, *extra: str, trace: str = "") -> Any:
+def cli(
+    server: S3Server,
+    src: Path,
+    url: str,
+    staging: Path,
+    *extra: str,
+    trace: str = "",
+    strace_log: tuple[Path, str] | None = None,
+) -> Any:
+    """``packer convert SRC URL`` in a real process; ``trace``: killed by strace at that call;
+    ``strace_log``: (log, calls) traced into the log."""
     cmd = [sys.executable, "-m", "packer", "convert", str(src), url, "-q", "--workers", "1"]
     cmd += ["--shard-size", SHARD, "--staging", str(staging), "--staging-limit", "1"]
     cmd += ["--storage-option", f"endpoint_url={server.endpoint}", *extra]
+    assert STRACE is not None, "strace is not installed: run `make test`"
     if trace:
-        assert STRACE is not None, "strace is not installed: run `make test`"
         cmd = [STRACE, "-f", "-qq", "-o", "/dev/null", f"--inject={trace}:signal=KILL", *cmd]
+    elif strace_log is not None:
+        cmd = [STRACE, "-f", "-qq", "-o", str(strace_log[0]), "-e", f"trace={strace_log[1]}", *cmd]
     env = dict(os.environ, PYTHONPATH=ROOT, PYTHONDONTWRITEBYTECODE="1")
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
 
@@ -66,7 +79,9 @@ def test_resume_after_a_kill_inside_a_release_publishes_the_real_bytes(
     staging = tmp_path / "staging"
     killed = cli(server, source, url, staging, trace=point)
     assert killed.returncode in (-9, 137), (killed.returncode, killed.stderr[-2000:])
-    journal = staging_folder(url, staging, {"endpoint_url": server.endpoint}) / "upload-journal.jsonl"
+    journal = (
+        staging_folder(url, staging, {"endpoint_url": server.endpoint}) / "upload-journal.jsonl"
+    )
     lines = [json.loads(line) for line in journal.read_text().splitlines()]
     assert any(e.get("released") for e in lines), "the kill came inside a release"
     resumed = cli(server, source, url, staging, "--resume")
@@ -135,3 +150,42 @@ def test_an_upload_never_sends_a_staged_copy_that_differs_from_its_checksum(
     with pytest.raises(DestinationError, match=r"shard-00000.*checksum"):
         convert_to_url(source, url, keep_staging=True, on_event=damage_first_shard, **common)
     assert "packer.json" not in objects(server, url)
+
+
+def removal_points(server: S3Server, source: Path, url: str, staging: Path, log: Path) -> list:
+    """(syscall, N) of the main thread's last unlink/unlinkat/rmdir calls: the staging folder's
+    removal after a finished upload."""
+    calls = "unlink,unlinkat,rmdir"
+    done = cli(server, source, url, staging, trace="", strace_log=(log, calls))
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = log.read_text().splitlines()
+    main = lines[0].split()[0]
+    counts: dict[str, int] = {}
+    points = []
+    for line in lines:
+        match = re.match(r"(\d+)\s+(\w+)\(", line)
+        if match and match.group(1) == main and match.group(2) in calls.split(","):
+            counts[match.group(2)] = counts.get(match.group(2), 0) + 1
+            points.append((match.group(2), counts[match.group(2)]))
+    return points[-6:]
+
+
+def test_a_kill_while_the_staging_folder_is_removed_never_blocks_the_next_run(
+    server: S3Server, source: Path, tmp_path: Path
+) -> None:
+    """Killed at each of the last calls that remove a finished upload's staging folder (its
+    mark among them), the next run is never refused as "not a packer staging folder": it
+    replaces the dataset with --overwrite and leaves no staging folder."""
+    url = f"s3://{BUCKET}/removed.lmdb"
+    points = removal_points(server, source, url, tmp_path / "trace", tmp_path / "trace.log")
+    assert len(points) == 6, points
+    for n, (call, when) in enumerate(points):
+        staging = tmp_path / f"staging-{n}"
+        killed = cli(server, source, url, staging, "--overwrite", trace=f"{call}:when={when}")
+        assert killed.returncode in (-9, 137), (call, when, killed.stderr[-2000:])
+        again = cli(server, source, url, staging, "--overwrite")
+        assert again.returncode == 0, (call, when, again.stderr[-2000:])
+        assert not any(staging.iterdir()), (call, when, list(staging.rglob("*")))
+    local = tmp_path / "local.lmdb"
+    packer.convert(source, local, shard_size=SHARD, workers=1, progress=False)
+    assert_same_dataset(objects(server, url), files(local))
