@@ -342,6 +342,33 @@ def test_a_linked_class_folder_is_refused_by_both_openers(
         read_all(root)
 
 
+def test_a_relative_link_from_one_class_folder_to_another_is_refused_by_both_openers(
+    packed: dict[str, Path], tmp_path: Path, opener: object
+) -> None:
+    """Issue 28, 14: ``class_01 -> class_00`` (a relative link that stays inside the dataset,
+    which ``RESOLVE_BENEATH`` alone lets through, unlike an absolute one) would serve class_00's
+    images under class_01's names and labels. Refused by openat2's ``RESOLVE_NO_SYMLINKS`` and
+    by the walk's ``O_NOFOLLOW`` on folders, before a byte is read."""
+    root = copy(packed, ".bmp", tmp_path)
+    first, second = sorted(p for p in root.iterdir() if p.is_dir())[:2]
+    dataset = packer.open_dataset(root, output="bytes")
+    names = [dataset.keys[i] for i in range(len(dataset))]
+    assert sorted(p.name for p in first.iterdir()) == sorted(p.name for p in second.iterdir())
+    shutil.rmtree(second)
+    second.symlink_to(first.name, target_is_directory=True)  # relative: inside the dataset
+    assert (second / next(first.iterdir()).name).read_bytes()  # the link does resolve
+    linked = packer.open_dataset(root, output="bytes")
+    refused = []
+    for i in range(len(linked)):
+        try:
+            linked[i]
+        except FormatError as exc:
+            assert f"{second.name!r} is a symbolic link inside the dataset" in str(exc)
+            refused.append(names[i])
+    assert refused and refused == [n for n in names if n.startswith(f"{second.name}/")]
+    assert "symbolic link" in cli_verify(root)
+
+
 class KeyedSamples(Dataset):  # type: ignore[type-arg]
     """Each item as its key (``keys_only``) or (key, label): what a training loop writes
     predictions by."""
