@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from packer import contained
 from packer.cli import main
 from packer.errors import FormatError
 from packer.manifest import (
+    KEYS_NAME,
     MANIFEST_NAME,
     file_checksum,
     load_index,
@@ -460,6 +462,30 @@ def test_workers_started_after_an_overwrite_refuse_to_mix(
             load_keys_through(dataset, context, keys_only=True)
     with pytest.raises(FormatError, match="replaced after the dataset was opened"):
         load_keys_through(dataset, context, keys_only=False)  # samples: never the new output's
+
+
+def test_keys_rewritten_in_place_are_refused_by_a_worker_that_maps_them_again(
+    packed: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 28, 14: ``keys.txt`` rewritten in place under an open dataset, same size, same
+    inode, other bytes (``class_00`` → ``class_99``): only its modification time tells. A
+    process that maps it again (a spawned DataLoader worker) refuses it instead of naming
+    samples by the new keys; a fresh open refuses it by the manifest's checksum."""
+    root = copy(packed, ".lmdb", tmp_path)
+    dataset = packer.open_dataset(root, output="bytes")
+    old = list(dataset.keys)
+    keys = root / KEYS_NAME
+    data, inode = keys.read_bytes(), keys.stat().st_ino
+    time.sleep(0.02)  # past the file system's clock tick: a later modification time
+    with open(keys, "r+b") as fh:  # in place: no new inode, no new size
+        fh.write(data.replace(b"class_00", b"class_99"))
+    assert keys.stat().st_ino == inode and keys.stat().st_size == len(data)
+    assert keys.read_bytes() != data
+    with pytest.raises(FormatError, match="keys.txt' was replaced after the dataset was opened"):
+        load_keys_through(dataset, "spawn", keys_only=True)
+    with pytest.raises(FormatError, match="keys.txt' differs from the checksum"):
+        packer.open_dataset(root, output="bytes")
+    assert len(old) == len(dataset)
 
 
 def test_a_manifest_linked_to_another_datasets(packed: dict[str, Path], tmp_path: Path) -> None:
