@@ -336,10 +336,12 @@ class ShardedSampler(Sampler[int]):
         for key, ours in self._fingerprint().items():
             if key not in state:
                 raise PackerError(
-                    f"the sampler state has no {key} (saved over another dataset, or by an "
-                    f"older packer), this sampler has {key}={ours!r}: it cannot tell whether "
-                    "resuming would repeat and skip samples. Resume with the dataset it was "
-                    "saved with, or start the epoch afresh"
+                    f"the sampler state has no {key} (this sampler has {key}={ours!r}): it was "
+                    "saved over another dataset, or by an older packer that did not record it, "
+                    "so resuming could repeat and skip samples. If it was saved over this very "
+                    "dataset (same seed, weights and sources), load "
+                    "{**sampler.state_dict(), **state} to take this sampler's values for what "
+                    "it lacks; otherwise start the epoch afresh"
                 )
             if state.get(key) != ours:
                 raise PackerError(
