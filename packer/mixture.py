@@ -41,6 +41,12 @@ epoch on, so frameworks that only call the sampler's ``set_epoch`` (Lightning, a
 the mixture too; with another sampler, call it yourself, also after resuming. The epoch lives in
 a one-number shared-memory tensor that DataLoader workers share under fork and spawn, so
 ``persistent_workers=True`` workers follow it too.
+
+**Resuming.** A ``ShardedSampler(mixture)`` state holds the mixture's seed, per-epoch counts
+(what the weights and ``epoch_size`` make), the sources' names and sizes, and its block
+(:meth:`Mixture.state_fingerprint`): loading it into a sampler over a mixture built otherwise is
+a :class:`PackerError`, never an epoch that repeats some samples and misses others. A dataset
+that wraps a mixture passes ``state_fingerprint`` on as it passes ``shard_of_sample``.
 """
 
 from __future__ import annotations
