@@ -25,7 +25,7 @@ from packer.labels import Labels, class_index_of
 from packer.loading import DEFAULT_MAX_FILE_SIZE
 from packer.manifest import Manifest
 from packer.plan import DEFAULT_SHARD_SIZE, ConversionPlan, plan_conversion
-from packer.resume import Progress, fingerprint
+from packer.resume import Progress, fingerprint, unstarted
 from packer.sources import SkippedInput
 from packer.splits import build_splits
 from packer.storage import is_url
@@ -200,7 +200,7 @@ def _finish_locked(plan: ConversionPlan) -> tuple[Manifest, Found | None, bool]:
     if found is not None:
         publish_finished(found, dst)
         return found.manifest, found, False
-    resumed = resume and partial.is_dir()
+    resumed = resume and partial.is_dir() and not unstarted(partial)  # else started afresh
     manifest = _run(plan, fp, resumed)
     publish(partial, dst)
     return manifest, None, resumed

@@ -13,7 +13,10 @@ The end of a conversion is a sequence whose every state a kill can leave is reco
 3. an old ``DST`` (``--overwrite``) is renamed ``DST.old-<pid>``, ``DST.partial`` renamed ``DST``;
 4. ``DST.old-<pid>`` is deleted, then ``DST.partial.lock``.
 
-After 1, ``DST.partial`` is *complete-but-unpublished*: ``--resume`` or a plain rerun with the
+Before 1, a ``DST.partial`` killed before its first checkpoint (nothing in it but
+``_progress/`` with the fingerprint or its temp file: :func:`packer.resume.unstarted`) holds
+nothing worth keeping: a plain run and ``--resume`` start it afresh (still refused while a live
+writer holds ``DST.partial.lock``). After 1, ``DST.partial`` is *complete-but-unpublished*: ``--resume`` or a plain rerun with the
 same options publishes it. After 3, ``--resume`` answers "complete". Leftovers of a dead
 writer (its ``.partial.lock``, a ``DST.old-<pid>``) are removed by the next run that takes
 the lock; nothing is left for the user to delete.
@@ -30,6 +33,7 @@ from types import TracebackType
 
 from packer.errors import DestinationError
 from packer.manifest import MANIFEST_NAME, fsync_dir
+from packer.resume import unstarted
 
 __all__ = [
     "DestinationLock",
@@ -239,7 +243,7 @@ def _check_existing(dst: Path, overwrite: bool, resume: bool, published_ok: bool
             )
         if overwrite:
             _check_replaceable(dst, "destination")
-    if has_partial and not resume:
+    if has_partial and not resume and not unstarted(partial):  # unstarted: started afresh
         if not overwrite:
             if (partial / MANIFEST_NAME).is_file() and not partial.is_symlink():
                 return  # complete but unpublished: published if it is the same conversion

@@ -34,13 +34,19 @@ sources' classes in the given order (source ``s``'s label plus the number of cla
 ``classes`` is then one list of qualified ``"source/class"`` names, so two sources' ``"cat"``
 are ``"a/cat"`` and ``"b/cat"`` with distinct indices, never silently merged.
 
-**Epochs.** ``mixture.set_epoch(e)`` before each epoch (it also reaches sources with a
+**Epochs.** Epochs run from 0 to 2**31 - 1. ``mixture.set_epoch(e)`` before each epoch (it also reaches sources with a
 ``set_epoch``, such as clip datasets). A ``ShardedSampler(mixture)`` does it for you: its
 ``set_epoch`` and its ``load_state_dict`` (a resume, e.g. by a ``StatefulDataLoader``) pass the
 epoch on, so frameworks that only call the sampler's ``set_epoch`` (Lightning, accelerate) move
 the mixture too; with another sampler, call it yourself, also after resuming. The epoch lives in
 a one-number shared-memory tensor that DataLoader workers share under fork and spawn, so
 ``persistent_workers=True`` workers follow it too.
+
+**Resuming.** A ``ShardedSampler(mixture)`` state holds the mixture's seed, per-epoch counts
+(what the weights and ``epoch_size`` make), the sources' names and sizes, and its block
+(:meth:`Mixture.state_fingerprint`): loading it into a sampler over a mixture built otherwise is
+a :class:`PackerError`, never an epoch that repeats some samples and misses others. A dataset
+that wraps a mixture passes ``state_fingerprint`` on as it passes ``shard_of_sample``.
 """
 
 from __future__ import annotations
@@ -59,6 +65,17 @@ from packer.errors import PackerError
 __all__ = ["Mixture", "largest_remainder"]
 
 DEFAULT_BLOCK = 256  # draws per chunk when no source says how it is sharded
+MAX_EPOCH = 2**31 - 1  # as ShardedSampler's: a larger epoch is a corrupt state or a bug
+
+
+def _epoch(value: Any) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, np.integer))
+        or not (0 <= value <= MAX_EPOCH)
+    ):
+        raise PackerError(f"epoch must be an integer from 0 to 2**31 - 1, not {value!r}")
+    return int(value)
 
 
 def _integer(name: str, value: Any, minimum: int) -> int:
@@ -213,7 +230,7 @@ class Mixture:
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s draws and order, here and in DataLoader workers (also
         persistent ones); passed on to sources with a ``set_epoch``."""
-        self._epoch.fill_(_integer("epoch", epoch, 0))
+        self._epoch.fill_(_epoch(epoch))
         for ds in self.sources.values():
             if callable(getattr(ds, "set_epoch", None)):
                 ds.set_epoch(epoch)
@@ -222,7 +239,7 @@ class Mixture:
         """The indices of source ``name`` that epoch ``epoch`` reads, sorted within each pass."""
         if name not in self.sizes:
             raise PackerError(f"no source named {name!r}; the sources are {self.names}")
-        epoch = _integer("epoch", epoch, 0)
+        epoch = _epoch(epoch)
         s, n, count = self.names.index(name), self.sizes[name], self.counts[name]
         tag = zlib.crc32(name.encode())
         first, end = epoch * count, (epoch + 1) * count
@@ -241,7 +258,7 @@ class Mixture:
     def layout(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Epoch ``epoch``'s (default: the current one) order: each position's source number
         (in ``names``) and its index in that source."""
-        epoch = self.epoch if epoch is None else _integer("epoch", epoch, 0)
+        epoch = self.epoch if epoch is None else _epoch(epoch)
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1], self._cache[2]
         b = self.block
@@ -260,6 +277,21 @@ class Mixture:
         index = np.concatenate([rows[shuffle].reshape(-1), *tail_idx])
         self._cache = (epoch, source, index)
         return source, index
+
+    def state_fingerprint(self) -> dict[str, int]:
+        """What the mixture's order depends on besides its length and chunks, which
+        :class:`packer.ShardedSampler` puts in its state so that a state saved over another
+        mixture (another seed, shares or sources) is refused instead of repeating and skipping
+        samples: the seed, and checksums of the per-epoch counts and of the sources' names and
+        sizes, in their order."""
+        shares = ",".join(f"{n}={self.counts[n]}" for n in self.names)
+        sources = ",".join(f"{n}={self.sizes[n]}" for n in self.names)
+        return {
+            "mixture_seed": self.seed,
+            "mixture_shares": zlib.crc32(shares.encode()),
+            "mixture_sources": zlib.crc32(sources.encode()),
+            "mixture_block": self.block,
+        }
 
     def shard_of_sample(self) -> np.ndarray:
         """Each position's chunk number: the same boundaries every epoch (see the module

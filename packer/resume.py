@@ -48,6 +48,7 @@ __all__ = [
     "fingerprint",
     "sample_folders",
     "skipped_dicts",
+    "unstarted",
 ]
 
 PROGRESS_DIR = "_progress"
@@ -349,6 +350,30 @@ class Progress:
             else:
                 os.unlink(entry.path)
         os.rmdir(self.dir)
+
+
+def unstarted(partial: Path) -> bool:
+    """Whether ``partial`` is a conversion's folder stopped before anything worth keeping: a
+    real folder holding nothing but ``_progress/`` (or nothing at all), which holds nothing but
+    the fingerprint (``fingerprint.json``, or its temp file: a kill during its first write), no
+    checkpoint. A plain run or ``--resume`` starts it afresh. A folder holding anything else
+    (shards, a split, files packer did not write) is not unstarted."""
+    if partial.is_symlink() or not partial.is_dir():
+        return False
+    progress = partial / PROGRESS_DIR
+    mine = ("fingerprint.json", "fingerprint.json.tmp")
+    try:
+        if any(entry.name != PROGRESS_DIR for entry in os.scandir(partial)):
+            return False
+        if not progress.exists():
+            return True
+        if progress.is_symlink() or not progress.is_dir():
+            return False
+        return all(
+            e.name in mine and e.is_file(follow_symlinks=False) for e in os.scandir(progress)
+        )
+    except OSError:
+        return False
 
 
 def skipped_dicts(items: list[SkippedInput]) -> list[dict[str, str]]:

@@ -34,7 +34,11 @@ sampler has handed out (the default) overcounts unless ``num_workers=0``. torchd
 ``StatefulDataLoader`` needs no count: it takes the sampler's ``state_dict()`` as it sends each
 batch's indices to a worker and gives back the one of the last batch the loop received
 (``tests/test_stateful.py``). The state is the same on every rank (save it from rank 0); it
-holds ints and bools only (~110 pickled bytes, whatever the dataset's size).
+holds ints and bools only (~110 pickled bytes, ~200 over a Mixture, whatever the
+dataset's size). A dataset whose order has inputs of its own (a :class:`packer.Mixture`: its
+seed, shares and sources) adds them through a ``state_fingerprint()``; a state saved over
+another one is refused. Epochs run from 0 to ``MAX_EPOCH`` (2**31 - 1): a state with another
+epoch is refused as corrupt.
 
 The resume point serves the iterations of its epoch until one runs to its end; ``set_epoch``
 with another epoch starts that epoch from its beginning. A dataset with a ``set_epoch`` of its
@@ -63,6 +67,15 @@ __all__ = ["DEFAULT_BLOCK", "ShardedSampler", "block_starts", "epoch_order", "ra
 
 DEFAULT_BLOCK = 256  # samples per block when the dataset does not say how it is sharded
 STATE_VERSION = 1
+MAX_EPOCH = 2**31 - 1  # a larger epoch is a corrupt state or a bug, not a schedule
+
+
+def epoch_number(value: Any) -> int:
+    """``value`` as an epoch: an integer from 0 to ``MAX_EPOCH``, else a PackerError."""
+    epoch = _integer("epoch", value)
+    if not 0 <= epoch <= MAX_EPOCH:
+        raise PackerError(f"epoch must be an integer from 0 to 2**31 - 1, not {epoch}")
+    return epoch
 
 
 def _integer(name: str, value: Any, minimum: int | None = None) -> int:
@@ -199,6 +212,9 @@ class ShardedSampler(Sampler[int]):
         self._fetch = fetch if callable(fetch) and self.prefetch else None  # else no look-ahead
         # the blocks' checksum, in every state_dict: hashed once (a 1M-sample index has ~1000s)
         self._blocks_crc = zlib.crc32(self.starts.tobytes()) if self.shuffle else 0
+        # what the dataset's own order depends on (a Mixture's seed, shares and sources)
+        own = getattr(dataset, "state_fingerprint", None)
+        self._dataset_fingerprint: dict[str, int] = dict(own()) if callable(own) else {}
         self.epoch = 0
         follow = getattr(dataset, "set_epoch", None)  # a Mixture's draws follow our epoch
         self._dataset_set_epoch = follow if callable(follow) else None
@@ -221,7 +237,7 @@ class ShardedSampler(Sampler[int]):
         """Use the order of ``epoch``; another epoch than the current one starts at its
         beginning, the current one keeps a resume point. Passed on to a dataset with a
         ``set_epoch`` (a :class:`packer.Mixture`, a clip dataset)."""
-        epoch = _integer("epoch", epoch)
+        epoch = epoch_number(epoch)
         if epoch != self.epoch:
             self.epoch = epoch
             self._at(0)
@@ -276,6 +292,7 @@ class ShardedSampler(Sampler[int]):
             "seed": self.seed if self.shuffle else 0,
             "mix": self.mix if self.shuffle else 1,
             "blocks": self._blocks_crc,
+            **self._dataset_fingerprint,
         }
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
@@ -307,21 +324,32 @@ class ShardedSampler(Sampler[int]):
         """Continue the saved epoch from the first sample no rank had consumed.
 
         Raises:
-            PackerError: the state is not a ShardedSampler's, or was saved by a sampler with
-                another order (dataset length, seed, shuffle, blocks or mix).
+            PackerError: the state is not a ShardedSampler's, was saved by a sampler with
+                another order (dataset length, seed, shuffle, blocks or mix) or over a dataset
+                with another order of its own (a Mixture's seed, shares, sources), or its epoch
+                is negative or past ``MAX_EPOCH``.
         """
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise PackerError(
                 f"not a ShardedSampler state of version {STATE_VERSION}: {state!r:.200}"
             )
         for key, ours in self._fingerprint().items():
+            if key not in state:
+                raise PackerError(
+                    f"the sampler state has no {key} (this sampler has {key}={ours!r}): it was "
+                    "saved over another dataset, or by an older packer that did not record it, "
+                    "so resuming could repeat and skip samples. If it was saved over this very "
+                    "dataset (same seed, weights and sources), load "
+                    "{**sampler.state_dict(), **state} to take this sampler's values for what "
+                    "it lacks; otherwise start the epoch afresh"
+                )
             if state.get(key) != ours:
                 raise PackerError(
                     f"the sampler state was saved with {key}={state.get(key)!r}, this sampler "
                     f"has {key}={ours!r}: resuming would repeat and skip samples. Build the "
                     "sampler as it was built when the state was saved"
                 )
-        epoch = _integer("epoch", state.get("epoch"))
+        epoch = epoch_number(state.get("epoch"))
         position = _integer("consumed", state.get("consumed"), 0)
         if position > self.n:
             raise PackerError(f"consumed={position} is past the epoch's {self.n} samples")

@@ -35,7 +35,7 @@ from packer.destination import DestinationLock, check_destination, partial_path,
 from packer.detect import detect, find_splits
 from packer.errors import DestinationError, PackerError, SourceError
 from packer.manifest import MANIFEST_NAME, Manifest, load_manifest, write_manifest
-from packer.resume import Progress, changed_inputs
+from packer.resume import Progress, changed_inputs, unstarted
 from packer.sources import is_image_name
 
 __all__ = ["SplitPlan", "SplitsBuild", "build_splits", "describe_splits", "plan_splits"]
@@ -245,7 +245,7 @@ def build_splits(
                 build.manifest = done
                 return
         check_destination(dst, overwrite, src, resume)
-        if resume and partial.is_dir():
+        if resume and partial.is_dir() and not unstarted(partial):  # else started afresh
             _resume(partial, fp, plan)
         else:
             if partial.exists():

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from packer import contained
 from packer.cli import main
 from packer.errors import FormatError
 from packer.manifest import (
+    KEYS_NAME,
     MANIFEST_NAME,
     file_checksum,
     load_index,
@@ -342,6 +344,33 @@ def test_a_linked_class_folder_is_refused_by_both_openers(
         read_all(root)
 
 
+def test_a_relative_link_from_one_class_folder_to_another_is_refused_by_both_openers(
+    packed: dict[str, Path], tmp_path: Path, opener: object
+) -> None:
+    """Issue 28, 14: ``class_01 -> class_00`` (a relative link that stays inside the dataset,
+    which ``RESOLVE_BENEATH`` alone lets through, unlike an absolute one) would serve class_00's
+    images under class_01's names and labels. Refused by openat2's ``RESOLVE_NO_SYMLINKS`` and
+    by the walk's ``O_NOFOLLOW`` on folders, before a byte is read."""
+    root = copy(packed, ".bmp", tmp_path)
+    first, second = sorted(p for p in root.iterdir() if p.is_dir())[:2]
+    dataset = packer.open_dataset(root, output="bytes")
+    names = [dataset.keys[i] for i in range(len(dataset))]
+    assert sorted(p.name for p in first.iterdir()) == sorted(p.name for p in second.iterdir())
+    shutil.rmtree(second)
+    second.symlink_to(first.name, target_is_directory=True)  # relative: inside the dataset
+    assert (second / next(first.iterdir()).name).read_bytes()  # the link does resolve
+    linked = packer.open_dataset(root, output="bytes")
+    refused = []
+    for i in range(len(linked)):
+        try:
+            linked[i]
+        except FormatError as exc:
+            assert f"{second.name!r} is a symbolic link inside the dataset" in str(exc)
+            refused.append(names[i])
+    assert refused and refused == [n for n in names if n.startswith(f"{second.name}/")]
+    assert "symbolic link" in cli_verify(root)
+
+
 class KeyedSamples(Dataset):  # type: ignore[type-arg]
     """Each item as its key (``keys_only``) or (key, label): what a training loop writes
     predictions by."""
@@ -433,6 +462,30 @@ def test_workers_started_after_an_overwrite_refuse_to_mix(
             load_keys_through(dataset, context, keys_only=True)
     with pytest.raises(FormatError, match="replaced after the dataset was opened"):
         load_keys_through(dataset, context, keys_only=False)  # samples: never the new output's
+
+
+def test_keys_rewritten_in_place_are_refused_by_a_worker_that_maps_them_again(
+    packed: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 28, 14: ``keys.txt`` rewritten in place under an open dataset, same size, same
+    inode, other bytes (``class_00`` → ``class_99``): only its modification time tells. A
+    process that maps it again (a spawned DataLoader worker) refuses it instead of naming
+    samples by the new keys; a fresh open refuses it by the manifest's checksum."""
+    root = copy(packed, ".lmdb", tmp_path)
+    dataset = packer.open_dataset(root, output="bytes")
+    old = list(dataset.keys)
+    keys = root / KEYS_NAME
+    data, inode = keys.read_bytes(), keys.stat().st_ino
+    time.sleep(0.02)  # past the file system's clock tick: a later modification time
+    with open(keys, "r+b") as fh:  # in place: no new inode, no new size
+        fh.write(data.replace(b"class_00", b"class_99"))
+    assert keys.stat().st_ino == inode and keys.stat().st_size == len(data)
+    assert keys.read_bytes() != data
+    with pytest.raises(FormatError, match="keys.txt' was replaced after the dataset was opened"):
+        load_keys_through(dataset, "spawn", keys_only=True)
+    with pytest.raises(FormatError, match="keys.txt' differs from the checksum"):
+        packer.open_dataset(root, output="bytes")
+    assert len(old) == len(dataset)
 
 
 def test_a_manifest_linked_to_another_datasets(packed: dict[str, Path], tmp_path: Path) -> None:

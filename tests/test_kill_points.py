@@ -203,3 +203,112 @@ def test_kill_points_of_a_root_of_splits_recover(
     print(f"splits: {len(points)} kill points {Counter(c for c, _ in points)}")
     for i, point in enumerate(points):
         check_kill_point(tree_files, src, ref, tmp_path / f"k{i}", "o.npy", point, ())
+
+
+def first_points(src: Path, work: Path, name: str, fingerprints: tuple[str, ...]) -> list:
+    """(syscall, N) of the first fsync, the first rename and the fsync after it from the open of
+    each of ``fingerprints`` (``_progress/fingerprint.json.tmp`` paths in the output) on: the
+    first write of a progress fingerprint, before any checkpoint."""
+    log = work / "trace.log"
+    calls = ",".join(("openat", *CALLS))
+    done = cli(src, work / name, trace=["-o", str(log), "-e", f"trace={calls}"])
+    assert done.returncode == 0, done.stderr
+    lines = log.read_text().splitlines()
+    main = lines[0].split()[0]
+    counts: Counter[str] = Counter()
+    points: list[tuple[str, int]] = []
+    wanted: list[str] = []
+    for line in lines:
+        match = re.match(r"(\d+)\s+(\w+)\(", line)
+        if match is None or match.group(1) != main:
+            continue
+        call = match.group(2)
+        if call == "openat" and any(f"{name}.partial/{f}" in line for f in fingerprints):
+            wanted = ["fsync", "rename", "fsync"]
+        if call in CALLS:
+            counts[call] += 1
+            if wanted and call == wanted[0]:
+                points.append((call, counts[call]))
+                wanted.pop(0)
+    assert len(points) == 3 * len(fingerprints), points
+    shutil.rmtree(work)
+    return points
+
+
+@pytest.mark.parametrize("splits", [False, True], ids=["one", "splits"])
+def test_a_kill_before_the_first_checkpoint_starts_afresh(
+    tree_files: Any, small: Path, tmp_path: Path, splits: bool
+) -> None:
+    """Issue 28, 10: a kill at the first fsync or rename of the progress fingerprint left a
+    ``.partial`` that a plain run called "interrupted: add --resume", ``--resume`` called "no
+    resumable progress" and ``--overwrite`` "not a packer output": a loop. A ``.partial`` with
+    no checkpoint holds nothing worth keeping: a plain run and ``--resume`` start it afresh.
+    For a root of splits: a kill at its own first fingerprint likewise; one at its first
+    split's leaves the root's fingerprint (a root that a plain run asks to --resume, as any
+    started root) and an unstarted split, which --resume starts afresh."""
+    src, name, fingerprints = small, "o.lmdb", ("_progress/fingerprint.json.tmp",)
+    if splits:
+        src, name = tmp_path / "imagenet", "o.npy"
+        for split in ("train", "val"):
+            shutil.copytree(small, src / split)
+        fingerprints += ("train.partial/_progress/fingerprint.json.tmp",)
+    ref = tmp_path / "ref" / name
+    ref.parent.mkdir()
+    assert cli(src, ref).returncode == 0
+    (tmp_path / "probe").mkdir()
+    for i, (call, n) in enumerate(first_points(src, tmp_path / "probe", name, fingerprints)):
+        for extra in ((), ("--resume",), ("--overwrite",)):
+            work = tmp_path / f"k{i}{''.join(extra)}"
+            work.mkdir()
+            inject = f"--inject={call}:signal=KILL:when={n}"
+            killed = cli(src, work / name, trace=["-o", "/dev/null", inject])
+            assert killed.returncode in (-9, 137), (call, n, killed.stderr)
+            assert (work / f"{name}.partial").is_dir() and not (work / name).exists()
+            again = cli(src, work / name, *extra)
+            if i >= 3 and not extra:  # a split's: the root holds its fingerprint and the split
+                assert "add --resume" in again.stderr, (call, n, again.stderr)
+                again = cli(src, work / name, "--resume")
+            assert again.returncode == 0, (call, n, extra, again.stderr)
+            assert tree_files(work / name) == tree_files(ref), (call, n, extra)
+            assert leftovers(work, name) == [], (call, n, extra)
+            shutil.rmtree(work)
+
+
+def test_a_partial_packer_did_not_write_or_a_live_writer_is_still_refused(
+    small: Path, tmp_path: Path
+) -> None:
+    """The fresh start takes only what packer's first fingerprint write leaves (``_progress/``
+    with ``fingerprint.json.tmp`` or the fingerprint itself): a ``.partial`` holding anything
+    else is refused as before and left as it is, and one a live writer holds is refused."""
+    dst = tmp_path / "o.lmdb"
+    partial = tmp_path / "o.lmdb.partial"
+    (partial / "_progress").mkdir(parents=True)
+    (partial / "_progress" / "fingerprint.json.tmp").write_bytes(b"{")
+    (partial / "notes.txt").write_text("mine")
+    for extra, says in (((), "add --resume"), (("--resume",), "no resumable progress")):
+        refused = cli(small, dst, *extra)
+        assert refused.returncode == 1 and says in refused.stderr, refused.stderr
+        assert (partial / "notes.txt").read_text() == "mine"
+    (partial / "notes.txt").unlink()
+    holder = subprocess.Popen(  # a live writer: holds DST.partial.lock (20 s at most)
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            f"fd = os.open({str(tmp_path / 'o.lmdb.partial.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'4242')\n"
+            "print('held', flush=True); sys.stdin.read(); time.sleep(0)",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        for extra in ((), ("--resume",)):
+            busy = cli(small, dst, *extra)
+            assert busy.returncode == 1 and "process 4242" in busy.stderr, busy.stderr
+            assert (partial / "_progress" / "fingerprint.json.tmp").read_bytes() == b"{"
+    finally:
+        holder.communicate("", timeout=20)
+    assert cli(small, dst).returncode == 0 and not partial.exists()

@@ -236,7 +236,9 @@ def test_unknown_source_and_bad_epoch_are_clear_errors(keyed: dict[str, Keyed]) 
         packer.PackerError, match=r"no source named 'c'; the sources are \['a', 'b'\]"
     ):
         mixture.draws("c", 0)
-    with pytest.raises(packer.PackerError, match="epoch must be at least 0, not -1"):
+    with pytest.raises(
+        packer.PackerError, match=r"epoch must be an integer from 0 to 2\*\*31 - 1, not -1"
+    ):
         mixture.set_epoch(-1)
     with pytest.raises(packer.PackerError, match="non-empty"):
         packer.Mixture({})
@@ -348,3 +350,60 @@ def test_the_sampler_moves_the_mixtures_epoch_also_on_resume(keyed: dict[str, Ke
     assert fresh.epoch == 4
     assert [fresh[i][0] for i in list(resumed)] == [mixture[i][0] for i in list(sampler)[3:]]
     assert fresh.draws("a", 4).tolist() != fresh.draws("a", 0).tolist()  # the epoch matters
+
+
+def test_a_sampler_state_is_refused_by_a_mixture_built_otherwise(keyed: dict[str, Keyed]) -> None:
+    """Issue 28, 12: a state saved over Mixture(seed=1) loaded silently into Mixture(seed=2) (the
+    sampler's own fingerprint is the same: same length and chunks), and the resumed epoch read
+    some samples twice and missed others. The mixture's seed, shares and sources are in the
+    state: another one is refused, naming what differs; the same one resumes exactly."""
+    built = {"weights": {"a": 1, "b": 1}, "epoch_size": 10, "block": 3}
+
+    def sampler(**changed: Any) -> tuple[packer.Mixture, packer.ShardedSampler]:
+        args = {"seed": 1, **built, **changed}
+        sources = args.pop("sources", keyed)
+        mixture = packer.Mixture(sources, **args)
+        return mixture, packer.ShardedSampler(mixture, num_replicas=1, rank=0, seed=7)
+
+    mixture, saved = sampler()
+    saved.set_epoch(2)
+    state = saved.state_dict(consumed=4)
+    for changed, what in (
+        ({"seed": 2}, "mixture_seed"),
+        ({"weights": {"a": 1, "b": 4}}, "mixture_shares"),
+        ({"sources": {"a": keyed["b"], "b": keyed["a"]}}, "mixture_sources"),
+    ):
+        other, resumed = sampler(**changed)
+        assert len(other) == len(mixture)
+        assert other.shard_of_sample().tolist() == mixture.shard_of_sample().tolist()
+        with pytest.raises(packer.PackerError, match=f"saved with {what}=.*resuming would"):
+            resumed.load_state_dict(state)
+    same, resumed = sampler()
+    resumed.load_state_dict(state)
+    before = [mixture[i][0] for i in list(saved)[:4]]
+    after = [same[i][0] for i in list(resumed)]
+    assert Counter(before + after) == Counter(expected(mixture))  # exactly one epoch
+    older = {k: v for k, v in state.items() if not k.startswith("mixture_")}
+    with pytest.raises(packer.PackerError, match="has no mixture_seed"):
+        sampler()[1].load_state_dict(older)  # a state that cannot say which mixture it was
+    same, resumed = sampler()
+    resumed.load_state_dict({**resumed.state_dict(), **older})  # the way the refusal gives
+    assert [same[i][0] for i in list(resumed)] == after
+
+
+@pytest.mark.parametrize("epoch", [-1, 2**31, 10**30])
+def test_negative_and_absurd_epochs_are_refused(keyed: dict[str, Keyed], epoch: int) -> None:
+    mixture = packer.Mixture(keyed, seed=1)
+    sampler = packer.ShardedSampler(mixture, num_replicas=1, rank=0)
+    state = sampler.state_dict(consumed=0)
+    for call in (
+        lambda: sampler.set_epoch(epoch),
+        lambda: sampler.load_state_dict({**state, "epoch": epoch}),
+        lambda: mixture.set_epoch(epoch),
+        lambda: mixture.draws("a", epoch),
+    ):
+        with pytest.raises(packer.PackerError, match=r"epoch must be .*0 .*2\*\*31"):
+            call()
+    assert (sampler.epoch, mixture.epoch) == (0, 0)  # nothing changed
+    sampler.set_epoch(2**31 - 1)
+    assert mixture.epoch == 2**31 - 1 and len(list(sampler)) == len(mixture)

@@ -115,6 +115,47 @@ def test_replaced_object_is_refused(proxy: FaultProxy, server: S3Server, local: 
     assert sum(f"GET /faults/replaced.h5/{shard}" in s for s in proxy.served) == 1
 
 
+def test_an_object_replaced_by_one_of_its_size_is_refused_by_its_etag(
+    proxy: FaultProxy, server: S3Server, local: Path, tmp_path: Path
+) -> None:
+    """Issue 28, 14: an LMDB shard replaced after the open by other bytes of the same size
+    (zeros): only the ETag tells. The shard cache's download fails its checksum, and the
+    replaced-object check says so at once, with both ETags (one GET, no retries), instead of
+    fetching it again until the attempts run out."""
+    tree = make_image_tree(tmp_path / "src", classes=2, per_class=2, size=(64, 48), bad=0)
+    packer.convert(tree.root, tmp_path / "same.lmdb", shard_size="20kB", workers=1, progress=False)
+    url = server.upload(tmp_path / "same.lmdb", "same.lmdb")
+    remote = packer.open_dataset(
+        url, output="bytes", storage_options=_through(proxy), cache_dir=tmp_path / "cache"
+    )
+    shard = load_manifest(tmp_path / "same.lmdb").shards[0].name
+    size = (tmp_path / "same.lmdb" / shard).stat().st_size
+    server.filesystem().pipe_file(f"{url}/{shard}", bytes(size))
+    proxy.served.clear()
+    said = rf"{shard}' was replaced after the dataset was opened: it has {size} bytes \(ETag "
+    with pytest.raises(FormatError, match=said + rf".*but had {size} bytes \(ETag "):
+        remote.reader.read_many(range(len(remote)))
+    assert sum(f"GET /faults/same.lmdb/{shard}" in s for s in proxy.served) == 1
+
+
+def test_an_uncached_shard_replaced_by_one_of_its_size_is_refused_by_its_etag(
+    proxy: FaultProxy, server: S3Server, local: Path
+) -> None:
+    """The same replacement under ranged reads (HDF5, no cache): every record's xxh3 fails,
+    and the first mismatch asks the store for the object's ETag, so the read is refused as
+    replaced after the open at once (one GET of it, no re-reads), with both ETags."""
+    url = server.upload(local, "same.h5")
+    remote = packer.open_dataset(url, output="bytes", storage_options=_through(proxy))
+    shard = load_manifest(local).shards[0].name
+    size = (local / shard).stat().st_size
+    server.filesystem().pipe_file(f"{url}/{shard}", bytes(size))
+    proxy.served.clear()
+    said = rf"{shard}' was replaced after the dataset was opened: it has {size} bytes \(ETag "
+    with pytest.raises(FormatError, match=said):
+        remote.reader.read_many(range(len(remote)))
+    assert sum(f"GET /faults/same.h5/{shard}" in s for s in proxy.served) == 1
+
+
 def test_cut_body_of_a_per_sample_file_is_retried(
     proxy: FaultProxy, server: S3Server, tmp_path: Path
 ) -> None:

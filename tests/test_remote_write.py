@@ -417,3 +417,37 @@ def test_endless_503_names_the_object_then_resume_sends_the_rest(
     assert resumed.exit_code == 0 and "already uploaded" in resumed.output, resumed.output
     packer.convert(src, tmp_path / "local.npy", shard_size="8kB", workers=1, progress=False)
     assert_same_dataset(objects(server, url), files(tmp_path / "local.npy"))
+
+
+def test_an_uploaded_object_replaced_by_one_of_its_size_is_sent_again_on_resume(
+    server: S3Server, sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28, 14: the journal says shard-00000 was uploaded; before ``--resume`` someone
+    replaces that object at the URL with other bytes of the same size. Only its ETag tells: the
+    resumed upload must not take it for its own (a published dataset whose shard fails its
+    checksum). Its staged copy was released once sent, so it cannot be sent again: the resume
+    is refused naming it, nothing is published, and the command the refusal gives
+    (``--overwrite``) makes objects equal to a local conversion's."""
+    monkeypatch.setattr(storage, "RETRY", storage.Retry(attempts=2, base=0.01))
+    src, url, staging = str(sources["images"]), "s3://write/swapped.npy", tmp_path / "s"
+    with fault_proxy(server.endpoint) as proxy:
+        proxy.inject(["503"] * 2, match="PUT /write/swapped.npy/shard-00001")
+        failed = run(proxy.endpoint, staging, "convert", src, url, "--shard-size", "8kB", "-q")
+    assert failed.exit_code == 1 and "--resume" in failed.output, failed.output
+    fs = server.filesystem()
+    sent = fs.cat_file("write/swapped.npy/shard-00000.npy")
+    before = fs.info("write/swapped.npy/shard-00000.npy")["ETag"]
+    fs.pipe_file("write/swapped.npy/shard-00000.npy", bytes(len(sent)))  # same size, zeros
+    fs.invalidate_cache()
+    after = fs.info("write/swapped.npy/shard-00000.npy")
+    assert after["size"] == len(sent) and after["ETag"] != before
+    resumed = run(server.endpoint, staging, "convert", src, url, "--shard-size", "8kB", "--resume")
+    assert resumed.exit_code == 1, resumed.output
+    said = " ".join(resumed.output.split())
+    assert "'s3://write/swapped.npy/shard-00000.npy' (and 0 more) was uploaded" in said
+    assert "no longer holds it as uploaded (deleted or replaced since)" in said
+    assert "packer.json" not in objects(server, url)  # nothing published over the zeros
+    again = run(server.endpoint, staging, "convert", src, url, "--shard-size", "8kB", "--overwrite")
+    assert again.exit_code == 0, again.output
+    packer.convert(src, tmp_path / "local.npy", shard_size="8kB", workers=1, progress=False)
+    assert_same_dataset(objects(server, url), files(tmp_path / "local.npy"))

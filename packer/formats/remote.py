@@ -133,13 +133,17 @@ class RemoteReader(ReaderBase):
     def _check_records(self, rec: np.ndarray, out: list[bytes]) -> None:
         """Every ``out[j]`` matching record ``rec[j]``'s xxh3 in the record table; a corrupt
         one is fetched again, up to :data:`RETRY`'s attempts; then a clear error, never the
-        wrong bytes."""
+        wrong bytes. At the first mismatch, an object whose size or ETag changed since the
+        open (replaced, even by one of its size) is refused at once (``check_unchanged``)."""
         assert self.checksum is not None
         expected = self.checksum[rec].tolist()
         for attempt in range(1, storage.RETRY.attempts + 1):
             bad = [j for j, data in enumerate(out) if bytes_checksum(data) != expected[j]]
             if not bad:
                 return
+            if attempt == 1:  # replaced since the open (its ETag): say so now, not re-read
+                for name in dict.fromkeys(self._runs(rec[bad])[0]):
+                    self.remote.check_unchanged(self.remote.url_of(name))
             if attempt == storage.RETRY.attempts:
                 url = self.remote.url_of(self._runs(rec[bad[:1]])[0][0])
                 raise FormatError(
