@@ -433,6 +433,10 @@ def test_an_uploaded_object_replaced_by_one_of_its_size_is_sent_again_on_resume(
     with fault_proxy(server.endpoint) as proxy:
         proxy.inject(["503"] * 2, match="PUT /write/swapped.npy/shard-00001")
         failed = run(proxy.endpoint, staging, "convert", src, url, "--shard-size", "8kB", "-q")
+        # staging is keyed by the store's endpoint: the same store without the proxy takes it
+        staging_folder(url, staging, {"endpoint_url": proxy.endpoint}).rename(
+            staging_folder(url, staging, {"endpoint_url": server.endpoint})
+        )
     assert failed.exit_code == 1 and "--resume" in failed.output, failed.output
     fs = server.filesystem()
     sent = fs.cat_file("write/swapped.npy/shard-00000.npy")
