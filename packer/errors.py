@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-__all__ = ["PackerError", "SourceError", "DestinationError", "FormatError", "InputFileError"]
+__all__ = [
+    "DatasetThere",
+    "DestinationError",
+    "FormatError",
+    "InputFileError",
+    "PackerError",
+    "SourceError",
+]
 
 
 class PackerError(Exception):
@@ -23,3 +30,7 @@ class FormatError(PackerError):
 
 class InputFileError(PackerError):
     """One input file cannot be used (unreadable, not an image, truncated)."""
+
+
+class DatasetThere(DestinationError):
+    """The URL already holds a packer dataset that this upload may not replace."""

@@ -25,7 +25,7 @@ from packer.manifest import MANIFEST_NAME, Manifest
 from packer.resume import Progress, changed_inputs, describe_change, name_change
 from packer.store import open_packed
 
-__all__ = ["Found", "complete_output", "find_finished", "publish_finished"]
+__all__ = ["Found", "complete_output", "find_finished", "manifest_difference", "publish_finished"]
 
 
 @dataclass
@@ -57,6 +57,15 @@ def _difference(path: Path, manifest: Manifest, fp: dict[str, Any], source: Any)
     recorded = Progress(path).fingerprint()
     if recorded is not None:  # the interrupted run's own fingerprint: the full comparison
         return name_change(describe_change(recorded[0], _json(fp)), source, recorded[1])
+    written = (path / MANIFEST_NAME).stat().st_mtime_ns
+    return manifest_difference(manifest, fp, source, written, str(path))
+
+
+def manifest_difference(
+    manifest: Manifest, fp: dict[str, Any], source: Any, written: int, where: str
+) -> str | None:
+    """What differs between the output ``manifest`` describes (written at ``written`` ns, at
+    ``where``: a folder or a URL) and this run's fingerprint ``fp`` (None: nothing)."""
     options = {k: v for k, v in manifest.options.items() if k != "storage"}
     old = {
         "format": manifest.format,
@@ -67,11 +76,10 @@ def _difference(path: Path, manifest: Manifest, fp: dict[str, Any], source: Any)
     }
     new = {k: v for k, v in _json(fp).items() if k in old}
     change = describe_change(old, new)
-    written = (path / MANIFEST_NAME).stat().st_mtime_ns
     if change is None and fp.get("newest_mtime_ns", 0) > written:
         paths = changed_inputs(source, written) if source is not None else ["?"]
         more = f" (and {len(paths) - 1} more)" if len(paths) > 1 else ""
-        change = f"input {paths[0]!r}{more} was modified after {str(path)!r} was written"
+        change = f"input {paths[0]!r}{more} was modified after {where!r} was written"
     return change
 
 

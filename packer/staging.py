@@ -34,7 +34,7 @@ from typing import Any
 
 from packer.convert import convert
 from packer.convert_result import ConvertResult
-from packer.errors import DestinationError, PackerError
+from packer.errors import DatasetThere, DestinationError, PackerError
 from packer.merge import merge
 from packer.plan import DEFAULT_SHARD_SIZE
 from packer.sizes import parse_size
@@ -156,6 +156,51 @@ def _made_by_us(entry: str, name: str) -> bool:
     return entry in ours or entry.startswith((name, ".release-"))
 
 
+def _work_in(folder: Path, name: str) -> bool:
+    """Whether the staging ``folder`` holds a conversion of ``name`` (built, partial, parts)."""
+    return any(e.name.startswith(name) for e in folder.iterdir())
+
+
+def _complete_at_url(uploader: Uploader, src: Any, local: Path, kwargs: dict) -> ConvertResult:
+    """``--resume`` of a conversion whose upload finished (its staging folder gone): as a
+    local ``--resume`` of a published output, "already complete" if the dataset at the URL is
+    this source's with these options, else refused saying what differs."""
+    from packer.finish import manifest_difference
+    from packer.manifest import MANIFEST_NAME, parse_manifest
+    from packer.plan import plan_conversion
+    from packer.resume import fingerprint
+
+    url = uploader.url
+    manifest = parse_manifest(uploader.cat(MANIFEST_NAME), f"{url}/{MANIFEST_NAME}", url)
+    given = {k: v for k, v in kwargs.items() if k not in ("on_event", "executor", "workers")}
+    plan = plan_conversion(src, local, progress=False, **given)
+    if plan.prepared is None:  # a root of splits: each split's manifest records its options
+        change = None if manifest.format == plan.format else f"format {manifest.format!r}"
+    else:
+        source = plan.prepared.source
+        fp = fingerprint(source, plan.format, plan.options)
+        change = manifest_difference(manifest, fp, source, _created_ns(manifest.created), url)
+    if change is not None:
+        raise DestinationError(
+            f"{url!r} holds a finished dataset and there is nothing to resume: {change}; pass "
+            "--overwrite to replace it"
+        )
+    result = ConvertResult(dst=url, manifest=manifest, seconds=0, bytes_in=0, bytes_out=0)
+    result.notes.append(f"{url!r} is already complete (same source and options): nothing to do")
+    return result
+
+
+def _created_ns(created: str) -> int:
+    """The end of the second a manifest's ``created`` stamp names, in ns (0: unreadable)."""
+    import datetime
+
+    try:
+        stamp = datetime.datetime.strptime(created, "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    except ValueError:
+        return 0
+    return int(stamp + 1) * 10**9 - 1
+
+
 def _clear(folder: Path, keep: tuple[str, ...] = (_LOCK,)) -> None:
     """Remove everything in ``folder`` but ``keep``; the mark last (a kill leaves it while
     anything else is there)."""
@@ -224,7 +269,12 @@ def convert_to_url(
     with _staged(url, staging, options, shared=part is not None) as folder:
         local, journal = folder / name, Journal(folder / JOURNAL_NAME)
         uploader = Uploader(url, options, journal, resume)
-        uploader.check(overwrite, local)  # before the conversion: refuse early
+        try:
+            uploader.check(overwrite, local)  # before the conversion: refuse early
+        except DatasetThere:
+            if not resume or part is not None or _work_in(folder, name):
+                raise
+            return _complete_at_url(uploader, src, local, kwargs)
         if not resume and part is None:  # start over, still owning an upload of ours
             _clear(folder, keep=(_LOCK, _MARK, JOURNAL_NAME))
             journal.reset(url.rstrip("/"))

@@ -32,13 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from packer.errors import DestinationError, PackerError
+from packer.errors import DatasetThere, DestinationError, PackerError
 from packer.manifest import MANIFEST_NAME, file_checksum
 from packer.storage import RemoteFolder, join_url, passing
 from packer.upload_journal import JOURNAL_NAME, Journal
 from packer.upload_owned import expected_checksums, listed_by_manifests
 
-__all__ = ["JOURNAL_NAME", "Journal", "UploadReport", "Uploader", "upload_order"]
+__all__ = ["JOURNAL_NAME", "DatasetThere", "Journal", "UploadReport", "Uploader", "upload_order"]
 
 T = TypeVar("T")
 THREADS = 8  # small objects in flight together (small per-sample files need many)
@@ -199,7 +199,7 @@ class Uploader:
             and self.ours(MANIFEST_NAME, staged / MANIFEST_NAME, listing)
         )
         if MANIFEST_NAME in listing and not (overwrite or mine):
-            raise DestinationError(
+            raise DatasetThere(
                 f"{self.url!r} already holds a packer dataset (its {MANIFEST_NAME}). Pass "
                 "--overwrite to replace it (its manifest is deleted first, so no reader mixes "
                 "the two), or choose another URL"
@@ -225,12 +225,13 @@ class Uploader:
         listing = self.check(overwrite, staged)
         self.journal.claim(self.url)  # a --part task's first shard: the objects are ours now
         if MANIFEST_NAME in listing:  # over a dataset: what its manifests list may go
-            old = listed_by_manifests(self._cat, listing)
+            old = listed_by_manifests(self.cat, listing)
             self.journal.adopt(old, set(listing) - old - self.journal.known(sorted(listing)))
         self._drop_old_manifests(staged, listing)
         return listing
 
-    def _cat(self, name: str) -> bytes:
+    def cat(self, name: str) -> bytes:
+        """The bytes of the object ``name`` under the dataset's URL (retried)."""
         url, fs = join_url(self.url, name), self.folder.fs()
         return self.attempt(url, "read", lambda: bytes(fs.cat_file(url)))
 

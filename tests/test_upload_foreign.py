@@ -189,3 +189,34 @@ def test_an_unreachable_store_says_nothing_was_written_not_resume(
         )
     assert "nothing was written" in str(refused.value) and "--resume" not in str(refused.value)
     assert "endpoint_url" in str(refused.value)
+
+
+def test_resume_of_a_finished_upload_says_complete_as_locally(
+    server: S3Server, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    """``--resume`` after the upload finished (its staging folder gone) exits 0 saying the
+    dataset is complete, as a local ``--resume`` of a published output does; with another
+    source or options it is refused saying what differs, and a plain run still needs
+    --overwrite."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    url, staging = f"s3://{BUCKET}/finished.npy", tmp_path / "staging"
+    base = ["convert", "--staging", str(staging), "--workers", "1", "--shard-size", SHARD]
+    base += ["--storage-option", f"endpoint_url={server.endpoint}", "-q"]
+    first = CliRunner().invoke(main, [*base, str(sources["images"]), url])
+    assert first.exit_code == 0, first.output
+    before = objects(server, url)
+    again = CliRunner().invoke(main, [*base, str(sources["images"]), url, "--resume"])
+    assert again.exit_code == 0, again.output
+    assert "already complete" in again.output
+    other = CliRunner().invoke(main, [*base, str(sources["frames"]), url, "--resume"])
+    assert other.exit_code == 1 and "nothing to resume" in other.output, other.output
+    bigger = [*base, str(sources["images"]), url, "--resume", "--max-pixels", "5"]
+    changed = CliRunner().invoke(main, bigger)
+    assert changed.exit_code == 1 and "max_pixels" in changed.output, changed.output
+    plain = CliRunner().invoke(main, [*base, str(sources["images"]), url])
+    assert plain.exit_code == 1 and "--overwrite" in plain.output
+    assert objects(server, url) == before
+    assert list(staging.iterdir()) == []

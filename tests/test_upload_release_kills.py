@@ -159,7 +159,7 @@ def removal_points(server: S3Server, source: Path, url: str, staging: Path, log:
     done = cli(server, source, url, staging, trace="", strace_log=(log, calls))
     assert done.returncode == 0, done.stderr[-2000:]
     lines = log.read_text().splitlines()
-    main = lines[0].split()[0]
+    main = min((line.split()[0] for line in lines if line[:1].isdigit()), key=int)  # first tid
     counts: dict[str, int] = {}
     points = []
     for line in lines:
