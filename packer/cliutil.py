@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -118,10 +119,24 @@ def safe_output() -> None:
             reconfigure(errors="backslashreplace")
 
 
+_OPTION = re.compile(
+    r"""storage_options=\{\s*['"](\w+)['"]\s*:\s*['"]?([^,'"}]*)['"]?(?:,\s*\.\.\.)?\s*\}"""
+)
+
+
+def cli_words(message: str) -> str:
+    """A library message in the CLI's words: ``storage_options={'endpoint_url': ...}`` is
+    ``--storage-option endpoint_url=...``, a bare ``storage_options`` is ``--storage-option``,
+    ``cache_dir=`` is ``--cache-dir``."""
+    message = _OPTION.sub(lambda m: f"--storage-option {m.group(1)}={m.group(2)}", message)
+    message = re.sub(r"\bstorage_options\b(?!=)", "--storage-option", message)
+    return re.sub(r"\bcache_dir=\s?", "--cache-dir ", message)
+
+
 def failure(exc: BaseException) -> dict[str, Any]:
     """The one JSON object a ``--json`` command prints on stdout when it fails."""
     message = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
-    return {"ok": False, "error": message, "type": type(exc).__name__}
+    return {"ok": False, "error": cli_words(message), "type": type(exc).__name__}
 
 
 def friendly(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -145,7 +160,7 @@ def friendly(func: Callable[..., Any]) -> Callable[..., Any]:
                 click.echo(json.dumps(failure(exc)))
             if isinstance(exc, click.ClickException):
                 raise
-            raise click.ClickException(str(exc)) from exc
+            raise click.ClickException(cli_words(str(exc))) from exc
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)

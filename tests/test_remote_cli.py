@@ -81,7 +81,7 @@ def test_storage_option_values_and_refusals(server: S3Server, local: dict[str, P
     bad = CliRunner().invoke(main, ["verify", url, "--storage-option", "endpoint_url"])
     assert bad.exit_code == 2 and "is not KEY=VALUE" in bad.output
     here = run(server, "verify", str(local["images.h5"]))
-    assert here.exit_code == 1 and "storage_options is for a URL" in here.output
+    assert here.exit_code == 1 and "--storage-option is for a URL" in here.output
     gone = run(server, "verify", url.replace("options", "nothing"))
     assert gone.exit_code == 1 and "nothing.h5/packer.json" in gone.output
     assert "missing or access is denied" in gone.output
