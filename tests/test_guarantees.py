@@ -558,10 +558,15 @@ def test_destination_refusals_name_the_paths(tree: DemoTree, tmp_path: Path) -> 
             packer.convert(src, dst, overwrite=overwrite, progress=False)
         assert all(repr(str(p)) in str(refused.value) for p in named), refused.value
     partial = tmp_path / "cut.npy.partial"
-    partial.mkdir()
+    (partial / "_progress").mkdir(parents=True)
+    (partial / "shard-00000.npy").write_bytes(b"work of a killed run")
     with pytest.raises(packer.DestinationError) as refused:
         packer.convert(src, tmp_path / "cut.npy", progress=False)
     assert str(partial) in str(refused.value) and "--resume" in str(refused.value)
+    empty = tmp_path / "empty.npy.partial"  # killed before its first checkpoint: started afresh
+    empty.mkdir()
+    packer.convert(src, tmp_path / "empty.npy", progress=False)
+    assert not empty.exists() and (tmp_path / "empty.npy" / "packer.json").is_file()
 
 
 def test_a_csv_without_header_keeps_its_first_row(tmp_path: Path) -> None:
