@@ -13,6 +13,7 @@ from packer._version import __version__
 # Eager (and torch-free): these functions share their module's name, so they must be bound here.
 from packer.convert import ConvertResult, convert  # noqa: E402
 from packer.errors import (  # noqa: E402
+    DatasetExistsError,
     DestinationError,
     FormatError,
     InputFileError,
@@ -52,6 +53,7 @@ __all__ = [
     "BMPDataset",
     "BMPVideoDataset",
     "ConvertResult",
+    "DatasetExistsError",
     "DestinationError",
     "FolderDataset",
     "FolderVideoDataset",

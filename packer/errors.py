@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
-    "DatasetThere",
+    "DatasetExistsError",
     "DestinationError",
     "FormatError",
     "InputFileError",
@@ -32,5 +32,5 @@ class InputFileError(PackerError):
     """One input file cannot be used (unreadable, not an image, truncated)."""
 
 
-class DatasetThere(DestinationError):
+class DatasetExistsError(DestinationError):
     """The URL already holds a packer dataset that this upload may not replace."""

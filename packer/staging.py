@@ -34,7 +34,7 @@ from typing import Any
 
 from packer.convert import convert
 from packer.convert_result import ConvertResult
-from packer.errors import DatasetThere, DestinationError, PackerError
+from packer.errors import DatasetExistsError, DestinationError, PackerError
 from packer.merge import merge
 from packer.plan import DEFAULT_SHARD_SIZE
 from packer.sizes import parse_size
@@ -271,7 +271,7 @@ def convert_to_url(
         uploader = Uploader(url, options, journal, resume)
         try:
             uploader.check(overwrite, local)  # before the conversion: refuse early
-        except DatasetThere:
+        except DatasetExistsError:
             if not resume or part is not None or _work_in(folder, name):
                 raise
             return _complete_at_url(uploader, src, local, kwargs)

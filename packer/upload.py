@@ -32,13 +32,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from packer.errors import DatasetThere, DestinationError, PackerError
+from packer.errors import DatasetExistsError, DestinationError, PackerError
 from packer.manifest import MANIFEST_NAME, file_checksum
 from packer.storage import RemoteFolder, join_url, passing
 from packer.upload_journal import JOURNAL_NAME, Journal
 from packer.upload_owned import expected_checksums, listed_by_manifests
 
-__all__ = ["JOURNAL_NAME", "DatasetThere", "Journal", "UploadReport", "Uploader", "upload_order"]
+__all__ = [
+    "JOURNAL_NAME",
+    "DatasetExistsError",
+    "Journal",
+    "UploadReport",
+    "Uploader",
+    "upload_order",
+]
 
 T = TypeVar("T")
 THREADS = 8  # small objects in flight together (small per-sample files need many)
@@ -199,7 +206,7 @@ class Uploader:
             and self.ours(MANIFEST_NAME, staged / MANIFEST_NAME, listing)
         )
         if MANIFEST_NAME in listing and not (overwrite or mine):
-            raise DatasetThere(
+            raise DatasetExistsError(
                 f"{self.url!r} already holds a packer dataset (its {MANIFEST_NAME}). Pass "
                 "--overwrite to replace it (its manifest is deleted first, so no reader mixes "
                 "the two), or choose another URL"
