@@ -46,6 +46,7 @@ from packer.file_locks import (
     finished,
     in_background,
     lock,
+    own_file,
     release,
     unlink_quietly,
     wait_for_downloads,
@@ -354,6 +355,9 @@ class ShardCache:
         skipped: list[Cached] = []
         if not self.dir.is_dir():
             return removed, skipped
+        with suppress(FileNotFoundError):  # a planted link or file is no process's lock
+            if own_file((self.dir / _EVICT).lstat()) is not None:
+                unlink_quietly(self.dir / _EVICT)
         with self._evicting():
             found = self.entries()
             swept = set(self._sweep_parts())

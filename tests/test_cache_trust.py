@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from fault_proxy import FaultProxy
 from s3_server import S3Server
 from torch.utils.data import DataLoader
@@ -25,7 +26,9 @@ from torch.utils.data import DataLoader
 import packer
 from packer import storage
 from packer.cache import wait_for_downloads
+from packer.cli import main
 from packer.errors import FormatError
+from packer.file_locks import UnsafeCacheFile
 from packer.manifest import MANIFEST_NAME, file_checksum, load_manifest
 from packer.tools.image_demo import make_image_tree
 
@@ -205,3 +208,127 @@ def test_a_record_that_differs_after_a_fresh_download_is_an_error(
         _every(dataset)
     assert _shard_gets(proxy, f"bent-{name}")[shard] == 2  # the first download, one again
     assert not list(cache.glob("*.part"))
+
+
+@pytest.fixture
+def dropped(
+    server: S3Server, proxy: FaultProxy, local: dict[str, Path], tmp_path: Path
+) -> dict[str, Any]:
+    """An LMDB dataset at a URL, warm in a cache, then shard 1's ``K.data`` and ``K.json``
+    removed (its next read downloads it); a victim file outside the cache to aim links at."""
+    name = "images.lmdb"
+    url = _upload(server, local[name], f"planted-{tmp_path.name}")
+    cache = tmp_path / "cache"
+    options = {**_options(proxy, cache), "cache_limit": "1GB"}  # eviction's lock is used too
+    _warm(url, options)
+    shard = load_manifest(local[name]).shards[1].name
+    key = _keys(cache)[shard]
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"not the cache's")
+    return {
+        "url": url,
+        "options": options,
+        "cache": cache,
+        "key": key,
+        "shard": shard,
+        "victim": victim,
+        "local": local[name],
+        "expected": _every(packer.open_dataset(local[name], output="bytes")),
+        "gets": lambda: _shard_gets(proxy, url.rsplit("/", 1)[1])[shard],
+    }
+
+
+def _untouched(victim: Path, before: os.stat_result) -> None:
+    after = victim.stat()
+    assert victim.read_bytes() == b"not the cache's"
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
+        before.st_ino,
+        before.st_size,
+        before.st_mtime_ns,
+    )
+
+
+PLANTS = {
+    "part link": (".part", "link", "a symbolic link"),
+    "part dangling link": (".part", "dangling", "a symbolic link"),
+    "part hard link": (".part", "hard link", "a file with 2 links"),
+    "lock link": (".lock", "link", "a symbolic link"),
+    "lock dangling link": (".lock", "dangling", "a symbolic link"),
+    "lock of another user": (".lock", "foreign", "owned by another user \\(uid 65534\\)"),
+    "part of another user": (".part", "foreign", "owned by another user \\(uid 65534\\)"),
+    "eviction lock link": ("/.evict.lock", "link", "a symbolic link"),
+}
+
+
+@pytest.mark.parametrize("plant", list(PLANTS))
+def test_a_planted_lock_or_part_is_refused_never_written_through(
+    dropped: dict[str, Any], tmp_path: Path, plant: str
+) -> None:
+    suffix, kind, why = PLANTS[plant]
+    cache, victim = dropped["cache"], dropped["victim"]
+    path = cache / ".evict.lock" if suffix.startswith("/") else cache / (dropped["key"] + suffix)
+    unlink = path.unlink if path.exists() else None
+    if unlink:
+        unlink()
+    (cache / (dropped["key"] + ".data")).unlink()
+    (cache / (dropped["key"] + ".json")).unlink()
+    nowhere = tmp_path / "never-created"
+    if kind == "link":
+        path.symlink_to(victim)
+    elif kind == "dangling":
+        path.symlink_to(nowhere)
+    elif kind == "hard link":
+        os.link(victim, path)
+    else:
+        path.write_bytes(b"")
+        os.chown(path, 65534, 65534)
+    before = victim.stat()
+    dataset = packer.open_dataset(dropped["url"], **dropped["options"])
+    with pytest.raises(
+        UnsafeCacheFile, match=f"refusing the shard cache's file '{path}': it is {why}"
+    ):
+        _every(dataset)
+    dataset.close()
+    _untouched(victim, before)
+    assert not nowhere.exists()  # a dangling link's target is never created
+    cleared = CliRunner().invoke(main, ["cache", "clear", "--cache-dir", str(cache)])
+    assert cleared.exit_code == 0, cleared.output
+    assert not path.is_symlink() and (not path.exists() or path.stat().st_uid == os.geteuid())
+    _untouched(victim, before)
+    assert _every(packer.open_dataset(dropped["url"], **dropped["options"])) == dropped["expected"]
+    _healthy(cache, dropped["local"])
+
+
+def test_a_planted_json_link_is_replaced_never_written_through(dropped: dict[str, Any]) -> None:
+    cache, victim = dropped["cache"], dropped["victim"]
+    (cache / (dropped["key"] + ".data")).unlink()
+    meta = cache / (dropped["key"] + ".json")
+    meta.unlink()
+    meta.symlink_to(victim)
+    before = victim.stat()
+    assert _every(packer.open_dataset(dropped["url"], **dropped["options"])) == dropped["expected"]
+    _untouched(victim, before)
+    assert not meta.is_symlink() and json.loads(meta.read_text())["url"].endswith(dropped["shard"])
+    _healthy(cache, dropped["local"])
+
+
+@pytest.mark.parametrize("kind", ["link", "another user's"])
+def test_a_linked_or_foreign_data_file_is_never_read(dropped: dict[str, Any], kind: str) -> None:
+    """A ``K.data`` that is a link (even to the right bytes) or another user's file is not
+    used: downloaded again and renamed over; a link's target is untouched."""
+    cache = dropped["cache"]
+    data = cache / (dropped["key"] + ".data")
+    right = (dropped["local"] / dropped["shard"]).read_bytes()
+    target = dropped["victim"]
+    if kind == "link":
+        target.write_bytes(right)  # LMDB would serve it happily: it must not be asked to
+        data.unlink()
+        data.symlink_to(target)
+    else:
+        os.chown(data, 65534, 65534)
+    before, gets = target.stat(), dropped["gets"]()
+    assert _every(packer.open_dataset(dropped["url"], **dropped["options"])) == dropped["expected"]
+    assert dropped["gets"]() == gets + 1  # downloaded again, not read through the plant
+    if kind == "link":
+        assert target.read_bytes() == right and target.stat().st_mtime_ns == before.st_mtime_ns
+    _healthy(cache, dropped["local"])
