@@ -332,3 +332,23 @@ def test_a_linked_or_foreign_data_file_is_never_read(dropped: dict[str, Any], ki
     if kind == "link":
         assert target.read_bytes() == right and target.stat().st_mtime_ns == before.st_mtime_ns
     _healthy(cache, dropped["local"])
+
+
+def test_verify_through_the_cache_replaces_a_damaged_copy(
+    server: S3Server, proxy: FaultProxy, local: dict[str, Path], tmp_path: Path
+) -> None:
+    """``packer verify URL --cache-dir``: a shard cached before is hashed whole, not taken on
+    its size; a flipped byte there is downloaded again (the dataset is fine: verify passes)."""
+    url = _upload(server, local["images.npy"], "verified.npy")
+    cache = tmp_path / "cache"
+    args = ["verify", url, "--storage-option", f"endpoint_url={proxy.endpoint}"]
+    args += ["--cache-dir", str(cache), "--json"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    shard = load_manifest(local["images.npy"]).shards[1].name
+    _flip(cache / (_keys(cache)[shard] + ".data"), 100)
+    before = _shard_gets(proxy, "verified.npy")
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["ok"]
+    assert _shard_gets(proxy, "verified.npy") - before == Counter({shard: 1})
+    _healthy(cache, local["images.npy"])
