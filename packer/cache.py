@@ -5,7 +5,10 @@ Coordinated through files and ``flock`` only — no shared memory, no daemon, no
 leaves blocking (a lock dies with its process). In ``cache_dir``, per object ``K`` (a hash of
 its URL, size, ETag and the manifest's xxh3, so a re-uploaded object is a new entry):
 
-- ``K.data``: the object, renamed into place only after its size and xxh3 were checked;
+- ``K.data``: the object, renamed into place only after its size and xxh3 were checked; a
+  reader that finds a record of it differing from the record table's xxh3 has it replaced
+  (:meth:`ShardCache.open` with ``bad=``): downloaded again and renamed over it, never written
+  in place, so a process still mapping the old file reads it whole (and checks it too);
 - ``K.lock``: every process reading ``K.data`` holds a shared lock on it; eviction takes it
   exclusively without waiting, so an object in use is never removed;
 - ``K.part``: a download in progress, itself the download lock (exclusive): other processes
@@ -17,6 +20,9 @@ Eviction is least recently used (a file's mtime is touched at each open) under `
 bytes; objects in use are skipped, so the cache exceeds the limit by at most the objects being
 read. A lock file may be unlinked only by a holder of its exclusive lock; whoever locks a file
 checks that the path still names it, else locks the new one (:func:`packer.file_locks.lock`).
+Every file is opened with no link followed and used only as a regular file of this user with
+one link (:func:`packer.file_locks.open_own`): a ``K.data`` that is not is downloaded again
+and renamed over; a link or foreign file as a lock or part is refused.
 """
 
 from __future__ import annotations
@@ -25,10 +31,8 @@ import fcntl
 import hashlib
 import json
 import os
-import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +40,18 @@ from typing import Any
 
 from packer import storage
 from packer.errors import FormatError, PackerError
-from packer.file_locks import CacheEntry, lock, release, unlink_quietly
+from packer.file_locks import (
+    CacheEntry,
+    UnsafeCacheFile,
+    finished,
+    in_background,
+    lock,
+    own_file,
+    release,
+    unlink_quietly,
+    wait_for_downloads,
+    write_new,
+)
 from packer.sizes import format_size, parse_size
 from packer.storage import RemoteFolder
 
@@ -134,25 +149,10 @@ class ShardCache:
         downloads it again); a failure is left to that read to report."""
         self.check_fits(size, f"object {folder.url_of(name)!r}")
         data = self._path(self._entry_key(folder, name, size, xxh3), ".data")
-        if _present(data, size):
+        if finished(data, size) is not None:
             return False
-        pool, fetching = _background()
-        key = str(data)  # the object in this cache folder (another folder has its own)
-        with _FETCH_LOCK:
-            if key in fetching:
-                return False
-
-            def fetch() -> None:
-                try:
-                    self.open(folder, name, size, xxh3).close()
-                except Exception:  # noqa: S110 - the read that needs the object reports it
-                    pass
-                finally:
-                    with _FETCH_LOCK:
-                        fetching.pop(key, None)
-
-            fetching[key] = pool.submit(fetch)
-        return True
+        # keyed by the object in this cache folder (another folder has its own)
+        return in_background(str(data), lambda: self.open(folder, name, size, xxh3).close())
 
     def open_present(
         self, folder: RemoteFolder, name: str, size: int, xxh3: str
@@ -160,20 +160,31 @@ class ShardCache:
         """Object ``name`` held from the cache if its checked download is there already, else
         None at once (never a download, never a wait for one)."""
         data = self._path(self._entry_key(folder, name, size, xxh3), ".data")
-        if not _present(data, size):  # the common miss costs one stat, no lock
+        if finished(data, size) is None:  # the common miss costs one stat, no lock
             return None
         use = lock(data.with_suffix(".lock"), fcntl.LOCK_SH)
         assert use is not None  # a blocking lock is always taken
-        if _present(data, size):
+        found = finished(data, size)
+        if found is not None:
             with suppress(OSError):
-                os.utime(data)  # least recently used goes first
-            return CacheEntry(data, use)
+                os.utime(data, follow_symlinks=False)  # least recently used goes first
+            return CacheEntry(data, use, (found.st_dev, found.st_ino))
         release(use)  # evicted between the stat and the lock
         return None
 
-    def open(self, folder: RemoteFolder, name: str, size: int, xxh3: str) -> CacheEntry:
+    def open(
+        self,
+        folder: RemoteFolder,
+        name: str,
+        size: int,
+        xxh3: str,
+        bad: tuple[int, int] | None = None,
+    ) -> CacheEntry:
         """Object ``name`` of ``folder`` (``size`` bytes, xxh3 ``xxh3`` as the manifest
-        records), downloaded first unless cached; held until the entry is closed.
+        records), downloaded first unless cached; held until the entry is closed. ``bad``: the
+        identity of a cached copy found corrupt (a record's xxh3 differs): unless another
+        process replaced it already, it is downloaded again and renamed over (processes still
+        reading it keep their open file, whole).
 
         Raises:
             PackerError: the object is larger than the limit, cannot be downloaded, or its
@@ -190,15 +201,18 @@ class ShardCache:
         assert use is not None  # a blocking lock is always taken
         data = self._path(key, ".data")
         try:
-            if not _present(data, size):
-                self._fill(folder, name, key, size, xxh3)
-            os.utime(data)  # least recently used goes first
+            if finished(data, size, bad) is None:
+                self._fill(folder, name, key, size, xxh3, bad)
+            os.utime(data, follow_symlinks=False)  # least recently used goes first
+            found = finished(data, size)
+            if found is None:
+                raise UnsafeCacheFile(f"{str(data)!r} was replaced while held; open it again")
         except BaseException as exc:
             release(use)
             if isinstance(exc, OSError):  # the network's are PackerErrors already (storage)
                 raise self._unusable(exc) from exc
             raise
-        return CacheEntry(data, use)
+        return CacheEntry(data, use, (found.st_dev, found.st_ino))
 
     def _unusable(self, exc: OSError) -> PackerError:
         return PackerError(
@@ -207,19 +221,28 @@ class ShardCache:
             "space, or lower cache_limit)"
         )
 
-    def _fill(self, folder: RemoteFolder, name: str, key: str, size: int, xxh3: str) -> None:
-        """Download ``name`` into ``K.data`` unless another process does (then wait for it)."""
+    def _fill(
+        self,
+        folder: RemoteFolder,
+        name: str,
+        key: str,
+        size: int,
+        xxh3: str,
+        bad: tuple[int, int] | None = None,
+    ) -> None:
+        """Download ``name`` into ``K.data`` unless another process does (then wait for it)
+        or did (``K.data`` present, and not the ``bad`` copy)."""
         part, data = self._path(key, ".part"), self._path(key, ".data")
         fd = lock(part, fcntl.LOCK_EX)
         assert fd is not None
         try:
-            if _present(data, size):  # another process finished it while this one waited
+            if finished(data, size, bad) is not None:  # another process finished it meanwhile
                 unlink_quietly(part)
                 return
             self._make_room(size)
             meta = {"url": folder.url_of(name), "bytes": size, "xxh3_64": xxh3}
             meta["etag"] = folder.identity.get(name, (size, None))[1]
-            self._path(key, ".json").write_text(json.dumps(meta))
+            write_new(self._path(key, ".json"), json.dumps(meta).encode())
             _download(folder, name, fd, size, xxh3)
             os.rename(part, data)
         except BaseException:
@@ -252,8 +275,13 @@ class ShardCache:
                     total -= size
 
     def _remove(self, key: str) -> bool:
-        """Remove object ``key`` unless a process holds it; whether it was removed."""
-        fd = lock(self._path(key, ".lock"), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        """Remove object ``key`` unless a process holds it; whether it was removed (a link or
+        a foreign file as its lock is no lock of this user's processes: removed with it)."""
+        try:
+            fd = lock(self._path(key, ".lock"), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except UnsafeCacheFile:
+            unlink_quietly(self._path(key, ".lock"))
+            fd = lock(self._path(key, ".lock"), fcntl.LOCK_EX | fcntl.LOCK_NB)
         if fd is None:
             return False
         try:
@@ -268,7 +296,12 @@ class ShardCache:
         """Remove the part files no process holds (their downloader died); their keys."""
         removed = []
         for path in self.dir.glob("*.part"):
-            fd = lock(path, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False)
+            try:
+                fd = lock(path, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False)
+            except UnsafeCacheFile:  # a link or a foreign file: no download of this user's
+                unlink_quietly(path)
+                removed.append(path.stem)
+                continue
             if fd is not None:
                 unlink_quietly(path)
                 release(fd)
@@ -280,14 +313,17 @@ class ShardCache:
         out = []
         for path in self.dir.glob("*" + suffix):
             try:
-                st = path.stat()
+                st = path.lstat()  # a link's own size: its target is none of the cache's
             except FileNotFoundError:
                 continue
             out.append((path.stem, st.st_size, st.st_mtime))
         return out
 
     def _in_use(self, path: Path) -> bool:
-        fd = lock(path, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False)
+        try:
+            fd = lock(path, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False)
+        except UnsafeCacheFile:
+            return False  # a link or a foreign file: none of this user's processes holds it
         if fd is None:
             return path.exists()
         release(fd)
@@ -319,6 +355,9 @@ class ShardCache:
         skipped: list[Cached] = []
         if not self.dir.is_dir():
             return removed, skipped
+        with suppress(FileNotFoundError):  # a planted link or file is no process's lock
+            if own_file((self.dir / _EVICT).lstat()) is not None:
+                unlink_quietly(self.dir / _EVICT)
         with self._evicting():
             found = self.entries()
             swept = set(self._sweep_parts())
@@ -329,51 +368,6 @@ class ShardCache:
                 if not self._path(path.stem, ".data").exists():
                     self._remove(path.stem)
         return removed, skipped
-
-
-PREFETCH_THREADS = 4  # background downloads in flight per process
-_FETCH_LOCK = threading.Lock()
-_BACKGROUND: dict[int, tuple[ThreadPoolExecutor, dict[str, Future[None]]]] = {}  # by pid
-
-
-def _background() -> tuple[ThreadPoolExecutor, dict[str, Future[None]]]:
-    """This process's prefetch threads and the downloads they have in hand, by key (a forked
-    child starts its own: its parent's threads did not survive the fork)."""
-    with _FETCH_LOCK:
-        pid = os.getpid()
-        if pid not in _BACKGROUND:
-            pool = ThreadPoolExecutor(PREFETCH_THREADS, thread_name_prefix="packer-prefetch")
-            _BACKGROUND[pid] = (pool, {})
-        return _BACKGROUND[pid]
-
-
-def wait_for_downloads(timeout: float | None = None) -> bool:
-    """Wait for this process's background downloads to end; whether all did in time."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        with _FETCH_LOCK:
-            pending = list(_BACKGROUND.get(os.getpid(), (None, {}))[1].values())
-        if not pending:
-            return True
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        _, waiting = wait(pending, timeout=left)
-        if waiting:
-            return False
-
-
-def _fresh_lock_in_child() -> None:
-    global _FETCH_LOCK
-    _FETCH_LOCK = threading.Lock()  # a parent's thread may have held it at the fork
-
-
-os.register_at_fork(after_in_child=_fresh_lock_in_child)
-
-
-def _present(data: Path, size: int) -> bool:
-    try:
-        return data.stat().st_size == size
-    except FileNotFoundError:
-        return False
 
 
 def _download(folder: RemoteFolder, name: str, fd: int, size: int, xxh3: str) -> None:

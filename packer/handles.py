@@ -117,6 +117,14 @@ class HandleCache:
                 _close(old)
             return handle
 
+    def pop(self, key: Any) -> Any:
+        """Take the handle for ``key`` out of this process's cache, or None; the caller closes
+        it (a shard's cached copy found corrupt is opened anew)."""
+        if self._pid != os.getpid():
+            self._forget_parent()
+        with self._lock:
+            return self._handles.pop(key, None)
+
     def _forget_parent(self) -> None:
         """In a forked child: drop the parent's handles without closing them (they are the
         parent's to close), so the child's copies of those objects are freed — py-lmdb forgets

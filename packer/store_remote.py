@@ -37,7 +37,7 @@ from packer.manifest import (
     parse_manifest,
 )
 from packer.storage import RemoteFolder
-from packer.tablefile import check_digest, parse_table
+from packer.tablefile import check_digest, fd_checksum, parse_table
 
 __all__ = [
     "CacheOptions",
@@ -300,8 +300,9 @@ def cache_check(
 ) -> Check:
     """A ``check(name, xxh3, size)`` for ``verify`` of a URL through the shard cache: a shard's
     size from one listing, its bytes downloaded into ``cache`` (checked there: the dataset is
-    then warm); a table (size None) by ``stream``. ``differs``: the finding for bytes that do
-    not match the manifest's xxh3."""
+    then warm), or its cached copy hashed whole (one that differs, damaged on the disk, is
+    downloaded again and replaced); a table (size None) by ``stream``. ``differs``: the
+    finding for bytes that do not match the manifest's xxh3."""
     listed = folder.sizes([s.name for s in manifest.shards])
 
     def check(name: str, digest: str, size: int | None) -> str | None:
@@ -313,7 +314,17 @@ def cache_check(
         if found != size:
             return f"{found} bytes, manifest records {size}"
         try:
-            cache.open(folder, name, size, digest).close()
+            entry = cache.open(folder, name, size, digest)
+            try:  # a copy cached before is hashed whole too: a damaged one is replaced
+                fd = entry.open_data()
+                try:
+                    hashed = fd_checksum(fd)
+                finally:
+                    os.close(fd)
+                if hashed != digest:
+                    cache.open(folder, name, size, digest, bad=entry.identity).close()
+            finally:
+                entry.close()
         except CorruptDownload:
             return differs
         except PackerError as exc:

@@ -36,7 +36,12 @@ from packer.errors import DatasetExistsError, DestinationError, PackerError
 from packer.manifest import MANIFEST_NAME, file_checksum
 from packer.storage import RemoteFolder, join_url, passing
 from packer.upload_journal import JOURNAL_NAME, Journal
-from packer.upload_owned import expected_checksums, listed_by_manifests
+from packer.upload_owned import (
+    expected_checksums,
+    is_manifest,
+    listed_by_manifests,
+    upload_order,
+)
 
 __all__ = [
     "JOURNAL_NAME",
@@ -57,19 +62,6 @@ _NOTHING_WRITTEN = (
     "nothing was written to it. Check the endpoint (--storage-option endpoint_url=...) and that "
     "the store is up, then run the command again"
 )
-
-
-def upload_order(folder: Path) -> list[str]:
-    """The files of ``folder`` (relative POSIX names) in upload order: every data file and
-    table (sorted), then the manifests, deepest first, the top ``packer.json`` last."""
-    names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
-    data = [n for n in names if not _is_manifest(n)]
-    manifests = sorted(set(names) - set(data), key=lambda n: (-n.count("/"), n))
-    return data + manifests
-
-
-def _is_manifest(name: str) -> bool:
-    return name.rsplit("/", 1)[-1] == MANIFEST_NAME
 
 
 @dataclass
@@ -257,8 +249,8 @@ class Uploader:
         self._check_released(staged, todo, sums)
         report = UploadReport(self.url, skipped=len(names) - len(todo))
         total = sum((staged / n).stat().st_size for n in todo)
-        manifests = [n for n in todo if _is_manifest(n)]  # deepest first, the top one last
-        data = [n for n in todo if not _is_manifest(n)]
+        manifests = [n for n in todo if is_manifest(n)]  # deepest first, the top one last
+        data = [n for n in todo if not is_manifest(n)]
         small = [n for n in data if (staged / n).stat().st_size < LARGE]
         with _bar(total, progress) as bar:
             self.put_many([(staged / n, n) for n in small], bar, sums)
@@ -291,7 +283,7 @@ class Uploader:
     def _drop_old_manifests(self, staged: Path, listing: dict[str, tuple[int, str | None]]) -> None:
         """Delete every manifest at the destination that is not this upload's (the top one
         first), so that no reader opens an old dataset whose objects are being replaced."""
-        old = [n for n in listing if _is_manifest(n)]
+        old = [n for n in listing if is_manifest(n)]
         old = [n for n in old if not (self.resume and self.ours(n, staged / n, listing))]
         fs = self.folder.fs()
         for name in sorted(old, key=lambda n: (n.count("/"), n)):

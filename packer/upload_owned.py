@@ -28,7 +28,13 @@ from packer.manifest import (
     parse_manifest,
 )
 
-__all__ = ["expected_checksums", "listed_by_manifests", "sample_files"]
+__all__ = [
+    "expected_checksums",
+    "is_manifest",
+    "listed_by_manifests",
+    "sample_files",
+    "upload_order",
+]
 
 
 def sample_files(
@@ -93,3 +99,17 @@ def expected_checksums(folder: Path) -> dict[str, str]:
         sums.update({prefix + s.name: s.xxh3_64 for s in manifest.shards})
         sums.update({prefix + n: h for n, h in manifest.files.items()})
     return sums
+
+
+def upload_order(folder: Path) -> list[str]:
+    """The files of ``folder`` (relative POSIX names) in upload order: every data file and
+    table (sorted), then the manifests, deepest first, the top ``packer.json`` last."""
+    names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    data = [n for n in names if not is_manifest(n)]
+    manifests = sorted(set(names) - set(data), key=lambda n: (-n.count("/"), n))
+    return data + manifests
+
+
+def is_manifest(name: str) -> bool:
+    """Whether the relative ``name`` is a manifest (the top one or a split's)."""
+    return name.rsplit("/", 1)[-1] == MANIFEST_NAME

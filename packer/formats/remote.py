@@ -14,7 +14,7 @@ A reader is picklable: the URL, the options and the tables; each process opens i
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,33 @@ from packer.keytable import KeyTable
 from packer.manifest import Manifest, bytes_checksum
 from packer.storage import GAP, RemoteFolder, coalesce
 
-__all__ = ["HeldKeys", "RemoteReader"]
+__all__ = ["HeldKeys", "RemoteReader", "check_records"]
+
+
+def check_records(
+    expected: np.ndarray,
+    out: list[Any],
+    again: Callable[[list[int], int], list[bytes]],
+    failed: Callable[[list[int], int], Exception],
+    attempts: int,
+) -> list[int]:
+    """The one check of records read from a URL or from the shard cache: ``out[j]`` (bytes or
+    a view) against ``expected[j]``, the record table's xxh3; those that differ are read again
+    (``again(positions, attempt)`` gives their new bytes, put in ``out``), up to ``attempts``
+    reads in all; then ``failed(positions, attempts)`` is raised, never the wrong bytes.
+    Returns the positions read again."""
+    want = expected.tolist()
+    redone: list[int] = []
+    for attempt in range(1, attempts + 1):
+        bad = [j for j, data in enumerate(out) if bytes_checksum(data) != want[j]]
+        if not bad:
+            return redone
+        if attempt == attempts:
+            raise failed(bad, attempt)
+        redone.extend(j for j in bad if j not in redone)
+        for j, data in zip(bad, again(bad, attempt)):
+            out[j] = data
+    return redone
 
 
 class HeldKeys(KeyTable):
@@ -136,24 +162,28 @@ class RemoteReader(ReaderBase):
         wrong bytes. At the first mismatch, an object whose size or ETag changed since the
         open (replaced, even by one of its size) is refused at once (``check_unchanged``)."""
         assert self.checksum is not None
-        expected = self.checksum[rec].tolist()
-        for attempt in range(1, storage.RETRY.attempts + 1):
-            bad = [j for j, data in enumerate(out) if bytes_checksum(data) != expected[j]]
-            if not bad:
-                return
-            if attempt == 1:  # replaced since the open (its ETag): say so now, not re-read
-                for name in dict.fromkeys(self._runs(rec[bad])[0]):
-                    self.remote.check_unchanged(self.remote.url_of(name))
-            if attempt == storage.RETRY.attempts:
-                url = self.remote.url_of(self._runs(rec[bad[:1]])[0][0])
-                raise FormatError(
-                    f"{url!r} differs from its checksum in the record table after "
-                    f"{attempt} reads (record {int(rec[bad[0]])}): it was replaced after the "
-                    "conversion or is corrupt in the store. Convert and upload the dataset again"
-                )
+
+        def unchanged(bad: list[int]) -> None:  # replaced since the open (its ETag): say so
+            for name in dict.fromkeys(self._runs(rec[bad])[0]):
+                self.remote.check_unchanged(self.remote.url_of(name))
+
+        def again(bad: list[int], attempt: int) -> list[bytes]:
+            if attempt == 1:
+                unchanged(bad)
             time.sleep(storage.RETRY.delay(attempt))
-            for j, data in zip(bad, self._fetch(rec[bad])):
-                out[j] = data
+            return self._fetch(rec[bad])
+
+        def failed(bad: list[int], attempt: int) -> FormatError:
+            if attempt == 1:
+                unchanged(bad)
+            url = self.remote.url_of(self._runs(rec[bad[:1]])[0][0])
+            return FormatError(
+                f"{url!r} differs from its checksum in the record table after "
+                f"{attempt} reads (record {int(rec[bad[0]])}): it was replaced after the "
+                "conversion or is corrupt in the store. Convert and upload the dataset again"
+            )
+
+        check_records(self.checksum[rec], out, again, failed, storage.RETRY.attempts)
 
     def read_into(
         self,

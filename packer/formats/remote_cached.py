@@ -6,7 +6,10 @@ are cached when asked (warm epochs then read at local speed), and a record whose
 cached yet is served by a checked ranged GET (:class:`packer.formats.remote.RemoteReader`) while
 the shard downloads in the background (up to a few % of the dataset: :data:`RANGED_SHARE`;
 then a read waits for its shard). A cached shard is held (never evicted) while its handle is
-open.
+open. Every record read from a cached copy is checked against the record table's xxh3 as a
+ranged one is (:func:`packer.formats.remote.check_records`): a copy that differs (a flipped
+byte on the disk, a file tampered with) is downloaded again and replaced in the cache, the
+record read from the new copy; a second difference is an error naming the record and the URL.
 
 Both are picklable: the URL, the options, the tables and the cache's folder and limit; each
 process opens its own client (``packer.storage.RemoteFolder``) and its own cache entries.
@@ -16,16 +19,19 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import closing
 from typing import Any
 
 import numpy as np
 
 from packer.cache import CacheEntry, ShardCache
+from packer.errors import FormatError
 from packer.formats import lmdb
 from packer.formats.files import Folder, MappedFile
 from packer.formats.lmdb_env import Handle
-from packer.formats.remote import RemoteReader
+from packer.formats.remote import RemoteReader, check_records
+from packer.handles import HandleCache
 from packer.manifest import Manifest
 from packer.storage import RemoteFolder
 
@@ -39,26 +45,75 @@ class _CachedShards:
     remote: RemoteFolder
     cache: ShardCache
     shard_names: list[str]
+    file: np.ndarray
+    kind: str
+    handles: HandleCache
 
-    def _cached_init(self, folder: RemoteFolder, cache: ShardCache, manifest: Manifest) -> None:
+    def _cached_init(
+        self, folder: RemoteFolder, cache: ShardCache, manifest: Manifest, records: np.ndarray
+    ) -> None:
         self.url = folder.url
         self.remote = folder
         self.cache = cache
         self.shard_sizes = [s.bytes for s in manifest.shards]
         self.shard_digests = [s.xxh3_64 for s in manifest.shards]
+        self.record_digests: np.ndarray = records["checksum"]
+
+    def _check_cached(
+        self, rec: np.ndarray, out: list[Any], reread: Callable[[np.ndarray], list[bytes]]
+    ) -> list[int]:
+        """Records ``rec`` read from cached shards (``out``) checked against the record table
+        (:func:`check_records`, as ranged reads are): the shards of those that differ are
+        downloaded again (:meth:`_replace`) and those records read anew (``reread``); the
+        positions read again. A second difference raises, naming the record and the URL."""
+
+        def again(bad: list[int], attempt: int) -> list[bytes]:  # noqa: ARG001
+            for file in sorted({int(self.file[rec[j]]) for j in bad}):
+                self._replace(file)
+            return reread(rec[bad])
+
+        def failed(bad: list[int], attempt: int) -> FormatError:  # noqa: ARG001
+            record = int(rec[bad[0]])
+            what = f"frame record {record}" if self.kind == "video" else f"sample {record}"
+            url = self.remote.url_of(self.shard_names[int(self.file[record])])
+            return FormatError(
+                f"{what} read from {url!r} differs from its xxh3 in the record table, in the "
+                "shard cache's copy and again in a fresh download that matched the manifest: "
+                "the dataset's record table and shard disagree (uploaded again part way?). "
+                "Convert and upload the dataset again"
+            )
+
+        return check_records(self.record_digests[rec], out, again, failed, 2)
+
+    def _replace(self, file: int) -> None:
+        """Shard ``file``'s cached copy, found corrupt, downloaded again and renamed over in
+        the cache (unless another process did so already); this process's handle on the old
+        copy closed, the next read opens the new one."""
+        old = self.handles.pop(file)
+        try:
+            if old is not None:
+                bad = old._entry.identity
+            else:  # closed meanwhile (a request over more shards than are kept open)
+                with closing(self.cached(file)) as now:
+                    bad = now.identity  # the copy there now
+            self.cache.open(*self._object(file), bad=bad).close()
+        finally:
+            if old is not None:
+                old.close()
+
+    def _object(self, file: int) -> tuple[RemoteFolder, str, int, str]:
+        return self.remote, self.shard_names[file], self.shard_sizes[file], self.shard_digests[file]
 
     def cached(self, file: int) -> CacheEntry:
         """Shard ``file`` in the cache (downloaded first if needed), held until closed."""
-        name = self.shard_names[file]
-        return self.cache.open(self.remote, name, self.shard_sizes[file], self.shard_digests[file])
+        return self.cache.open(*self._object(file))
 
     def prefetch(self, files: Sequence[int]) -> int:
         """Start background downloads (this process) of shards ``files`` not yet in the cache;
         how many started (:meth:`packer.cache.ShardCache.prefetch`)."""
         started = 0
         for file in dict.fromkeys(int(f) for f in files):
-            name, size = self.shard_names[file], self.shard_sizes[file]
-            started += self.cache.prefetch(self.remote, name, size, self.shard_digests[file])
+            started += self.cache.prefetch(*self._object(file))
         return started
 
     def _capacity(self, handles: Any, manifest: Manifest) -> None:
@@ -69,17 +124,37 @@ class _CachedShards:
             handles.capacity = max(1, min(handles.capacity, self.cache.limit // largest - 1))
 
 
+class _EntryFolder(Folder):
+    """The cache folder as a :class:`MappedFile` sees it: it opens only the held entry's file
+    (:meth:`packer.file_locks.CacheEntry.open_data`: no link followed, the very file checked)."""
+
+    def __init__(self, entry: CacheEntry) -> None:
+        self.path, self.fd, self._entry = entry.path.parent, -1, entry
+
+    def open(self, name: str, expected: Any = None) -> int:  # noqa: ARG002
+        return self._entry.open_data()
+
+
 class _CachedHandle(Handle):
     """An LMDB shard's handle on its cached copy; closing it releases the cache entry."""
 
     def __init__(self, entry: CacheEntry, readahead: bool) -> None:
         self._entry = entry
-        super().__init__(str(entry.path), readahead, None)
+        # LMDB opens a path: it is given this descriptor's (no link followed, the very file
+        # checked), so a link planted in the cache is never what LMDB reads
+        self._data = entry.open_data()
+        pinned = f"/proc/self/fd/{self._data}"
+        try:
+            super().__init__(pinned if os.path.exists(pinned) else str(entry.path), readahead, None)
+        except BaseException:
+            os.close(self._data)
+            raise
 
     def close(self) -> None:
         try:
             super().close()
         finally:
+            os.close(self._data)
             self._entry.close()
 
 
@@ -96,8 +171,30 @@ class CachedLMDBReader(_CachedShards, lmdb.Reader):
         **options: Any,
     ) -> None:
         lmdb.Reader.__init__(self, folder.url, manifest, records, **options)
-        self._cached_init(folder, cache, manifest)
+        self._cached_init(folder, cache, manifest, records)
         self._capacity(self.handles, manifest)
+
+    def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
+        """The stored bytes of each record, in the order asked, each checked against its xxh3
+        (:meth:`_check_cached`)."""
+        rec = np.asarray(records, dtype=np.int64)
+        out = lmdb.Reader.read_many(self, rec)
+        self._check_cached(rec, out, lambda again: lmdb.Reader.read_many(self, again))
+        return out
+
+    def read_into(
+        self,
+        records: Sequence[int] | np.ndarray,
+        out: memoryview,
+        where: Sequence[int] | np.ndarray,
+    ) -> None:
+        """Copy record ``records[k]`` into ``out[where[k]:where[k]+length]``, checked."""
+        rec = np.asarray(records, dtype=np.int64)
+        dest = np.asarray(where, dtype=np.int64).tolist()
+        lmdb.Reader.read_into(self, rec, out, dest)
+        views = [out[w : w + n] for w, n in zip(dest, self.length[rec].tolist())]
+        for j in self._check_cached(rec, views, lambda again: lmdb.Reader.read_many(self, again)):
+            out[dest[j] : dest[j] + len(views[j])] = views[j]
 
     def _open_handle(self, shard: int) -> Handle:
         entry = self.cached(shard)
@@ -113,11 +210,7 @@ class _CachedMap(MappedFile):
 
     def __init__(self, entry: CacheEntry) -> None:
         self._entry = entry
-        folder = Folder(entry.path.parent)
-        try:
-            super().__init__(folder, entry.path.name)
-        finally:
-            folder.close()
+        super().__init__(_EntryFolder(entry), entry.path.name)
 
     def close(self) -> None:
         try:
@@ -175,7 +268,7 @@ class CachedShardReader(_CachedShards, RemoteReader):
             sample_suffix,
             max_open_files=max_open_files,
         )
-        self._cached_init(folder, cache, manifest)
+        self._cached_init(folder, cache, manifest, records)
         self._capacity(self.handles, manifest)
         self._ranged = (-1, 0)  # (process, bytes it served by range)
 
@@ -206,10 +299,9 @@ class CachedShardReader(_CachedShards, RemoteReader):
         return self.handles.get(file, opener).view
 
     def _open_map(self, file: int) -> _CachedMap:
-        name, size = self.shard_names[file], self.shard_sizes[file]
-        entry = self.cache.open_present(self.remote, name, size, self.shard_digests[file])
+        entry = self.cache.open_present(*self._object(file))
         if entry is None:
-            raise _NotCached(name)
+            raise _NotCached(self.shard_names[file])
         try:
             return _CachedMap(entry)
         except BaseException:
@@ -242,6 +334,28 @@ class CachedShardReader(_CachedShards, RemoteReader):
             near.append((view, where))
         return near, (np.concatenate(far) if far else np.zeros(0, np.int64))
 
+    def _check_near(
+        self, rec: np.ndarray, near: list[tuple[memoryview, np.ndarray]], out: list[Any]
+    ) -> list[int]:
+        """The records read from the cache (``near``) checked (:meth:`_check_cached`; a ranged
+        read checks its own); the positions in ``out`` read again."""
+        if not near:
+            return []
+        where = np.concatenate([positions for _, positions in near])
+        mine = [out[j] for j in where.tolist()]
+        redone = self._check_cached(rec[where], mine, self._reread)
+        for k in redone:
+            out[int(where[k])] = mine[k]
+        return [int(where[k]) for k in redone]
+
+    def _reread(self, rec: np.ndarray) -> list[bytes]:
+        """Records ``rec`` from their shards in the cache (downloaded first if not there)."""
+        out = []
+        for record in rec.tolist():
+            a, n = int(self.offset[record]), int(self.length[record])
+            out.append(bytes(self._wait_map(int(self.file[record]))[a : a + n]))
+        return out
+
     def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
         """The stored bytes of each record, in the order asked: from the cache, or by ranged
         GETs (checked) for shards still on their way."""
@@ -252,6 +366,7 @@ class CachedShardReader(_CachedShards, RemoteReader):
             for j in where.tolist():
                 a, n = int(self.offset[rec[j]]), int(self.length[rec[j]])
                 out[j] = bytes(view[a : a + n])
+        self._check_near(rec, near, out)
         if len(far):
             for j, data in zip(far.tolist(), RemoteReader.read_many(self, rec[far])):
                 out[j] = data
@@ -267,10 +382,14 @@ class CachedShardReader(_CachedShards, RemoteReader):
         rec = np.asarray(records, dtype=np.int64)
         dest = np.asarray(where, dtype=np.int64)
         near, far = self._split(rec)
+        views: list[Any] = [b""] * len(rec)
         for view, positions in near:
             for j in positions.tolist():
                 a, n, w = int(self.offset[rec[j]]), int(self.length[rec[j]]), int(dest[j])
                 out[w : w + n] = view[a : a + n]
+                views[j] = out[w : w + n]
+        for j in self._check_near(rec, near, views):
+            out[int(dest[j]) : int(dest[j]) + len(views[j])] = views[j]
         if len(far):
             for j, data in zip(far.tolist(), RemoteReader.read_many(self, rec[far])):
                 w = int(dest[j])
