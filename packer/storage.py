@@ -1,9 +1,7 @@
 """Where a dataset's bytes come from: a URL (``s3://``, ``http(s)://``, any fsspec protocol),
-read as whole small objects (manifest, tables, keys) and as byte ranges of data files.
-
-A local folder never comes here: its readers keep their own descriptors and maps
-(``packer.formats.files``), so the local path gains no call. ``fsspec`` (the ``remote`` extra)
-is imported on first use only.
+read as whole small objects (manifest, tables, keys) and as byte ranges of data files (a local
+folder never comes here). ``fsspec`` (the ``remote`` extra) is imported on first use only.
+Every attempt is bounded in time (:data:`packer.sizes.BOUNDS`), every name checked first.
 
 One rule for processes: a :class:`RemoteFolder` pickles as its URL and storage options; each
 process builds its own fsspec file system on first use, keyed by ``os.getpid()``. A forked
@@ -23,7 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from packer.contained import check_url_name
 from packer.errors import FormatError, PackerError
+from packer.sizes import WHOLE, bounds, bounds_hint, deadline
 from packer.store_obstore import POOL, fsspec_options
 
 __all__ = ["GAP", "POOL", "RETRY", "RemoteFolder", "Retry", "coalesce", "is_url", "join_url"]
@@ -101,26 +101,13 @@ class Retry:
 
 RETRY = Retry()  # read at each request: a process may set packer.storage.RETRY = Retry(...)
 
-_PASSING_TYPES = frozenset(
-    {
-        "ClientPayloadError",
-        "ServerDisconnectedError",
-        "ClientOSError",
-        "ClientConnectionError",
-        "ClientConnectorError",
-        "IncompleteRead",
-        "IncompleteReadError",
-        "ResponseStreamingError",
-        "EndpointConnectionError",
-        "ConnectionClosedError",
-        "ReadTimeoutError",
-        "ConnectTimeoutError",
-        "FSTimeoutError",
-        "ResponseParserError",
-        "HTTPClientError",
-        "FlexibleChecksumError",  # botocore found the body corrupt on the way
-        "Passing",
-    }
+_PASSING_TYPES = frozenset(  # FlexibleChecksumError: botocore found the body corrupt
+    (
+        "ClientPayloadError ServerDisconnectedError ClientOSError ClientConnectionError "
+        "ClientConnectorError IncompleteRead IncompleteReadError ResponseStreamingError "
+        "EndpointConnectionError ConnectionClosedError ReadTimeoutError ConnectTimeoutError "
+        "FSTimeoutError ResponseParserError HTTPClientError FlexibleChecksumError Passing"
+    ).split()
 )
 _PASSING_TEXT = re.compile(
     r"\b(429|500|502|503|504)\b|SlowDown|ServiceUnavailable|Throttl|TooManyRequests|"
@@ -183,6 +170,7 @@ class RemoteFolder:
         self._fs: Any = None
         self._pid = -1
         self._ranged: tuple[int, Any] = (-1, None)  # (pid, obstore's reader or None)
+        self.bounds = bounds(self.options)  # checked at once: a bad value is no network error
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "options": self.options, "identity": self.identity}
@@ -213,9 +201,16 @@ class RemoteFolder:
                         f"{time.monotonic() - began:.1f}s all failed, the last with "
                         f"{type(exc).__name__}: {exc}. The store is unreachable, overloaded "
                         "or throttling: check the network and the endpoint, then run again"
+                        + bounds_hint(self.bounds, exc)
                     ) from exc
                 time.sleep(plan.delay(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def limit(self, nbytes: int | None = None, fs: Any = None) -> dict[str, float]:
+        """``timeout=`` for a call moving ``nbytes`` through an async file system (``fs``, else
+        :meth:`fs`), which cancels it past :func:`packer.sizes.deadline`; none for another."""
+        bound = {"timeout": deadline(self.bounds, nbytes)}
+        return bound if getattr(fs or self.fs(), "async_impl", False) else {}
 
     def check_unchanged(self, url: str) -> None:
         """After a failed read of an object whose identity was recorded at open: refuse it
@@ -225,7 +220,7 @@ class RemoteFolder:
             return
         try:
             self.fs().invalidate_cache(url)  # the listing at open is cached: ask the store
-            found = _identity(self.fs().info(url))
+            found = _identity(self.fs().info(url, **self.limit(0)))
         except Exception:
             return  # unreachable now: the retry decides
         size, etag = self.identity[name]
@@ -268,19 +263,23 @@ class RemoteFolder:
         return url[len(self.url) + 1 :] if url.startswith(self.url + "/") else ""
 
     def url_of(self, name: str) -> str:
-        """The URL of ``name`` in this folder."""
-        return join_url(self.url, name)
+        """The URL of ``name`` here, checked before any request (``check_url_name``)."""
+        return join_url(self.url, check_url_name(name, self.url))
 
-    def read_whole(self, name: str) -> bytes:
+    def read_whole(self, name: str, **more: Any) -> bytes:
         """The whole object ``name`` (a manifest, a table, ``keys.txt``)."""
         url = self.url_of(name)
-        return bytes(self.call(url, lambda: self.fs().cat_file(url)))
+        size = self.identity.get(name, (None,))[0]
+        return bytes(self.call(url, lambda: self.fs().cat_file(url, **more, **self.limit(size))))
 
     def read_wholes(self, names: list[str]) -> list[bytes]:
         """The whole objects ``names``, the requests in flight together (the tables at open:
         one round trip instead of one each)."""
         urls = [self.url_of(n) for n in names]
-        found = self.call(self.url, lambda: self.fs().cat(urls, on_error="raise"))
+        size = sum(self.identity.get(n, (WHOLE,))[0] for n in names)
+        found = self.call(
+            self.url, lambda: self.fs().cat(urls, on_error="raise", **self.limit(size))
+        )
         strip = self.fs()._strip_protocol  # the answer's keys: paths without the scheme
         return [bytes(found[u] if u in found else found[strip(u)]) for u in urls]
 
@@ -328,10 +327,10 @@ class RemoteFolder:
         fs = self.fs()
         if self.url.split("://", 1)[0] in ("http", "https"):
             urls = [self.url_of(n) for n in names]
-            sizes = self.call(self.url, lambda: fs.sizes(urls))
+            sizes = self.call(self.url, lambda: fs.sizes(urls, **self.limit(0)))
             self.identity.update((n, (int(b), None)) for n, b in zip(names, sizes))
             return dict(zip(names, (int(n) for n in sizes)))
-        entries = self.call(self.url, lambda: fs.ls(self.url, detail=True))
+        entries = self.call(self.url, lambda: fs.ls(self.url, detail=True, **self.limit()))
         found = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: _identity(e) for e in entries}
         self.identity.update((n, found[n]) for n in names if n in found)
         return {name: found[name][0] for name in names if name in found}
@@ -348,11 +347,13 @@ class RemoteFolder:
 
         def attempt() -> list[bytes]:  # only the ranges not yet read are asked again
             todo = [k for k, block in enumerate(got) if block is None]
-            blocks = self.ranges().cat_ranges(
+            size, ranges = sum(stops[k] - starts[k] for k in todo), self.ranges()
+            blocks = ranges.cat_ranges(
                 [urls[k] for k in todo],
                 [starts[k] for k in todo],
                 [stops[k] for k in todo],
                 on_error="return",
+                **self.limit(size, ranges),
             )
             failed: Exception | None = None
             for k, block in zip(todo, blocks):
@@ -387,7 +388,7 @@ class RemoteFolder:
         """The object's size as the store says now (-1 when it cannot say)."""
         try:
             self.fs().invalidate_cache(url)
-            return int(self.fs().info(url).get("size") or 0)
+            return int(self.fs().info(url, **self.limit(0)).get("size") or 0)
         except Exception:
             return -1
 

@@ -38,6 +38,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from packer.errors import PackerError
+from packer.sizes import BOUNDS, bounds
 
 __all__ = [
     "BACKENDS",
@@ -59,22 +60,11 @@ _IO: tuple[int, asyncio.AbstractEventLoop] | None = None  # (pid, the loop of ob
 
 # s3fs options with no meaning for a ranged read (fsspec caching, listings, the event loop)
 _IGNORED = frozenset(
-    {
-        "skip_instance_cache",
-        "use_listings_cache",
-        "listings_expiry_time",
-        "max_paths",
-        "default_block_size",
-        "default_cache_type",
-        "default_fill_cache",
-        "cache_regions",
-        "asynchronous",
-        "loop",
-        "retries",
-        "version_aware",
-        "fixed_upload_size",
-        "s3_additional_kwargs",
-    }
+    (
+        "skip_instance_cache use_listings_cache listings_expiry_time max_paths "
+        "default_block_size default_cache_type default_fill_cache cache_regions asynchronous "
+        "loop retries version_aware fixed_upload_size s3_additional_kwargs"
+    ).split()
 )
 _IGNORED_CONFIG = frozenset(
     {
@@ -93,6 +83,7 @@ _BODY_TROUBLE = re.compile(
 
 
 POOL = 64  # connections an s3 client keeps (botocore's default, 10, caps a batch's ranged GETs)
+PACKER_OPTIONS = ("backend", *BOUNDS)  # taken out before a backend sees the options
 
 
 def fsspec_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -101,13 +92,30 @@ def fsspec_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
     then the one bounded retry layer: no 5 x 5 attempts) and a pool of :data:`POOL`
     connections unless set (a shuffled batch's ~50 ranged GETs go out together instead of 10
     at a time: 268 → 154 ms a batch in ``benchmarks/harness/remote_clients.py``)."""
-    options = {k: v for k, v in options.items() if k != "backend"}
+    limits = bounds(options)
+    options = {k: v for k, v in options.items() if k not in PACKER_OPTIONS}
+    if protocol in ("http", "https"):  # aiohttp's default: 300 s for the whole request
+        import aiohttp
+
+        kwargs = dict(options.get("client_kwargs") or {})
+        kwargs.setdefault("timeout", _aiohttp_timeout(aiohttp, limits))
+        return {**options, "client_kwargs": kwargs}
     if protocol not in ("s3", "s3a"):
         return options
     config = dict(options.get("config_kwargs") or {})
     config.setdefault("retries", {"total_max_attempts": 1})
     config.setdefault("max_pool_connections", POOL)
+    config.setdefault("connect_timeout", limits["connect_timeout"])
+    config.setdefault("read_timeout", limits["read_timeout"])
     return {**options, "config_kwargs": config}
+
+
+def _aiohttp_timeout(aiohttp: Any, limits: dict[str, float]) -> Any:
+    """No cap on a whole transfer (packer's bound scales with its bytes), a connect bound, and
+    a bound on each wait for bytes (the answer's headers included)."""
+    return aiohttp.ClientTimeout(
+        total=None, sock_connect=limits["connect_timeout"], sock_read=limits["read_timeout"]
+    )
 
 
 def backend_of(options: dict[str, Any], url: str = "s3://") -> str:
@@ -172,7 +180,11 @@ def obstore_config(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
     """
     config: dict[str, Any] = {}
     client: dict[str, Any] = {}
-    rest = {k: v for k, v in options.items() if k != "backend" and k not in _IGNORED}
+    limits = bounds(options)
+    client["connect_timeout"] = f"{limits['connect_timeout']}s"
+    client["read_timeout"] = f"{limits['read_timeout']}s"
+    client["timeout"] = "86400s"  # not obstore's 30 s for a whole GET: packer bounds attempts
+    rest = {k: v for k, v in options.items() if k not in PACKER_OPTIONS and k not in _IGNORED}
     kwargs = dict(rest.pop("client_kwargs", None) or {})
     settings = dict(rest.pop("config_kwargs", None) or {})
     endpoint = rest.pop("endpoint_url", None) or kwargs.pop("endpoint_url", None)
@@ -199,7 +211,7 @@ def obstore_config(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
     addressing = (settings.pop("s3", None) or {}).get("addressing_style")
     if addressing == "virtual":
         config["virtual_hosted_style_request"] = True
-    for ours, theirs in (("connect_timeout", "connect_timeout"), ("read_timeout", "timeout")):
+    for ours, theirs in (("connect_timeout", "connect_timeout"), ("read_timeout", "read_timeout")):
         if ours in settings:
             client[theirs] = f"{float(settings.pop(ours))}s"
     left = sorted({*rest, *kwargs, *(k for k in settings if k not in _IGNORED_CONFIG)})
@@ -262,6 +274,8 @@ class ObstoreRanges:
         options: the folder's s3fs-style storage options (checked at once).
     """
 
+    async_impl = True  # takes timeout= as fsspec's async file systems do
+
     def __init__(self, options: dict[str, Any]) -> None:
         self.options = options
         self.config, self.client, self.chain = obstore_config(options)
@@ -300,13 +314,16 @@ class ObstoreRanges:
         starts: Sequence[int],
         stops: Sequence[int],
         on_error: str = "return",
+        timeout: float | None = None,
     ) -> list[Any]:
         """``urls[k]``'s bytes ``starts[k]:stops[k]`` for every ``k``, or the exception that
         stopped them (as fsspec's ``on_error="return"``): one GET each, at most ``pool`` in
         flight together (``config_kwargs={"max_pool_connections": n}``, else
-        :data:`POOL`)."""
+        :data:`POOL`); past ``timeout`` seconds, every GET is cancelled and TimeoutError
+        raised."""
         _started()
-        return asyncio.run_coroutine_threadsafe(self._gather(urls, starts, stops), _loop()).result()
+        work = asyncio.wait_for(self._gather(urls, starts, stops), timeout)
+        return asyncio.run_coroutine_threadsafe(work, _loop()).result()
 
     async def _gather(
         self, urls: Sequence[str], starts: Sequence[int], stops: Sequence[int]

@@ -108,7 +108,7 @@ def _fetch_manifest(folder: RemoteFolder) -> Manifest:
     which it asks to split a large object into parallel GETs)."""
     url = folder.url_of(MANIFEST_NAME)
     one = {"max_concurrency": 1} if url.startswith(("s3://", "s3a://")) else {}
-    data = bytes(folder.call(url, lambda: folder.fs().cat_file(url, **one)))
+    data = folder.read_whole(MANIFEST_NAME, **one)
     return parse_manifest(data, url, folder.url)
 
 

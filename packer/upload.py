@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 from packer.errors import DestinationError, PackerError
 from packer.manifest import MANIFEST_NAME
+from packer.sizes import bounds_hint
 from packer.storage import RemoteFolder, join_url, passing
 from packer.upload_journal import JOURNAL_NAME, Journal
 
@@ -138,6 +139,7 @@ class Uploader:
                         f"{time.monotonic() - began:.1f}s all failed, the last with {failure}. "
                         "The store is unreachable, overloaded or throttling; run the same "
                         "command again with --resume (finished objects are not sent again)"
+                        + bounds_hint(self.folder.bounds, exc)
                     ) from exc
                 time.sleep(plan.delay(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
@@ -149,7 +151,7 @@ class Uploader:
 
         def find() -> dict[str, Any]:
             fs.invalidate_cache()
-            return dict(fs.find(self.url, detail=True))
+            return dict(fs.find(self.url, detail=True, **self.folder.limit()))
 
         found = self.attempt(self.url, "list", find)
         out = {}
@@ -232,7 +234,9 @@ class Uploader:
         if stale:
             fs = self.folder.fs()
             urls = [join_url(self.url, n) for n in stale]
-            self.attempt(self.url, "delete stale objects under", lambda: fs.rm(urls))
+            self.attempt(
+                self.url, "delete stale objects under", lambda: fs.rm(urls, **self.folder.limit(0))
+            )
         report.uploaded, report.removed = len(todo), len(stale)
         report.bytes, report.seconds = total, time.perf_counter() - began
         return report
@@ -257,7 +261,11 @@ class Uploader:
         fs = self.folder.fs()
         for name in sorted(old, key=lambda n: (n.count("/"), n)):
             url = join_url(self.url, name)
-            self.attempt(url, "delete the old manifest", functools.partial(fs.rm_file, url))
+            self.attempt(
+                url,
+                "delete the old manifest",
+                functools.partial(fs.rm_file, url, **self.folder.limit(0)),
+            )
             del listing[name]
 
     def put_many(self, pairs: list[tuple[Path, str]], bar: Any) -> None:
@@ -286,12 +294,13 @@ class Uploader:
         def put() -> tuple[int, str | None]:
             sent = _Sent(bar)
             try:
-                fs.put_file(str(local), url, callback=sent.callback(), **extra)
+                bound = self.folder.limit(st.st_size)  # cancelled past it: never a hang
+                fs.put_file(str(local), url, callback=sent.callback(), **extra, **bound)
             except BaseException:
                 sent.undo()
                 raise
             fs.invalidate_cache(url)
-            info = fs.info(url)
+            info = fs.info(url, **self.folder.limit(0))
             return int(info.get("size") or 0), _etag(info)
 
         size, etag = self.attempt(url, "upload to", put)

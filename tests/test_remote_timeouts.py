@@ -1,0 +1,157 @@
+"""Issue 28, item 4: a store that accepts and never answers, or answers a byte every so often,
+never hangs an open, a read or an upload: every request has a connect and a read timeout and
+every attempt a bound that scales with its bytes (``connect_timeout + read_timeout + bytes /
+min_rate``), set by the storage options a user sets (``--storage-option read_timeout=...``).
+Real sockets: moto behind :mod:`stall_relay`, over s3:// and plain http(s)://, through fsspec
+and obstore."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from s3_server import S3Server
+from stall_relay import StallRelay, stall_relay
+
+import packer
+from packer import storage
+from packer.cli import main
+from packer.errors import PackerError
+from packer.tools.image_demo import make_image_tree
+
+BUCKET = "timeouts"
+QUICK = {"connect_timeout": 1, "read_timeout": 1, "min_rate": 2_000_000}
+ATTEMPTS = 2
+# an attempt's bound: connect + read + bytes / min_rate (an unknown size counts as 4 MB)
+PER_ATTEMPT = 1 + 1 + (4 << 20) / QUICK["min_rate"]
+BOUND = ATTEMPTS * PER_ATTEMPT + 4.0  # the backoff and the machine's slack
+
+
+@pytest.fixture(autouse=True)
+def quick_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(storage, "RETRY", storage.Retry(attempts=ATTEMPTS, base=0.01, cap=0.02))
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("timeouts_src")
+    return make_image_tree(root / "images", classes=2, per_class=3, size=(64, 48), bad=0).root
+
+
+@pytest.fixture(scope="module")
+def local(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("timeouts") / "images.npy"
+    packer.convert(source, out, shard_size="8kB", workers=1, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def relay(server: S3Server, local: Path) -> Iterator[StallRelay]:
+    server.upload(local, "images.npy")
+    fs = server.filesystem()
+    for key in fs.find(f"{BUCKET}/images.npy"):
+        fs.chmod(key, "public-read")  # readable over plain http too
+    with stall_relay(server.endpoint, life=600) as running:
+        yield running
+
+
+@pytest.fixture
+def stall(relay: StallRelay) -> Iterator[StallRelay]:
+    relay.mode, relay.match = "pass", ""
+    yield relay
+    relay.mode, relay.match = "pass", ""
+
+
+def _where(relay: StallRelay, scheme: str, backend: str) -> tuple[str, dict[str, Any]]:
+    options: dict[str, Any] = {**QUICK, "backend": backend}
+    if scheme == "http":
+        return f"{relay.endpoint}/{BUCKET}/images.npy", options
+    return f"s3://{BUCKET}/images.npy", {**options, "endpoint_url": relay.endpoint}
+
+
+def _fails_in_time(call: Any, error: type[Exception] = PackerError) -> str:
+    began = time.monotonic()
+    with pytest.raises(error) as caught:
+        call()
+    took = time.monotonic() - began
+    assert took < BOUND, f"took {took:.1f}s, bound {BOUND:.1f}s"
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("mode", ["silent", "trickle"])
+@pytest.mark.parametrize("scheme", ["http", "s3"])
+def test_open_ends_in_a_bounded_clear_error(stall: StallRelay, scheme: str, mode: str) -> None:
+    url, options = _where(stall, scheme, "fsspec")
+    stall.mode, stall.match = mode, "packer.json"
+    text = _fails_in_time(lambda: packer.open_dataset(url, storage_options=options))
+    assert f"{ATTEMPTS} attempts" in text and "read_timeout=" in text, text
+    assert "--storage-option read_timeout=" in text, text
+
+
+@pytest.mark.parametrize("mode", ["silent", "trickle"])
+@pytest.mark.parametrize("backend", ["fsspec", "obstore"])
+@pytest.mark.parametrize("scheme", ["http", "s3"])
+def test_read_ends_in_a_bounded_clear_error(
+    stall: StallRelay, local: Path, scheme: str, backend: str, mode: str
+) -> None:
+    url, options = _where(stall, scheme, backend)
+    remote = packer.open_dataset(url, output="bytes", storage_options=options)
+    assert remote[0] == packer.open_dataset(local, output="bytes")[0]  # a working link reads
+    stall.mode, stall.match = mode, "GET /timeouts/images.npy/shard"
+    text = _fails_in_time(lambda: remote[1])
+    assert f"{ATTEMPTS} attempts" in text and "read_timeout=" in text, text
+
+
+def test_a_slow_answer_within_the_bounds_is_read(stall: StallRelay, local: Path) -> None:
+    """A trickle that ends within an attempt's bound is a slow link, not a failure."""
+    url, options = _where(stall, "s3", "fsspec")
+    remote = packer.open_dataset(url, output="bytes", storage_options={**options, "min_rate": 10})
+    stall.mode, stall.match, stall.every = "trickle", "GET /timeouts/images.npy/shard", 0.0005
+    try:
+        assert remote[1] == packer.open_dataset(local, output="bytes")[1]
+    finally:
+        stall.every = 0.05
+
+
+def test_upload_to_a_store_that_never_answers(
+    stall: StallRelay, source: Path, tmp_path: Path
+) -> None:
+    """A PUT whose answer (its ``100 Continue`` too) never comes is cancelled at its bound,
+    tried again, then a clear error: never a hang."""
+    stall.mode, stall.match = "silent", "PUT "
+    options = [f"endpoint_url={stall.endpoint}", *(f"{k}={v}" for k, v in QUICK.items())]
+    args = ["convert", str(source), f"s3://{BUCKET}/up.npy", "--workers", "1", "-q"]
+    args += ["--staging", str(tmp_path / "staging")]
+    for option in options:
+        args += ["--storage-option", option]
+    began = time.monotonic()
+    done = CliRunner().invoke(main, args)
+    took = time.monotonic() - began
+    assert done.exit_code != 0 and isinstance(done.exception, SystemExit), done.output
+    assert "cannot upload to" in done.output and f"{ATTEMPTS} attempts" in done.output
+    assert "--storage-option read_timeout=" in done.output, done.output
+    assert took < BOUND + 20, f"took {took:.1f}s"  # + the conversion itself
+    assert any(line.startswith("PUT ") for line in stall.requests)
+
+
+def test_bad_bounds_are_refused_at_once() -> None:
+    with pytest.raises(PackerError, match=r"storage option read_timeout is 'soon'.*above 0"):
+        packer.open_dataset("s3://b/x.npy", storage_options={"read_timeout": "soon"})
+    with pytest.raises(PackerError, match=r"--storage-option min_rate=NUMBER"):
+        packer.open_dataset("s3://b/x.npy", storage_options={"min_rate": 0})
+
+
+def test_bounds_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from packer.store_obstore import bounds, fsspec_options
+
+    monkeypatch.setenv("PACKER_READ_TIMEOUT", "7")
+    assert bounds({})["read_timeout"] == 7.0
+    assert bounds({"read_timeout": 3})["read_timeout"] == 3.0  # an option wins
+    s3 = fsspec_options("s3", {"read_timeout": 3})
+    assert s3["config_kwargs"]["read_timeout"] == 3.0 and "read_timeout" not in s3
+    http = fsspec_options("http", {})["client_kwargs"]["timeout"]
+    assert (http.total, http.sock_read, http.sock_connect) == (None, 7.0, 10.0)
