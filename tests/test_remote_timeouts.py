@@ -7,6 +7,8 @@ and obstore."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +22,7 @@ from stall_relay import StallRelay, stall_relay
 import packer
 from packer import storage
 from packer.cli import main
-from packer.errors import PackerError
+from packer.errors import FormatError, PackerError
 from packer.tools.image_demo import make_image_tree
 
 BUCKET = "timeouts"
@@ -155,3 +157,29 @@ def test_bounds_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s3["config_kwargs"]["read_timeout"] == 3.0 and "read_timeout" not in s3
     http = fsspec_options("http", {})["client_kwargs"]["timeout"]
     assert (http.total, http.sock_read, http.sock_connect) == (None, 7.0, 10.0)
+
+
+@pytest.mark.parametrize("name", ["../other/x.npy", "%2e%2e/other/x.npy", "a/%2E%2e/%2e%2e/x.npy"])
+def test_crafted_shard_names_send_no_request_outside_the_prefix(
+    stall: StallRelay, server: S3Server, local: Path, tmp_path: Path, name: str
+) -> None:
+    """Issue 28, item 9: an HTTP client resolves ``..`` and ``%2e%2e`` before any check could
+    see them; the names are checked before any request leaves."""
+    crafted = tmp_path / "crafted.npy"
+    shutil.copytree(local, crafted)
+    manifest = json.loads((crafted / "packer.json").read_text())
+    manifest["shards"][0]["name"] = name
+    (crafted / "packer.json").write_text(json.dumps(manifest))
+    server.upload(crafted, "crafted.npy")
+    fs = server.filesystem()
+    for key in fs.find(f"{BUCKET}/crafted.npy"):
+        fs.chmod(key, "public-read")
+    stall.requests.clear()
+    url = f"{stall.endpoint}/{BUCKET}/crafted.npy"
+    for cache in (None, str(tmp_path / "cache")):
+        with pytest.raises(FormatError, match="not a plain relative name"):
+            dataset = packer.open_dataset(url, output="bytes", cache_dir=cache)
+            dataset[0]
+    outside = [r for r in stall.requests if "/crafted.npy/" not in r.split()[1]]
+    assert all(r.split()[1].endswith("/crafted.npy/packer.json") for r in stall.requests)
+    assert outside == [], outside
