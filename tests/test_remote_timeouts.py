@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from fault_proxy import FaultProxy
 from s3_server import S3Server
 from stall_relay import StallRelay, stall_relay
 
@@ -183,3 +184,23 @@ def test_crafted_shard_names_send_no_request_outside_the_prefix(
     outside = [r for r in stall.requests if "/crafted.npy/" not in r.split()[1]]
     assert all(r.split()[1].endswith("/crafted.npy/packer.json") for r in stall.requests)
     assert outside == [], outside
+
+
+@pytest.mark.parametrize(
+    ("fault", "name"), [("short", "packer.json"), ("flip", "index.npy"), ("short", "records.npy")]
+)
+def test_a_manifest_or_table_damaged_on_the_way_is_fetched_again(
+    relay: StallRelay, proxy: FaultProxy, local: Path, fault: str, name: str
+) -> None:
+    """Issue 28, item 8: over plain http nothing checks a body; a cut or flipped manifest or
+    table is fetched again before the dataset is called damaged."""
+    url = f"{proxy.endpoint}/{BUCKET}/images.npy"
+    options = {"backend": "fsspec"}
+    proxy.inject([fault], match=f"GET /{BUCKET}/images.npy/{name}")
+    remote = packer.open_dataset(url, output="bytes", storage_options=options)
+    assert proxy.faults == []  # the fault was served, then the object fetched again
+    assert remote[0] == packer.open_dataset(local, output="bytes")[0]
+    proxy.inject([fault] * ATTEMPTS, match=f"GET /{BUCKET}/images.npy/{name}")
+    with pytest.raises(FormatError, match=f"the same in {ATTEMPTS} fetches"):
+        packer.open_dataset(url, output="bytes", storage_options=options)
+    proxy.inject([])
