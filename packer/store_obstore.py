@@ -77,7 +77,8 @@ _IGNORED_CONFIG = frozenset(
 _BODY_TROUBLE = re.compile(
     r"error decoding response body|connection closed|connection reset|broken pipe|"
     r"unexpected end|incomplete|end of file|timed out|timeout|error sending request|"
-    r"body error|connect|dns error",
+    r"body error|connect|dns error|"
+    r"non-partial response|Requested \d+\.\.\d+, got|content-range",  # a bad Range answer
     re.IGNORECASE,
 )
 
@@ -372,7 +373,7 @@ class ObstoreError(Exception):
 def _plain(url: str, exc: BaseException) -> BaseException:
     """obstore's exception as :func:`packer.storage.passing` and ``remote_error`` read fsspec's:
     denied → PermissionError, missing → FileNotFoundError, a cut or reset body or a refused
-    connection → ConnectionError (passing); another status keeps its code in the text (429 and
+    connection, a bad answer to a Range (200, another Content-Range) → ConnectionError (passing); another status keeps its code in the text (429 and
     5xx passing). obstore's debug dump and timings ("in 429.1µs") are left out: a number in
     them must not pass for a status."""
     from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
