@@ -213,8 +213,7 @@ class RemoteFolder:
         return bound if getattr(fs or self.fs(), "async_impl", False) else {}
 
     def check_unchanged(self, url: str) -> None:
-        """After a failed read of an object whose identity was recorded at open: refuse it
-        when its size or ETag changed (it was replaced), so old and new bytes never mix."""
+        """After a failed read of an object recorded at open: refuse it if replaced since."""
         name = self._name(url)
         if name not in self.identity:
             return
@@ -239,6 +238,8 @@ class RemoteFolder:
             try:
                 options = fsspec_options(protocol, self.options)
                 self._fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
+            except PackerError:  # it names the option and the way out
+                raise
             except Exception as exc:  # unknown protocol, a backend not installed, bad options
                 raise PackerError(
                     f"cannot open {self.url!r}: {type(exc).__name__}: {exc}. For s3:// install "

@@ -1,35 +1,31 @@
 """The obstore backend of :class:`packer.storage.RemoteFolder`: ranged GETs of ``s3://`` and
-``http(s)://`` objects through obstore (Rust's ``object_store``), which costs the reading process
-~0.2 CPU ms per GET against ~1.4 ms through s3fs/aiobotocore (``benchmarks/README.md``, "A
-faster backend").
+``http(s)://`` objects through obstore (Rust's ``object_store``), ~0.2 CPU ms per GET against
+~1.4 ms through s3fs/aiobotocore (``benchmarks/README.md``, "A faster backend").
 
 **Choice.** ``storage_options={"backend": "obstore" | "fsspec"}`` (taken out before fsspec sees
-the options), else ``$PACKER_REMOTE_BACKEND``, else obstore when it is installed (the ``remote``
-extra), reads the URL's scheme and honours every option given, else fsspec. obstore is the
-default because it pays: ``benchmarks/remote_backends.py`` (20 ms per request, two workers)
-reads a shuffled epoch 1.4-1.8x faster with a third of the reader's CPU, and never slower
-beyond the machine's noise (in order, or link-bound under a 50 MB/s cap).
+the options), else ``$PACKER_REMOTE_BACKEND``, else obstore when it is installed, reads the URL's
+scheme and honours every option given, else fsspec. It pays: ``benchmarks/remote_backends.py``
+(20 ms per request, two workers) reads a shuffled epoch 1.4-1.8x faster with a third of the
+reader's CPU, and never slower beyond the machine's noise.
 
 Only the hot path comes here: the batches of byte ranges of :meth:`RemoteFolder.read_runs` (and
-so :meth:`RemoteFolder.download`). The few metadata requests (manifest, tables, listing, the
-``info`` behind a replaced-object check), streamed checksums and every write stay on fsspec, so
-the retry layer, the identities recorded at open and the error messages are the storage layer's
-own, whichever backend fetched the bytes. obstore's own retries are off: packer's
-:data:`packer.storage.RETRY` is the one retry layer.
+so :meth:`RemoteFolder.download`). Metadata requests, streamed checksums and every write stay on
+fsspec, so the retry layer, the identities recorded at open and the error messages are the
+storage layer's own, whichever backend fetched the bytes. obstore's own retries are off.
 
-**Fork.** obstore runs a tokio runtime whose threads a forked child does not inherit: a child
-that calls obstore after its parent did hangs for ever (tokio-rs/tokio#4301; obstore documents
-itself as not fork safe, developmentseed/obstore#441). So this module records the process that
-first used obstore (:data:`_RUNTIME_PID`); a forked child of that process reads through fsspec
-instead (:func:`usable`), with the same bytes and checks. Since the metadata of an open goes
-through fsspec, the usual pattern — open in the parent, then ``DataLoader`` workers by fork —
-keeps obstore in every worker; a parent that itself read samples before forking hands its
-workers fsspec. Spawned and forkserver workers start clean and always use obstore.
+**Fork.** obstore's tokio runtime threads are not inherited by a forked child, which would hang
+in its first call (tokio-rs/tokio#4301, developmentseed/obstore#441). So the process that first
+used obstore is recorded (:data:`_RUNTIME_PID`); a forked child of it reads through fsspec, with
+the same bytes and checks (:func:`usable`). The usual pattern — open in the parent (metadata:
+fsspec), then ``DataLoader`` workers by fork — keeps obstore in every worker; spawned and
+forkserver workers start clean and always use obstore.
 """
 
 from __future__ import annotations
 
 import asyncio
+import difflib
+import inspect
 import os
 import re
 import threading
@@ -84,25 +80,31 @@ _BODY_TROUBLE = re.compile(
 
 
 POOL = 64  # connections an s3 client keeps (botocore's default, 10, caps a batch's ranged GETs)
+_FSSPEC_BASE = ("skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths")
 PACKER_OPTIONS = ("backend", *BOUNDS)  # taken out before a backend sees the options
 
 
 def fsspec_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` as fsspec gets them: without packer's ``backend``, and for s3 with
-    botocore's own retries off unless the caller set them (:data:`packer.storage.RETRY` is
-    then the one bounded retry layer: no 5 x 5 attempts) and a pool of :data:`POOL`
-    connections unless set (a shuffled batch's ~50 ranged GETs go out together instead of 10
-    at a time: 268 → 154 ms a batch in ``benchmarks/harness/remote_clients.py``)."""
+    """``options`` as fsspec gets them: without packer's own, with packer's timeouts (unless
+    set), and for s3 checked, with botocore's retries off unless set (:data:`RETRY` is the one
+    layer) and a pool of :data:`POOL` connections unless set (a shuffled batch's ~50 ranged GETs
+    together: 268 → 154 ms a batch in ``benchmarks/harness/remote_clients.py``)."""
     limits = bounds(options)
     options = {k: v for k, v in options.items() if k not in PACKER_OPTIONS}
     if protocol in ("http", "https"):  # aiohttp's default: 300 s for the whole request
         import aiohttp
 
         kwargs = dict(options.get("client_kwargs") or {})
-        kwargs.setdefault("timeout", _aiohttp_timeout(aiohttp, limits))
+        kwargs.setdefault(  # no cap on a whole transfer: packer's bound scales with its bytes
+            "timeout",
+            aiohttp.ClientTimeout(
+                total=None, sock_connect=limits["connect_timeout"], sock_read=limits["read_timeout"]
+            ),
+        )
         return {**options, "client_kwargs": kwargs}
     if protocol not in ("s3", "s3a"):
         return options
+    _known_to_s3fs(options)
     config = dict(options.get("config_kwargs") or {})
     config.setdefault("retries", {"total_max_attempts": 1})
     config.setdefault("max_pool_connections", POOL)
@@ -111,12 +113,19 @@ def fsspec_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
     return {**options, "config_kwargs": config}
 
 
-def _aiohttp_timeout(aiohttp: Any, limits: dict[str, float]) -> Any:
-    """No cap on a whole transfer (packer's bound scales with its bytes), a connect bound, and
-    a bound on each wait for bytes (the answer's headers included)."""
-    return aiohttp.ClientTimeout(
-        total=None, sock_connect=limits["connect_timeout"], sock_read=limits["read_timeout"]
-    )
+def _known_to_s3fs(options: dict[str, Any]) -> None:
+    """s3fs takes an unknown option silently (then the network fails): name it and the rest."""
+    import s3fs
+
+    known = {*inspect.signature(s3fs.S3FileSystem.__init__).parameters, *_FSSPEC_BASE}
+    known -= {"self", "kwargs"}
+    for name in sorted(set(options) - known):
+        near = difflib.get_close_matches(name, sorted(known), 1)
+        raise PackerError(
+            f"storage option {name!r} is unknown to s3 (s3fs)"
+            + (f" (did you mean {near[0]}?)" if near else "")
+            + f". Known: {', '.join(sorted(known | set(PACKER_OPTIONS)))} (--storage-option KEY=VALUE)"
+        )
 
 
 def backend_of(options: dict[str, Any], url: str = "s3://") -> str:
@@ -160,8 +169,7 @@ def backend_of(options: dict[str, Any], url: str = "s3://") -> str:
 
 
 def usable() -> bool:
-    """Whether this process may call obstore: no parent it was forked from started obstore's
-    runtime (a forked child of one hangs in its first call)."""
+    """Whether this process may call obstore (no parent it was forked from started it)."""
     return _RUNTIME_PID is None or _RUNTIME_PID == os.getpid()
 
 

@@ -204,3 +204,17 @@ def test_a_manifest_or_table_damaged_on_the_way_is_fetched_again(
     with pytest.raises(FormatError, match=f"the same in {ATTEMPTS} fetches"):
         packer.open_dataset(url, output="bytes", storage_options=options)
     proxy.inject([])
+
+
+def test_a_mistyped_storage_option_is_named() -> None:
+    """Issue 28, item 13: s3fs swallows an unknown option and the network then fails; packer
+    names it, the option meant and the known ones, at once."""
+    began = time.monotonic()
+    options = {"endpoint": "http://127.0.0.1:9"}
+    with pytest.raises(PackerError, match=r"'endpoint' is unknown.*did you mean endpoint_url"):
+        packer.open_dataset("s3://b/x.npy", storage_options=options)
+    assert time.monotonic() - began < 5  # no request was tried
+    done = CliRunner().invoke(main, ["inspect", "s3://b/x.npy", "--storage-option", "endpoint=x"])
+    assert "did you mean endpoint_url" in done.output and "--storage-option KEY=VALUE" in (
+        done.output
+    ), done.output
