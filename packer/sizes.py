@@ -8,7 +8,16 @@ import re
 
 from packer.errors import PackerError
 
-__all__ = ["BOUNDS", "WHOLE", "bounds", "bounds_hint", "deadline", "format_size", "parse_size"]
+__all__ = [
+    "BOUNDS",
+    "WHOLE",
+    "bounds",
+    "bounds_hint",
+    "deadline",
+    "format_size",
+    "parse_size",
+    "read_advice",
+]
 
 _UNITS = {
     "": 1,
@@ -111,4 +120,17 @@ def bounds_hint(limits: dict[str, float], exc: BaseException) -> str:
         f"read_timeout={limits['read_timeout']:g}s without a byte, min_rate="
         f"{limits['min_rate']:g} bytes/s; for a slower store raise them, e.g. --storage-option "
         "read_timeout=120 or $PACKER_READ_TIMEOUT)"
+    )
+
+
+def read_advice(limits: dict[str, float], exc: BaseException) -> str:
+    """What to do after a read failed every attempt, the last with ``exc``."""
+    if "range request" in str(exc).lower():
+        return (
+            "The server must support Range requests (HTTP 206 Partial Content): packer reads "
+            "records by byte ranges; serve the dataset from one that does (S3, nginx, most CDNs)"
+        )
+    return (
+        "The store is unreachable, overloaded or throttling: check the network and the "
+        "endpoint, then run again" + bounds_hint(limits, exc)
     )

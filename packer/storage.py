@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from packer.contained import check_url_name
 from packer.errors import FormatError, PackerError
-from packer.sizes import WHOLE, bounds, bounds_hint, deadline
+from packer.sizes import WHOLE, bounds, deadline, read_advice
 from packer.store_obstore import POOL, fsspec_options
 
 __all__ = ["GAP", "POOL", "RETRY", "RemoteFolder", "Retry", "coalesce", "is_url", "join_url"]
@@ -199,9 +199,7 @@ class RemoteFolder:
                     raise PackerError(
                         f"cannot read {url!r}: {plan.attempts} attempts over "
                         f"{time.monotonic() - began:.1f}s all failed, the last with "
-                        f"{type(exc).__name__}: {exc}. The store is unreachable, overloaded "
-                        "or throttling: check the network and the endpoint, then run again"
-                        + bounds_hint(self.bounds, exc)
+                        f"{type(exc).__name__}: {exc}. {read_advice(self.bounds, exc)}"
                     ) from exc
                 time.sleep(plan.delay(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
@@ -376,6 +374,8 @@ class RemoteFolder:
             raise remote_error(url, block)
         if len(block) == b - a:
             return bytes(block)
+        if len(block) > b - a:  # a 200 with the whole object: a Range ignored (a proxy, a server)
+            raise Passing(f"{url!r} answered {len(block)} bytes to a Range request of {b - a}")
         self.check_unchanged(url)
         if self._name(url) in self.identity or self._size_now(url) >= b:  # a cut body
             raise Passing(f"{url!r} gave {len(block)} of {b - a} bytes from {a} (cut short)")

@@ -74,7 +74,7 @@ _BODY_TROUBLE = re.compile(
     r"error decoding response body|connection closed|connection reset|broken pipe|"
     r"unexpected end|incomplete|end of file|timed out|timeout|error sending request|"
     r"body error|connect|dns error|"
-    r"non-partial response|Requested \d+\.\.\d+, got|content-range",  # a bad Range answer
+    r"non-partial response|Requested \d+\.\.\d+, got|content-range|range request not",
     re.IGNORECASE,
 )
 

@@ -7,10 +7,13 @@ and obstore."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
+import threading
 import time
 from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +221,28 @@ def test_a_mistyped_storage_option_is_named() -> None:
     assert "did you mean endpoint_url" in done.output and "--storage-option KEY=VALUE" in (
         done.output
     ), done.output
+
+
+@pytest.mark.parametrize("backend", ["fsspec", "obstore"])
+def test_a_server_without_range_requests_is_named_once(local: Path, backend: str) -> None:
+    """Issue 28, item 13: a plain HTTP server that ignores Range (Python's http.server) gets one
+    line saying so, after the retries (a proxy may have ignored it once)."""
+
+    class Plain(SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    handler = functools.partial(Plain, directory=str(local.parent))
+    served = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=served.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{served.server_address[1]}/{local.name}"
+        remote = packer.open_dataset(url, output="bytes", storage_options={"backend": backend})
+        with pytest.raises(PackerError) as caught:
+            remote[3]
+        text = str(caught.value)
+        assert text.count("must support Range requests") == 1 and "\n" not in text, text
+        assert "unreachable" not in text, text
+    finally:
+        served.shutdown()
+        served.server_close()
