@@ -118,7 +118,7 @@ def _known_to_s3fs(options: dict[str, Any]) -> None:
     import s3fs
 
     known = {*inspect.signature(s3fs.S3FileSystem.__init__).parameters, *_FSSPEC_BASE}
-    known -= {"self", "kwargs"}
+    known = (known | {"retries"}) - {"self", "kwargs"}  # retries: fs.retries (RemoteFolder.fs)
     for name in sorted(set(options) - known):
         near = difflib.get_close_matches(name, sorted(known), 1)
         raise PackerError(
