@@ -246,3 +246,14 @@ def test_a_server_without_range_requests_is_named_once(local: Path, backend: str
     finally:
         served.shutdown()
         served.server_close()
+
+
+def test_verify_of_a_trickled_shard_ends_in_time(stall: StallRelay, local: Path) -> None:
+    """A streamed checksum (``verify`` of a URL) reads by bounded ranged GETs too."""
+    url, options = _where(stall, "s3", "fsspec")
+    shard = sorted(p.name for p in local.glob("shard-*"))[0]
+    stall.mode, stall.match = "trickle", f"GET /{BUCKET}/images.npy/{shard}"
+    began = time.monotonic()
+    report = packer.verify(url, progress=False, storage_options=options)
+    assert time.monotonic() - began < BOUND
+    assert not report.ok and "read_timeout=" in report.summary(), report.summary()
