@@ -23,12 +23,14 @@ import errno
 import os
 import stat
 from pathlib import Path
+from urllib.parse import unquote
 
 from packer.errors import FormatError
 
 __all__ = [
     "Identity",
     "check_relative",
+    "check_url_name",
     "fstat_identity",
     "open_beneath",
     "open_folder",
@@ -124,6 +126,24 @@ def check_relative(name: str, what: str = "name") -> str:
             f"{what} {name!r} is not a plain relative name (absolute, '..', '.', an empty "
             "component or a NUL byte); refusing to read outside the dataset folder"
         )
+    return name
+
+
+def check_url_name(name: str, url: str) -> str:
+    """``name`` if it is a plain relative name in the folder at ``url``, also once
+    percent-decoded (an HTTP client turns ``%2e%2e`` into ``..`` and resolves it; some servers
+    read a backslash as a slash): checked before any request leaves for the store.
+
+    Raises:
+        FormatError: a name that would reach outside the folder.
+    """
+    decoded, before = check_relative(name, f"name in {url!r}:"), None
+    while decoded != before:
+        before, decoded = decoded, unquote(decoded)
+    if url.startswith(("http://", "https://")):
+        decoded = decoded.replace("\\", "/")
+    if decoded != name:
+        check_relative(decoded, f"name in {url!r}: {name!r}, decoded as")
     return name
 
 

@@ -1,9 +1,7 @@
 """Where a dataset's bytes come from: a URL (``s3://``, ``http(s)://``, any fsspec protocol),
-read as whole small objects (manifest, tables, keys) and as byte ranges of data files.
-
-A local folder never comes here: its readers keep their own descriptors and maps
-(``packer.formats.files``), so the local path gains no call. ``fsspec`` (the ``remote`` extra)
-is imported on first use only.
+read as whole small objects (manifest, tables, keys) and as byte ranges of data files (a local
+folder never comes here). ``fsspec`` (the ``remote`` extra) is imported on first use only.
+Every attempt is bounded in time (:data:`packer.sizes.BOUNDS`), every name checked first.
 
 One rule for processes: a :class:`RemoteFolder` pickles as its URL and storage options; each
 process builds its own fsspec file system on first use, keyed by ``os.getpid()``. A forked
@@ -23,7 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from packer.contained import check_url_name
 from packer.errors import FormatError, PackerError
+from packer.sizes import WHOLE, bounds, deadline, read_advice
 from packer.store_obstore import POOL, fsspec_options
 
 __all__ = ["GAP", "POOL", "RETRY", "RemoteFolder", "Retry", "coalesce", "is_url", "join_url"]
@@ -101,26 +101,13 @@ class Retry:
 
 RETRY = Retry()  # read at each request: a process may set packer.storage.RETRY = Retry(...)
 
-_PASSING_TYPES = frozenset(
-    {
-        "ClientPayloadError",
-        "ServerDisconnectedError",
-        "ClientOSError",
-        "ClientConnectionError",
-        "ClientConnectorError",
-        "IncompleteRead",
-        "IncompleteReadError",
-        "ResponseStreamingError",
-        "EndpointConnectionError",
-        "ConnectionClosedError",
-        "ReadTimeoutError",
-        "ConnectTimeoutError",
-        "FSTimeoutError",
-        "ResponseParserError",
-        "HTTPClientError",
-        "FlexibleChecksumError",  # botocore found the body corrupt on the way
-        "Passing",
-    }
+_PASSING_TYPES = frozenset(  # FlexibleChecksumError: botocore found the body corrupt
+    (
+        "ClientPayloadError ServerDisconnectedError ClientOSError ClientConnectionError "
+        "ClientConnectorError IncompleteRead IncompleteReadError ResponseStreamingError "
+        "EndpointConnectionError ConnectionClosedError ReadTimeoutError ConnectTimeoutError "
+        "FSTimeoutError ResponseParserError HTTPClientError FlexibleChecksumError Passing"
+    ).split()
 )
 _PASSING_TEXT = re.compile(
     r"\b(429|500|502|503|504)\b|SlowDown|ServiceUnavailable|Throttl|TooManyRequests|"
@@ -183,6 +170,7 @@ class RemoteFolder:
         self._fs: Any = None
         self._pid = -1
         self._ranged: tuple[int, Any] = (-1, None)  # (pid, obstore's reader or None)
+        self.bounds = bounds(self.options)  # checked at once: a bad value is no network error
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "options": self.options, "identity": self.identity}
@@ -211,21 +199,25 @@ class RemoteFolder:
                     raise PackerError(
                         f"cannot read {url!r}: {plan.attempts} attempts over "
                         f"{time.monotonic() - began:.1f}s all failed, the last with "
-                        f"{type(exc).__name__}: {exc}. The store is unreachable, overloaded "
-                        "or throttling: check the network and the endpoint, then run again"
+                        f"{type(exc).__name__}: {exc}. {read_advice(self.bounds, exc)}"
                     ) from exc
                 time.sleep(plan.delay(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def limit(self, nbytes: int | None = None, fs: Any = None) -> dict[str, float]:
+        """``timeout=`` for a call moving ``nbytes`` through an async file system (``fs``, else
+        :meth:`fs`), which cancels it past :func:`packer.sizes.deadline`; none for another."""
+        bound = {"timeout": deadline(self.bounds, nbytes)}
+        return bound if getattr(fs or self.fs(), "async_impl", False) else {}
+
     def check_unchanged(self, url: str) -> None:
-        """After a failed read of an object whose identity was recorded at open: refuse it
-        when its size or ETag changed (it was replaced), so old and new bytes never mix."""
+        """After a failed read of an object recorded at open: refuse it if replaced since."""
         name = self._name(url)
         if name not in self.identity:
             return
         try:
             self.fs().invalidate_cache(url)  # the listing at open is cached: ask the store
-            found = _identity(self.fs().info(url))
+            found = _identity(self.fs().info(url, **self.limit(0)))
         except Exception:
             return  # unreachable now: the retry decides
         size, etag = self.identity[name]
@@ -244,6 +236,8 @@ class RemoteFolder:
             try:
                 options = fsspec_options(protocol, self.options)
                 self._fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
+            except PackerError:  # it names the option and the way out
+                raise
             except Exception as exc:  # unknown protocol, a backend not installed, bad options
                 raise PackerError(
                     f"cannot open {self.url!r}: {type(exc).__name__}: {exc}. For s3:// install "
@@ -268,35 +262,40 @@ class RemoteFolder:
         return url[len(self.url) + 1 :] if url.startswith(self.url + "/") else ""
 
     def url_of(self, name: str) -> str:
-        """The URL of ``name`` in this folder."""
-        return join_url(self.url, name)
+        """The URL of ``name`` here, checked before any request (``check_url_name``)."""
+        return join_url(self.url, check_url_name(name, self.url))
 
-    def read_whole(self, name: str) -> bytes:
+    def read_whole(self, name: str, **more: Any) -> bytes:
         """The whole object ``name`` (a manifest, a table, ``keys.txt``)."""
         url = self.url_of(name)
-        return bytes(self.call(url, lambda: self.fs().cat_file(url)))
+        size = self.identity.get(name, (None,))[0]
+        return bytes(self.call(url, lambda: self.fs().cat_file(url, **more, **self.limit(size))))
 
     def read_wholes(self, names: list[str]) -> list[bytes]:
-        """The whole objects ``names``, the requests in flight together (the tables at open:
-        one round trip instead of one each)."""
+        """The whole objects ``names``, the requests in flight together (the tables at open)."""
         urls = [self.url_of(n) for n in names]
-        found = self.call(self.url, lambda: self.fs().cat(urls, on_error="raise"))
+        size = sum(self.identity.get(n, (WHOLE,))[0] for n in names)
+        found = self.call(
+            self.url, lambda: self.fs().cat(urls, on_error="raise", **self.limit(size))
+        )
         strip = self.fs()._strip_protocol  # the answer's keys: paths without the scheme
         return [bytes(found[u] if u in found else found[strip(u)]) for u in urls]
 
     def stream_checksum(self, name: str) -> tuple[int, str]:
-        """The size and xxh3_64 hex digest of the whole object ``name``, streamed in chunks
-        (never held whole); a failed stream is streamed again from the start (:meth:`call`)."""
+        """The size and xxh3_64 hex digest of the whole object ``name``, read by ranged GETs of
+        :data:`_CHUNK`, each bounded in time; a failed stream starts again (:meth:`call`)."""
         url = self.url_of(name)
 
         def stream() -> tuple[int, str]:
             import xxhash
 
-            digest, size = xxhash.xxh3_64(), 0
-            with self.fs().open(url, "rb", block_size=_CHUNK, cache_type="none") as f:
-                while block := f.read(_CHUNK):
-                    digest.update(block)
-                    size += len(block)
+            fs, digest = self.fs(), xxhash.xxh3_64()
+            size = int(fs.info(url, **self.limit(0)).get("size") or 0)
+            for a, b in ((a, min(a + _CHUNK, size)) for a in range(0, size, _CHUNK)):
+                block = fs.cat_file(url, start=a, end=b, **self.limit(b - a))
+                if len(block) != b - a:
+                    raise Passing(f"{url!r} gave {len(block)} of {b - a} bytes from {a}")
+                digest.update(block)
             return size, digest.hexdigest()
 
         return self.call(url, stream)
@@ -323,15 +322,14 @@ class RemoteFolder:
         return digest.hexdigest()
 
     def sizes(self, names: list[str]) -> dict[str, int]:
-        """The size of each object ``names`` that exists, by name: one listing of the folder,
-        or over HTTP (no listing) one ``HEAD`` per object, all in flight together."""
+        """The size of each object ``names`` that exists: one listing, or one HEAD each (HTTP)."""
         fs = self.fs()
         if self.url.split("://", 1)[0] in ("http", "https"):
             urls = [self.url_of(n) for n in names]
-            sizes = self.call(self.url, lambda: fs.sizes(urls))
+            sizes = self.call(self.url, lambda: fs.sizes(urls, **self.limit(0)))
             self.identity.update((n, (int(b), None)) for n, b in zip(names, sizes))
             return dict(zip(names, (int(n) for n in sizes)))
-        entries = self.call(self.url, lambda: fs.ls(self.url, detail=True))
+        entries = self.call(self.url, lambda: fs.ls(self.url, detail=True, **self.limit()))
         found = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: _identity(e) for e in entries}
         self.identity.update((n, found[n]) for n in names if n in found)
         return {name: found[name][0] for name in names if name in found}
@@ -348,11 +346,13 @@ class RemoteFolder:
 
         def attempt() -> list[bytes]:  # only the ranges not yet read are asked again
             todo = [k for k, block in enumerate(got) if block is None]
-            blocks = self.ranges().cat_ranges(
+            size, ranges = sum(stops[k] - starts[k] for k in todo), self.ranges()
+            blocks = ranges.cat_ranges(
                 [urls[k] for k in todo],
                 [starts[k] for k in todo],
                 [stops[k] for k in todo],
                 on_error="return",
+                **self.limit(size, ranges),
             )
             failed: Exception | None = None
             for k, block in zip(todo, blocks):
@@ -374,6 +374,8 @@ class RemoteFolder:
             raise remote_error(url, block)
         if len(block) == b - a:
             return bytes(block)
+        if len(block) > b - a:  # a 200 with the whole object: a Range ignored (a proxy, a server)
+            raise Passing(f"{url!r} answered {len(block)} bytes to a Range request of {b - a}")
         self.check_unchanged(url)
         if self._name(url) in self.identity or self._size_now(url) >= b:  # a cut body
             raise Passing(f"{url!r} gave {len(block)} of {b - a} bytes from {a} (cut short)")
@@ -387,7 +389,7 @@ class RemoteFolder:
         """The object's size as the store says now (-1 when it cannot say)."""
         try:
             self.fs().invalidate_cache(url)
-            return int(self.fs().info(url).get("size") or 0)
+            return int(self.fs().info(url, **self.limit(0)).get("size") or 0)
         except Exception:
             return -1
 

@@ -1,35 +1,31 @@
 """The obstore backend of :class:`packer.storage.RemoteFolder`: ranged GETs of ``s3://`` and
-``http(s)://`` objects through obstore (Rust's ``object_store``), which costs the reading process
-~0.2 CPU ms per GET against ~1.4 ms through s3fs/aiobotocore (``benchmarks/README.md``, "A
-faster backend").
+``http(s)://`` objects through obstore (Rust's ``object_store``), ~0.2 CPU ms per GET against
+~1.4 ms through s3fs/aiobotocore (``benchmarks/README.md``, "A faster backend").
 
 **Choice.** ``storage_options={"backend": "obstore" | "fsspec"}`` (taken out before fsspec sees
-the options), else ``$PACKER_REMOTE_BACKEND``, else obstore when it is installed (the ``remote``
-extra), reads the URL's scheme and honours every option given, else fsspec. obstore is the
-default because it pays: ``benchmarks/remote_backends.py`` (20 ms per request, two workers)
-reads a shuffled epoch 1.4-1.8x faster with a third of the reader's CPU, and never slower
-beyond the machine's noise (in order, or link-bound under a 50 MB/s cap).
+the options), else ``$PACKER_REMOTE_BACKEND``, else obstore when it is installed, reads the URL's
+scheme and honours every option given, else fsspec. It pays: ``benchmarks/remote_backends.py``
+(20 ms per request, two workers) reads a shuffled epoch 1.4-1.8x faster with a third of the
+reader's CPU, and never slower beyond the machine's noise.
 
 Only the hot path comes here: the batches of byte ranges of :meth:`RemoteFolder.read_runs` (and
-so :meth:`RemoteFolder.download`). The few metadata requests (manifest, tables, listing, the
-``info`` behind a replaced-object check), streamed checksums and every write stay on fsspec, so
-the retry layer, the identities recorded at open and the error messages are the storage layer's
-own, whichever backend fetched the bytes. obstore's own retries are off: packer's
-:data:`packer.storage.RETRY` is the one retry layer.
+so :meth:`RemoteFolder.download`). Metadata requests, streamed checksums and every write stay on
+fsspec, so the retry layer, the identities recorded at open and the error messages are the
+storage layer's own, whichever backend fetched the bytes. obstore's own retries are off.
 
-**Fork.** obstore runs a tokio runtime whose threads a forked child does not inherit: a child
-that calls obstore after its parent did hangs for ever (tokio-rs/tokio#4301; obstore documents
-itself as not fork safe, developmentseed/obstore#441). So this module records the process that
-first used obstore (:data:`_RUNTIME_PID`); a forked child of that process reads through fsspec
-instead (:func:`usable`), with the same bytes and checks. Since the metadata of an open goes
-through fsspec, the usual pattern — open in the parent, then ``DataLoader`` workers by fork —
-keeps obstore in every worker; a parent that itself read samples before forking hands its
-workers fsspec. Spawned and forkserver workers start clean and always use obstore.
+**Fork.** obstore's tokio runtime threads are not inherited by a forked child, which would hang
+in its first call (tokio-rs/tokio#4301, developmentseed/obstore#441). So the process that first
+used obstore is recorded (:data:`_RUNTIME_PID`); a forked child of it reads through fsspec, with
+the same bytes and checks (:func:`usable`). The usual pattern — open in the parent (metadata:
+fsspec), then ``DataLoader`` workers by fork — keeps obstore in every worker; spawned and
+forkserver workers start clean and always use obstore.
 """
 
 from __future__ import annotations
 
 import asyncio
+import difflib
+import inspect
 import os
 import re
 import threading
@@ -38,6 +34,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from packer.errors import PackerError
+from packer.sizes import BOUNDS, bounds
 
 __all__ = [
     "BACKENDS",
@@ -59,22 +56,11 @@ _IO: tuple[int, asyncio.AbstractEventLoop] | None = None  # (pid, the loop of ob
 
 # s3fs options with no meaning for a ranged read (fsspec caching, listings, the event loop)
 _IGNORED = frozenset(
-    {
-        "skip_instance_cache",
-        "use_listings_cache",
-        "listings_expiry_time",
-        "max_paths",
-        "default_block_size",
-        "default_cache_type",
-        "default_fill_cache",
-        "cache_regions",
-        "asynchronous",
-        "loop",
-        "retries",
-        "version_aware",
-        "fixed_upload_size",
-        "s3_additional_kwargs",
-    }
+    (
+        "skip_instance_cache use_listings_cache listings_expiry_time max_paths "
+        "default_block_size default_cache_type default_fill_cache cache_regions asynchronous "
+        "loop retries version_aware fixed_upload_size s3_additional_kwargs"
+    ).split()
 )
 _IGNORED_CONFIG = frozenset(
     {
@@ -87,27 +73,59 @@ _IGNORED_CONFIG = frozenset(
 _BODY_TROUBLE = re.compile(
     r"error decoding response body|connection closed|connection reset|broken pipe|"
     r"unexpected end|incomplete|end of file|timed out|timeout|error sending request|"
-    r"body error|connect|dns error",
+    r"body error|connect|dns error|"
+    r"non-partial response|Requested \d+\.\.\d+, got|content-range|range request not",
     re.IGNORECASE,
 )
 
 
 POOL = 64  # connections an s3 client keeps (botocore's default, 10, caps a batch's ranged GETs)
+_FSSPEC_BASE = ("skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths")
+PACKER_OPTIONS = ("backend", *BOUNDS)  # taken out before a backend sees the options
 
 
 def fsspec_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` as fsspec gets them: without packer's ``backend``, and for s3 with
-    botocore's own retries off unless the caller set them (:data:`packer.storage.RETRY` is
-    then the one bounded retry layer: no 5 x 5 attempts) and a pool of :data:`POOL`
-    connections unless set (a shuffled batch's ~50 ranged GETs go out together instead of 10
-    at a time: 268 → 154 ms a batch in ``benchmarks/harness/remote_clients.py``)."""
-    options = {k: v for k, v in options.items() if k != "backend"}
+    """``options`` as fsspec gets them: without packer's own, with packer's timeouts (unless
+    set), and for s3 checked, with botocore's retries off unless set (:data:`RETRY` is the one
+    layer) and a pool of :data:`POOL` connections unless set (a shuffled batch's ~50 ranged GETs
+    together: 268 → 154 ms a batch in ``benchmarks/harness/remote_clients.py``)."""
+    limits = bounds(options)
+    options = {k: v for k, v in options.items() if k not in PACKER_OPTIONS}
+    if protocol in ("http", "https"):  # aiohttp's default: 300 s for the whole request
+        import aiohttp
+
+        kwargs = dict(options.get("client_kwargs") or {})
+        kwargs.setdefault(  # no cap on a whole transfer: packer's bound scales with its bytes
+            "timeout",
+            aiohttp.ClientTimeout(
+                total=None, sock_connect=limits["connect_timeout"], sock_read=limits["read_timeout"]
+            ),
+        )
+        return {**options, "client_kwargs": kwargs}
     if protocol not in ("s3", "s3a"):
         return options
+    _known_to_s3fs(options)
     config = dict(options.get("config_kwargs") or {})
     config.setdefault("retries", {"total_max_attempts": 1})
     config.setdefault("max_pool_connections", POOL)
+    config.setdefault("connect_timeout", limits["connect_timeout"])
+    config.setdefault("read_timeout", limits["read_timeout"])
     return {**options, "config_kwargs": config}
+
+
+def _known_to_s3fs(options: dict[str, Any]) -> None:
+    """s3fs takes an unknown option silently (then the network fails): name it and the rest."""
+    import s3fs
+
+    known = {*inspect.signature(s3fs.S3FileSystem.__init__).parameters, *_FSSPEC_BASE}
+    known = (known | {"retries"}) - {"self", "kwargs"}  # retries: fs.retries (RemoteFolder.fs)
+    for name in sorted(set(options) - known):
+        near = difflib.get_close_matches(name, sorted(known), 1)
+        raise PackerError(
+            f"storage option {name!r} is unknown to s3 (s3fs)"
+            + (f" (did you mean {near[0]}?)" if near else "")
+            + f". Known: {', '.join(sorted(known | set(PACKER_OPTIONS)))} (--storage-option KEY=VALUE)"
+        )
 
 
 def backend_of(options: dict[str, Any], url: str = "s3://") -> str:
@@ -151,8 +169,7 @@ def backend_of(options: dict[str, Any], url: str = "s3://") -> str:
 
 
 def usable() -> bool:
-    """Whether this process may call obstore: no parent it was forked from started obstore's
-    runtime (a forked child of one hangs in its first call)."""
+    """Whether this process may call obstore (no parent it was forked from started it)."""
     return _RUNTIME_PID is None or _RUNTIME_PID == os.getpid()
 
 
@@ -172,7 +189,11 @@ def obstore_config(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
     """
     config: dict[str, Any] = {}
     client: dict[str, Any] = {}
-    rest = {k: v for k, v in options.items() if k != "backend" and k not in _IGNORED}
+    limits = bounds(options)
+    client["connect_timeout"] = f"{limits['connect_timeout']}s"
+    client["read_timeout"] = f"{limits['read_timeout']}s"
+    client["timeout"] = "86400s"  # not obstore's 30 s for a whole GET: packer bounds attempts
+    rest = {k: v for k, v in options.items() if k not in PACKER_OPTIONS and k not in _IGNORED}
     kwargs = dict(rest.pop("client_kwargs", None) or {})
     settings = dict(rest.pop("config_kwargs", None) or {})
     endpoint = rest.pop("endpoint_url", None) or kwargs.pop("endpoint_url", None)
@@ -199,7 +220,7 @@ def obstore_config(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
     addressing = (settings.pop("s3", None) or {}).get("addressing_style")
     if addressing == "virtual":
         config["virtual_hosted_style_request"] = True
-    for ours, theirs in (("connect_timeout", "connect_timeout"), ("read_timeout", "timeout")):
+    for ours, theirs in (("connect_timeout", "connect_timeout"), ("read_timeout", "read_timeout")):
         if ours in settings:
             client[theirs] = f"{float(settings.pop(ours))}s"
     left = sorted({*rest, *kwargs, *(k for k in settings if k not in _IGNORED_CONFIG)})
@@ -262,6 +283,8 @@ class ObstoreRanges:
         options: the folder's s3fs-style storage options (checked at once).
     """
 
+    async_impl = True  # takes timeout= as fsspec's async file systems do
+
     def __init__(self, options: dict[str, Any]) -> None:
         self.options = options
         self.config, self.client, self.chain = obstore_config(options)
@@ -300,13 +323,16 @@ class ObstoreRanges:
         starts: Sequence[int],
         stops: Sequence[int],
         on_error: str = "return",
+        timeout: float | None = None,
     ) -> list[Any]:
         """``urls[k]``'s bytes ``starts[k]:stops[k]`` for every ``k``, or the exception that
         stopped them (as fsspec's ``on_error="return"``): one GET each, at most ``pool`` in
         flight together (``config_kwargs={"max_pool_connections": n}``, else
-        :data:`POOL`)."""
+        :data:`POOL`); past ``timeout`` seconds, every GET is cancelled and TimeoutError
+        raised."""
         _started()
-        return asyncio.run_coroutine_threadsafe(self._gather(urls, starts, stops), _loop()).result()
+        work = asyncio.wait_for(self._gather(urls, starts, stops), timeout)
+        return asyncio.run_coroutine_threadsafe(work, _loop()).result()
 
     async def _gather(
         self, urls: Sequence[str], starts: Sequence[int], stops: Sequence[int]
@@ -355,7 +381,7 @@ class ObstoreError(Exception):
 def _plain(url: str, exc: BaseException) -> BaseException:
     """obstore's exception as :func:`packer.storage.passing` and ``remote_error`` read fsspec's:
     denied → PermissionError, missing → FileNotFoundError, a cut or reset body or a refused
-    connection → ConnectionError (passing); another status keeps its code in the text (429 and
+    connection, a bad answer to a Range (200, another Content-Range) → ConnectionError (passing); another status keeps its code in the text (429 and
     5xx passing). obstore's debug dump and timings ("in 429.1µs") are left out: a number in
     them must not pass for a status."""
     from obstore.exceptions import PermissionDeniedError, UnauthenticatedError

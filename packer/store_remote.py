@@ -9,15 +9,17 @@ shard cache when asked), whole-object GETs for BMP's record files, the shard cac
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
+from packer import storage
 from packer.cache import CorruptDownload, ShardCache
 from packer.contained import check_relative
 from packer.errors import FormatError, PackerError
@@ -51,6 +53,7 @@ __all__ = [
 ]
 
 
+T = TypeVar("T")
 Check = Callable[[str, str, "int | None"], "str | None"]  # verify's check of one object
 
 
@@ -76,9 +79,35 @@ def _remote_table(
     """Table ``name`` of the output at ``folder`` (``data``: its bytes fetched already), fetched
     whole and checked against the manifest's xxh3."""
     digest = _recorded(folder, manifest, (name,))[0]
-    data = folder.read_whole(name) if data is None else data
-    check_digest(data, digest, folder.url_of(name))
-    return data
+
+    def check(got: bytes) -> bytes:
+        check_digest(got, digest, folder.url_of(name))
+        return got
+
+    return _refetched(folder, name, check, data)
+
+
+def _refetched(
+    folder: RemoteFolder, name: str, check: Callable[[bytes], T], data: Any = None, **more: Any
+) -> T:
+    """``check(bytes of name)`` (``data``: fetched already), the object fetched again as
+    :data:`packer.storage.RETRY` says while its bytes fail their check: a body cut or flipped
+    on the way (nothing checks a plain HTTP body) is no damaged dataset until it repeats.
+
+    Raises:
+        FormatError: the check's own, when every fetch failed it.
+    """
+    plan = storage.RETRY
+    for attempt in range(1, plan.attempts + 1):
+        got = folder.read_whole(name, **more) if data is None else data
+        try:
+            return check(got)
+        except FormatError as exc:
+            if attempt == plan.attempts:
+                raise FormatError(f"{exc} (the same in {attempt} fetches)") from exc
+        time.sleep(plan.delay(attempt))
+        data = None
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def remote_manifest(
@@ -108,8 +137,8 @@ def _fetch_manifest(folder: RemoteFolder) -> Manifest:
     which it asks to split a large object into parallel GETs)."""
     url = folder.url_of(MANIFEST_NAME)
     one = {"max_concurrency": 1} if url.startswith(("s3://", "s3a://")) else {}
-    data = bytes(folder.call(url, lambda: folder.fs().cat_file(url, **one)))
-    return parse_manifest(data, url, folder.url)
+    check = lambda data: parse_manifest(data, url, folder.url)  # noqa: E731
+    return _refetched(folder, MANIFEST_NAME, check, **one)
 
 
 # The manifest an open_dataset fetched to choose its class, handed to the open of that same

@@ -28,12 +28,12 @@ import functools
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from packer.errors import DatasetExistsError, DestinationError, PackerError
 from packer.manifest import MANIFEST_NAME, file_checksum
+from packer.sizes import bounds_hint
 from packer.storage import RemoteFolder, join_url, passing
 from packer.upload_journal import JOURNAL_NAME, Journal
 from packer.upload_owned import (
@@ -42,6 +42,7 @@ from packer.upload_owned import (
     listed_by_manifests,
     upload_order,
 )
+from packer.upload_report import Sent, UploadReport, progress_bar
 
 __all__ = [
     "JOURNAL_NAME",
@@ -62,34 +63,6 @@ _NOTHING_WRITTEN = (
     "nothing was written to it. Check the endpoint (--storage-option endpoint_url=...) and that "
     "the store is up, then run the command again"
 )
-
-
-@dataclass
-class UploadReport:
-    """What an upload did: objects sent, skipped (already there), deleted (stale), bytes."""
-
-    url: str
-    uploaded: int = 0
-    skipped: int = 0
-    removed: int = 0
-    streamed: int = 0  # of ``uploaded``: sent while the conversion ran ...
-    streamed_bytes: int = 0  # ... with these bytes (``seconds`` is the time after it)
-    bytes: int = 0
-    seconds: float = 0.0
-
-    def summary(self) -> str:
-        from packer.sizes import format_size
-
-        rate = (self.bytes - self.streamed_bytes) / self.seconds if self.seconds > 0 else 0.0
-        line = f"uploaded {self.uploaded} object(s), {format_size(self.bytes)}, to {self.url}"
-        if self.streamed:
-            line += f": {self.streamed} while converting, the rest"
-        line += f" in {self.seconds:.1f} s ({format_size(rate)}/s), the manifest last"
-        if self.skipped:
-            line += f"; {self.skipped} already uploaded (resumed)"
-        return line + (
-            f"; {self.removed} stale object(s) of the old output deleted" * bool(self.removed)
-        )
 
 
 class Uploader:
@@ -147,6 +120,7 @@ class Uploader:
                         f"cannot {what} {url!r}: {plan.attempts} attempts over "
                         f"{time.monotonic() - began:.1f}s all failed, the last with {failure}. "
                         f"The store is unreachable, overloaded or throttling; {then}"
+                        + bounds_hint(self.folder.bounds, exc)
                     ) from exc
                 time.sleep(plan.delay(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
@@ -158,7 +132,7 @@ class Uploader:
 
         def find() -> dict[str, Any]:
             fs.invalidate_cache()
-            return dict(fs.find(self.url, detail=True))
+            return dict(fs.find(self.url, detail=True, **self.folder.limit()))
 
         found = self.attempt(self.url, "list", find)
         out = {}
@@ -232,7 +206,7 @@ class Uploader:
     def cat(self, name: str) -> bytes:
         """The bytes of the object ``name`` under the dataset's URL (retried)."""
         url, fs = join_url(self.url, name), self.folder.fs()
-        return self.attempt(url, "read", lambda: bytes(fs.cat_file(url)))
+        return self.attempt(url, "read", lambda: bytes(fs.cat_file(url, **self.folder.limit())))
 
     def upload(self, staged: Path, overwrite: bool, progress: bool = True) -> UploadReport:
         """Upload the finished output ``staged`` (the module's order); return what was done.
@@ -252,7 +226,7 @@ class Uploader:
         manifests = [n for n in todo if is_manifest(n)]  # deepest first, the top one last
         data = [n for n in todo if not is_manifest(n)]
         small = [n for n in data if (staged / n).stat().st_size < LARGE]
-        with _bar(total, progress) as bar:
+        with progress_bar(total, progress) as bar:
             self.put_many([(staged / n, n) for n in small], bar, sums)
             for name in sorted(set(data) - set(small)):  # one at a time: bounded memory
                 self.put(staged / name, name, bar, sums.get(name))
@@ -262,7 +236,9 @@ class Uploader:
         if stale:
             fs = self.folder.fs()
             urls = [join_url(self.url, n) for n in stale]
-            self.attempt(self.url, "delete stale objects under", lambda: fs.rm(urls))
+            self.attempt(
+                self.url, "delete stale objects under", lambda: fs.rm(urls, **self.folder.limit(0))
+            )
         report.uploaded, report.removed = len(todo), len(stale)
         report.bytes, report.seconds = total, time.perf_counter() - began
         return report
@@ -288,7 +264,11 @@ class Uploader:
         fs = self.folder.fs()
         for name in sorted(old, key=lambda n: (n.count("/"), n)):
             url, self.wrote = join_url(self.url, name), True
-            self.attempt(url, "delete the old manifest", functools.partial(fs.rm_file, url))
+            self.attempt(
+                url,
+                "delete the old manifest",
+                functools.partial(fs.rm_file, url, **self.folder.limit(0)),
+            )
             del listing[name]
 
     def put_many(
@@ -335,14 +315,15 @@ class Uploader:
         extra = {"max_concurrency": PARTS} if s3 and st.st_size >= LARGE else {}
 
         def put() -> tuple[int, str | None]:
-            sent = _Sent(bar)
+            sent = Sent(bar)
             try:
-                fs.put_file(str(local), url, callback=sent.callback(), **extra)
+                bound = self.folder.limit(st.st_size)  # cancelled past it: never a hang
+                fs.put_file(str(local), url, callback=sent.callback(), **extra, **bound)
             except BaseException:
                 sent.undo()
                 raise
             fs.invalidate_cache(url)
-            info = fs.info(url)
+            info = fs.info(url, **self.folder.limit(0))
             return int(info.get("size") or 0), _etag(info)
 
         size, etag = self.attempt(url, "upload to", put)
@@ -357,43 +338,3 @@ class Uploader:
 def _etag(info: dict[str, Any]) -> str | None:
     tag = info.get("ETag") or info.get("etag")
     return str(tag) if tag else None
-
-
-class _Sent:
-    """The bytes of one attempt counted on the progress bar, taken back if it fails."""
-
-    def __init__(self, bar: Any) -> None:
-        self.bar, self.count = bar, 0
-
-    def callback(self) -> Any:
-        from fsspec.callbacks import Callback
-
-        sent = self
-
-        class Counted(Callback):
-            def call(self, *args: Any, **kwargs: Any) -> None:
-                pass
-
-            def relative_update(self, inc: int = 1) -> None:
-                sent.count += inc
-                sent.bar.update(inc)
-
-        return Counted()
-
-    def undo(self) -> None:
-        if self.count:
-            self.bar.update(-self.count)
-            self.count = 0
-
-
-def _bar(total: int, progress: bool) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=total,
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        desc="upload",
-        disable=not progress,
-    )

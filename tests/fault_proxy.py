@@ -9,7 +9,10 @@ requests matching a pattern get the faults of a schedule:
 - ``"flip"``: the whole body, one byte in its middle flipped (corrupted on the way);
 - ``"slow"``: the whole answer, after :data:`SLOW` seconds (a download in progress);
 - ``"stall"``: the headers and half the body, then nothing until ``release()`` (or 60 s), then
-  the connection is closed (a client killed mid-download).
+  the connection is closed (a client killed mid-download);
+- a bad answer to a ranged GET: ``"whole"`` (200 and the whole object: the Range ignored),
+  ``"longer"`` (206 with 10 bytes more than asked), ``"badrange"`` (206 whose Content-Range
+  names another start).
 
 ``delay`` (seconds) holds every forwarded request that long first: a store far away.
 
@@ -99,6 +102,12 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 time.sleep(SLOW)
             conn = http.client.HTTPConnection(*proxy.upstream, timeout=30)
             headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+            if fault == "whole" and ranged:
+                headers = {k: v for k, v in headers.items() if k.lower() != "range"}
+            if fault == "longer" and ranged:
+                first, last = ranged.split("=", 1)[1].split("-")
+                headers = {k: v for k, v in headers.items() if k.lower() != "range"}
+                headers["Range"] = f"bytes={first}-{int(last) + 10}"
             conn.request(self.command, self.path, body=body, headers=headers)
             answer = conn.getresponse()
             data = answer.read()
@@ -116,6 +125,11 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 )
             self.send_response(answer.status, answer.reason)
             for key, value in answer.getheaders():
+                if fault == "badrange" and key.lower() == "content-range":
+                    first, rest = value.split(" ", 1)[1].split("-", 1)
+                    last, total = rest.split("/")
+                    shift = 1 if int(first) == 0 else -1
+                    value = f"bytes {int(first) + shift}-{int(last) + shift}/{total}"
                 if key.lower() not in ("content-length", "transfer-encoding", "connection"):
                     self.send_header(key, value)
             size = answer.getheader("Content-Length", "0") if self.command == "HEAD" else len(data)
