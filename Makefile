@@ -41,8 +41,8 @@ bench: install
 	$(PY) benchmarks/read_throughput.py --images 5000 --out benchmarks/results
 
 # Mutation testing of the modules that carry README guarantees ([tool.mutmut] in pyproject.toml
-# scopes the tests); `make mutants MUTANTS='packer.labels*'` narrows it. mutants/ is its work folder.
-MUTANTS ?= packer.check* packer.labels* packer.store* packer.destination* packer.verify*
+# scopes the tests); `make mutants MUTANTS='packer.source.labels*'` narrows it. mutants/ is its work folder.
+MUTANTS ?= packer.decode.check* packer.source.labels* packer.read.store* packer.write.destination* packer.read.verify*
 mutants: install
 	$(PY) -m pip install -q "mutmut==3.8.1"
 	mkdir -p mutants  # on PYTHONPATH (for tests that start packer) before Python starts

@@ -5,10 +5,10 @@ Generates ``--images`` photo-like JPEGs (packer's demo generator) in memory, spr
 ``--sizes``, then times in this one process (no DataLoader, no IO), the median of
 ``--repeats`` interleaved passes:
 
-- ``decode <name>``: ``packer.decode.decode(data, "numpy", name)`` for each decoder;
+- ``decode <name>``: ``packer.decode.outputs.decode(data, "numpy", name)`` for each decoder;
 - ``pillow decode + RandomResizedCrop``: full Pillow decode, then the Pillow training crop of
   ``packer.tools.train_transform`` (torchvision's algorithm) to an array;
-- ``fused RandomResizedCrop <name>``: :class:`packer.transforms.RandomResizedCrop` on the bytes.
+- ``fused RandomResizedCrop <name>``: :class:`packer.decode.transforms.RandomResizedCrop` on the bytes.
 
 Usage::
 
@@ -31,12 +31,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from packer.decode import decode
-from packer.fast_decoders import available
+from packer.decode.fast import available
+from packer.decode.outputs import decode
+from packer.decode.transforms import RandomResizedCrop
 from packer.tools.bench_report import markdown_table
 from packer.tools.image_demo import photo_like
 from packer.tools.train_transform import DecodedRandomResizedCrop as PillowCrop
-from packer.transforms import RandomResizedCrop
 
 PILLOW_CROP = "pillow decode + RandomResizedCrop"
 

@@ -55,7 +55,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     from s3_server import s3_server
 
     import packer
-    from packer.cache import wait_for_downloads
+    from packer.remote.cache import wait_for_downloads
     from packer.tools.image_demo import make_image_tree
 
     width, height = (int(v) for v in args.size.split("x"))

@@ -16,7 +16,7 @@ each pass), each pass in a freshly forked child:
 - ``lmdb pillow`` / ``lmdb fast``: the packed LMDB, Pillow / the fast decoder, decode-then-crop;
 - ``s256 pillow`` / ``s256 fast``: the ``short_side=256`` LMDB, decode-then-crop;
 - ``fused pillow`` / ``fused fast``: the packed LMDB with ``output="bytes"`` and
-  ``packer.transforms.RandomResizedCrop(224)`` (crop-aware scaled decode);
+  ``packer.decode.transforms.RandomResizedCrop(224)`` (crop-aware scaled decode);
 - ``npy112``: stored 112×112 pixels, ``output="tensor"`` + a random flip (no decode).
 
 Each (images, row, workers) runs ``--repeats`` times, interleaved; the table shows the median,
@@ -51,7 +51,7 @@ from harness.host_load import QuietWaiter, add_quiet_options
 from harness.record import report_head, run_costs, save_report, stamped_log
 from harness.throughput_report import machine_info
 
-from packer.fast_decoders import available
+from packer.decode.fast import available
 from packer.tools.targets import disk_bytes
 
 

@@ -54,7 +54,7 @@ from harness.throughput import (
 )
 from harness.throughput_report import machine_info, summarise
 
-from packer.handles import keep_freed_heap
+from packer.core.handles import keep_freed_heap
 from packer.tools.timing import measure_throughput
 
 PACKER = "lmdb"

@@ -34,8 +34,8 @@ from harness.record import report_head, save_report, stamped_log
 from harness.throughput_report import machine_info
 
 import packer
-from packer.manifest import MANIFEST_NAME, load_manifest
-from packer.sizes import parse_size
+from packer.core.manifest import MANIFEST_NAME, load_manifest
+from packer.core.sizes import parse_size
 from packer.tools.image_demo import make_image_tree
 
 TARGET = 0.95

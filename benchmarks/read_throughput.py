@@ -23,7 +23,7 @@ Each pass runs in a freshly forked child of the same parent, so nothing one pass
 (an allocator setting such as packer's ``mallopt``, heap layout, open LMDB environments, mapped
 shards: a mapped page cannot be evicted, which would make "cold" warm) reaches the next; the
 child builds a fresh dataset and closes its reader at the end. By default (``--allocator same``)
-each child first applies packer's allocator setting (``packer.handles.keep_freed_heap``), so the
+each child first applies packer's allocator setting (``packer.core.handles.keep_freed_heap``), so the
 baselines run under the same glibc trim threshold as packer's readers; ``--allocator default``
 leaves it to packer's readers (the baselines then run with glibc's default). Each pass also records its CPU time and page faults (this process and its reaped DataLoader workers) and
 the share of the CPUs other processes used meanwhile; on a shared machine the script first waits

@@ -26,8 +26,8 @@ from harness.throughput_report import machine_info
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 import packer
-from packer.manifest import MANIFEST_NAME, load_manifest
-from packer.sizes import parse_size
+from packer.core.manifest import MANIFEST_NAME, load_manifest
+from packer.core.sizes import parse_size
 from packer.tools.image_demo import make_image_tree
 from packer.tools.targets import cold_supported, data_files, evict_page_cache
 from packer.tools.timing import time_batches

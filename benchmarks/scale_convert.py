@@ -49,9 +49,9 @@ from harness.convert_stages import (
 from harness.throughput_report import machine_info
 
 import packer
-from packer.cluster import dask_client
-from packer.cpus import available_cpus
+from packer.core.cpus import available_cpus
 from packer.tools.image_demo import make_image_tree
+from packer.write.dask_client import dask_client
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

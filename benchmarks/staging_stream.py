@@ -34,7 +34,7 @@ from harness.staging_run import MODES, StagingStore, convert_once
 from harness.throughput import prepare_images
 from harness.throughput_report import machine_info
 
-from packer.upload_stream import IN_FLIGHT, IN_FLIGHT_BYTES
+from packer.upload.stream import IN_FLIGHT, IN_FLIGHT_BYTES
 
 FORMATS = {"lmdb": ".lmdb", "npy": ".npy"}
 MB = 1e6

@@ -30,7 +30,7 @@ from harness.scale import make_packed
 from harness.stateful_cost import Config, one_pass, open_target, prepare_small, sampler_costs
 from harness.throughput_report import machine_info
 
-from packer.manifest import MANIFEST_NAME, load_manifest
+from packer.core.manifest import MANIFEST_NAME, load_manifest
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -5,7 +5,7 @@
 Writes the three tables of a synthetic dataset with packer's own writers (one record per
 sample, keys like ``c0123/img_0001234``), then times, median of ``--repeats`` runs after one
 warm-up: ``read_checked`` (open beneath the folder, map, hash: what ``open_dataset`` does per
-table) and the whole ``packer.tablefile`` load of each table. Prints one JSON object.
+table) and the whole ``packer.core.tablefile`` load of each table. Prints one JSON object.
 
 Usage::
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packer.manifest import (
+from packer.core.manifest import (
     INDEX_NAME,
     KEYS_NAME,
     RECORD_DTYPE,
@@ -34,7 +34,7 @@ from packer.manifest import (
     write_keys,
     write_records,
 )
-from packer.tablefile import read_checked
+from packer.core.tablefile import read_checked
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

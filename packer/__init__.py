@@ -9,9 +9,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from packer._version import __version__
-
-# Eager (and torch-free): these functions share their module's name, so they must be bound here.
-from packer.convert import ConvertResult, convert  # noqa: E402
 from packer.errors import (  # noqa: E402
     DatasetExistsError,
     DestinationError,
@@ -20,33 +17,36 @@ from packer.errors import (  # noqa: E402
     PackerError,
     SourceError,
 )
-from packer.merge import merge  # noqa: E402
-from packer.verify import Problem, VerifyReport, verify  # noqa: E402
+from packer.read.verify import Problem, VerifyReport, verify  # noqa: E402
+
+# Eager (and torch-free): these functions share their module's name, so they must be bound here.
+from packer.write.convert import ConvertResult, convert  # noqa: E402
+from packer.write.merge import merge  # noqa: E402
 
 _EXPORTS = {
-    "BMPDataset": "packer.datasets",
-    "FolderDataset": "packer.datasets",
-    "HDF5Dataset": "packer.datasets",
-    "LMDBDataset": "packer.datasets",
-    "NPYDataset": "packer.datasets",
-    "NpyDataset": "packer.datasets",
-    "open_dataset": "packer.datasets",
-    "collate_bytes": "packer.collate",
-    "unpack_bytes": "packer.collate",
-    "ShardedSampler": "packer.sampler",
-    "Mixture": "packer.mixture",
+    "BMPDataset": "packer.read.datasets",
+    "FolderDataset": "packer.read.datasets",
+    "HDF5Dataset": "packer.read.datasets",
+    "LMDBDataset": "packer.read.datasets",
+    "NPYDataset": "packer.read.datasets",
+    "NpyDataset": "packer.read.datasets",
+    "open_dataset": "packer.read.datasets",
+    "collate_bytes": "packer.read.collate",
+    "unpack_bytes": "packer.read.collate",
+    "ShardedSampler": "packer.read.sampler",
+    "Mixture": "packer.read.mixture",
     "LoaderReport": "packer.tools.diagnose",
     "diagnose": "packer.tools.diagnose",
     "worker_init_fn": "packer.tools.worker_threads",
-    "BMPVideoDataset": "packer.video.datasets",
-    "HDF5VideoDataset": "packer.video.datasets",
-    "LMDBVideoDataset": "packer.video.datasets",
-    "NPYVideoDataset": "packer.video.datasets",
-    "NpyVideoDataset": "packer.video.datasets",
-    "FolderVideoDataset": "packer.video.datasets",
-    "VideoFolderDataset": "packer.video.datasets",
-    "open_video_dataset": "packer.video.datasets",
-    "convert_to_url": "packer.staging",
+    "BMPVideoDataset": "packer.read.video_datasets",
+    "HDF5VideoDataset": "packer.read.video_datasets",
+    "LMDBVideoDataset": "packer.read.video_datasets",
+    "NPYVideoDataset": "packer.read.video_datasets",
+    "NpyVideoDataset": "packer.read.video_datasets",
+    "FolderVideoDataset": "packer.read.video_datasets",
+    "VideoFolderDataset": "packer.read.video_datasets",
+    "open_video_dataset": "packer.read.video_datasets",
+    "convert_to_url": "packer.upload.staging",
 }
 
 __all__ = [
@@ -89,8 +89,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from packer.collate import collate_bytes, unpack_bytes
-    from packer.datasets import (
+    from packer.read.collate import collate_bytes, unpack_bytes
+    from packer.read.datasets import (
         BMPDataset,
         FolderDataset,
         HDF5Dataset,
@@ -99,12 +99,9 @@ if TYPE_CHECKING:
         NpyDataset,
         open_dataset,
     )
-    from packer.mixture import Mixture
-    from packer.sampler import ShardedSampler
-    from packer.staging import convert_to_url
-    from packer.tools.diagnose import LoaderReport, diagnose
-    from packer.tools.worker_threads import worker_init_fn
-    from packer.video.datasets import (
+    from packer.read.mixture import Mixture
+    from packer.read.sampler import ShardedSampler
+    from packer.read.video_datasets import (
         BMPVideoDataset,
         FolderVideoDataset,
         HDF5VideoDataset,
@@ -114,6 +111,9 @@ if TYPE_CHECKING:
         VideoFolderDataset,
         open_video_dataset,
     )
+    from packer.tools.diagnose import LoaderReport, diagnose
+    from packer.tools.worker_threads import worker_init_fn
+    from packer.upload.staging import convert_to_url
 
 
 def __getattr__(name: str) -> Any:

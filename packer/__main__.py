@@ -1,6 +1,6 @@
 """``python -m packer`` runs the command-line interface."""
 
-from packer.cli import main
+from packer.cli.app import main
 
 if __name__ == "__main__":
     main()

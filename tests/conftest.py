@@ -12,8 +12,8 @@ from fault_proxy import FaultProxy, fault_proxy
 from s3_server import S3Server, s3_server
 
 import packer
+from packer.core.manifest import MANIFEST_NAME
 from packer.formats import FORMATS
-from packer.manifest import MANIFEST_NAME
 from packer.tools.image_demo import DemoTree, make_image_tree
 
 _FIRST: dict[str, str] = {}

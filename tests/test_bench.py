@@ -14,9 +14,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from packer.cli.measure import bench
 from packer.errors import PackerError
 from packer.tools.bench import BenchSpec, check_paths, run_bench
-from packer.tools.commands import bench
 from packer.tools.io_counters import io_available, resident_fraction
 from packer.tools.storage_cost import measure_storage
 from packer.tools.targets import bench_collate, evict_page_cache, open_for_mode
@@ -173,7 +173,7 @@ def test_cli_bench_bad_input(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_prints_what_was_measured(clean: dict[str, Path]) -> None:
-    code = "import sys; from packer.tools.commands import bench; bench.main(sys.argv[1:])"
+    code = "import sys; from packer.cli.measure import bench; bench.main(sys.argv[1:])"
     args = [str(clean["folder"]), "--workers", "0", "--mode", "bytes,decode,transform"]
     # one batch per run, then a 2 s step: the SIGINT below always lands inside run 2, however
     # loaded the machine is
@@ -198,9 +198,9 @@ def test_ctrl_c_prints_what_was_measured(clean: dict[str, Path]) -> None:
 
 
 # REGISTRATION: fails until packer/cli.py registers the commands
-# (`from packer.tools.commands import bench, doctor; main.add_command(bench); main.add_command(doctor)`).
+# (`from packer.cli.measure import bench, doctor; main.add_command(bench); main.add_command(doctor)`).
 def test_packer_help_lists_bench_and_doctor() -> None:
-    from packer.cli import main
+    from packer.cli.app import main
 
     result = CliRunner().invoke(main, ["--help"])
     assert result.exit_code == 0
@@ -209,8 +209,8 @@ def test_packer_help_lists_bench_and_doctor() -> None:
 
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from packer.convert import convert_video
     from packer.tools.video_demo import make_video_tree
+    from packer.write.convert import convert_video
 
     root = tmp_path_factory.mktemp("vbench")
     tree = make_video_tree(root / "frames", classes=2, per_class=2, frames=(10, 14))
@@ -255,7 +255,7 @@ def test_cli_bench_decoder_and_a_resized_copy_side_by_side(
 ) -> None:
     from click.testing import CliRunner
 
-    from packer.cli import main
+    from packer.cli.app import main
 
     args = ["bench", str(clean[".lmdb"]), "--mode", "decode", "--workers", "0", "--warmup", "0"]
     args += ["--decoder", "opencv", "--short-side", "32", "--no-storage", "--limit", "6"]

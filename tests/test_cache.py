@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from packer.cache import ShardCache, default_cache_dir, parse_limit
-from packer.cli import main
+from packer.cli.app import main
+from packer.core.file_locks import lock, release
 from packer.errors import PackerError
-from packer.file_locks import lock, release
+from packer.remote.cache import ShardCache, default_cache_dir, parse_limit
 
 
 def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -24,12 +24,12 @@ from s3_server import S3Server
 from torch.utils.data import DataLoader
 
 import packer
-from packer import storage
-from packer.cache import wait_for_downloads
-from packer.cli import main
+from packer.cli.app import main
+from packer.core.file_locks import UnsafeCacheFile
+from packer.core.manifest import MANIFEST_NAME, file_checksum, load_manifest
 from packer.errors import FormatError
-from packer.file_locks import UnsafeCacheFile
-from packer.manifest import MANIFEST_NAME, file_checksum, load_manifest
+from packer.remote import storage
+from packer.remote.cache import wait_for_downloads
 from packer.tools.image_demo import make_image_tree
 
 BUCKET = "trust"

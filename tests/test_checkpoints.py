@@ -15,10 +15,10 @@ import pytest
 from harness.scale import make_linked_tree
 
 import packer
+from packer.core.manifest import ShardInfo
 from packer.errors import PackerError
-from packer.manifest import ShardInfo
-from packer.resume import PROGRESS_DIR, Progress, Rows
 from packer.tools.image_demo import DemoTree
+from packer.write.resume import PROGRESS_DIR, Progress, Rows
 
 SHARD = "15kB"
 

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from packer import __version__
-from packer.cli import main
+from packer.cli.app import main
 from packer.tools.image_demo import DemoTree
 
 

@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from packer.read.verify import verify
 from packer.tools.image_demo import DemoTree, make_image_tree
-from packer.verify import verify
 
 
 def default_sigint() -> None:
@@ -33,13 +33,13 @@ def test_progress_in_a_log_has_no_carriage_returns(tree: DemoTree, tmp_path: Pat
 
 SLOW_CLI = """
 import sys, time
-import packer.write
-real = packer.write.end_shard
+import packer.write.pipeline
+real = packer.write.pipeline.end_shard
 def slow(*args, **kwargs):
     time.sleep(0.4)
     return real(*args, **kwargs)
-packer.write.end_shard = slow
-from packer.cli import main
+packer.write.pipeline.end_shard = slow
+from packer.cli.app import main
 sys.argv = ["packer", *sys.argv[1:]]
 main()
 """
@@ -91,11 +91,11 @@ def test_ctrl_c_prints_the_resume_command(tree: DemoTree, tmp_path: Path) -> Non
 
 BUGGY_CLI = """
 import sys
-import packer.inspect
+import packer.read.describe
 def broken(*args, **kwargs):
     raise RuntimeError("boom\\nsecond line")
-packer.inspect.describe = broken
-from packer.cli import main
+packer.read.describe.describe = broken
+from packer.cli.app import main
 sys.argv = ["packer", *sys.argv[1:]]
 main()
 """

@@ -15,9 +15,9 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import packer
-from packer.decode import decode
+from packer.decode.outputs import decode
 from packer.formats.files import OpenFile, coalesce, read_ranges, read_ranges_into
-from packer.sampling import SAMPLINGS
+from packer.read.clip_frames import SAMPLINGS
 
 LENGTHS = (1, 2, 3, 17, 64, 500)
 CLIP_FORMATS = (".npy", ".h5", ".lmdb", ".bmp")

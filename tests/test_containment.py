@@ -21,10 +21,9 @@ from click.testing import CliRunner
 from torch.utils.data import DataLoader, Dataset
 
 import packer
-from packer import contained
-from packer.cli import main
-from packer.errors import FormatError
-from packer.manifest import (
+from packer.cli.app import main
+from packer.core import contained
+from packer.core.manifest import (
     KEYS_NAME,
     MANIFEST_NAME,
     file_checksum,
@@ -33,9 +32,10 @@ from packer.manifest import (
     load_manifest,
     load_records,
 )
+from packer.errors import FormatError
+from packer.read.verify import verify
 from packer.tools.image_demo import make_image_tree
 from packer.tools.video_demo import make_video_tree
-from packer.verify import verify
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,7 @@ def test_one_flipped_bit_in_a_table_is_refused_at_open(
 OPEN_AND_READ = """
 import sys
 import packer
-from packer import contained
+from packer.core import contained
 try:
     dataset = packer.open_dataset(sys.argv[1], output="bytes")
     [dataset[i] for i in range(len(dataset))]
@@ -289,7 +289,7 @@ def test_split_names_that_leave_the_output(splits: Path, tmp_path: Path, name: s
 
 @pytest.fixture(params=["openat2", "walk"])
 def opener(request: pytest.FixtureRequest) -> object:
-    """Both ways ``packer.contained`` opens: the kernel's openat2, and the per-component walk
+    """Both ways ``packer.core.contained`` opens: the kernel's openat2, and the per-component walk
     used where the kernel lacks it (forced here by marking openat2 unavailable)."""
     saved = list(contained._openat2)
     if request.param == "walk":

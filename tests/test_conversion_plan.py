@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 import packer
-from packer.check import DEFAULT_MAX_PIXELS
+from packer.core.manifest import shard_name
+from packer.core.sizes import parse_size
+from packer.decode.check import DEFAULT_MAX_PIXELS
 from packer.formats import by_name, lmdb
 from packer.formats.writer import WriterBase
-from packer.loading import DEFAULT_MAX_FILE_SIZE
-from packer.manifest import shard_name
-from packer.plan import ConversionPlan, Limits, plan_conversion
-from packer.sizes import parse_size
 from packer.tools.image_demo import DemoTree
+from packer.write.loading import DEFAULT_MAX_FILE_SIZE
+from packer.write.plan import ConversionPlan, Limits, plan_conversion
 
 
 def test_the_plan_is_frozen(tree: DemoTree, tmp_path: Path) -> None:

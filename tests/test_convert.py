@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 import packer
-from packer.convert import plan_shards
+from packer.core.manifest import MANIFEST_NAME
 from packer.errors import DestinationError, InputFileError, PackerError
-from packer.manifest import MANIFEST_NAME
 from packer.tools.image_demo import DemoTree
+from packer.write.convert import plan_shards
 
 
 def test_output_identical_for_any_worker_count(

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 import packer
-from packer.decode import decode
+from packer.decode.outputs import decode
 from packer.formats import lmdb as lmdb_format
-from packer.sources import natural_key
+from packer.read.verify import verify
+from packer.source.images import natural_key
 from packer.tools.image_demo import DemoTree, make_image_tree
 from packer.tools.video_demo import make_video_tree
-from packer.verify import verify
 
 
 def source_bytes(tree: DemoTree) -> dict[str, bytes]:

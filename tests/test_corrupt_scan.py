@@ -52,7 +52,7 @@ def test_on_error_skip_replaces_a_bad_sample_deterministically(src: Path, tmp_pa
 
 
 def test_on_error_skip_covers_a_transform_that_decodes(src: Path, tmp_path: Path) -> None:
-    from packer.transforms import RandomResizedCrop
+    from packer.decode.transforms import RandomResizedCrop
 
     dst = tmp_path / "fast.lmdb"
     packer.convert(src, dst, check="fast", progress=False)  # the corrupt JPEG gets in

@@ -16,15 +16,15 @@ import pytest
 from click.testing import CliRunner
 
 import packer
-import packer.cluster
-from packer.cli import main
-from packer.cluster import dask_client
+import packer.write.dask_client
+from packer.cli.app import main
+from packer.core.sizes import parse_size
 from packer.errors import PackerError
-from packer.merge import merge
-from packer.sizes import parse_size
-from packer.sources import scan
+from packer.source.images import scan
 from packer.tools.image_demo import DemoTree, make_image_tree
-from packer.write import plan_shards
+from packer.write.dask_client import dask_client
+from packer.write.merge import merge
+from packer.write.pipeline import plan_shards
 
 distributed = pytest.importorskip("distributed")
 cloudpickle = pytest.importorskip("cloudpickle")
@@ -190,7 +190,7 @@ def test_merge_refuses_mismatched_and_incomplete_parts(source: DemoTree, tmp_pat
 
 
 def test_clear_errors(source: DemoTree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(packer.cluster, "CONNECT_TIMEOUT", 1)
+    monkeypatch.setattr(packer.write.dask_client, "CONNECT_TIMEOUT", 1)
     result = cli(
         "convert", str(source.root), str(tmp_path / "o.lmdb"), "--dask", "tcp://127.0.0.1:9"
     )

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packer.check import check_image
-from packer.decode import decode, encode_bmp
-from packer.decoders import DECODERS, decoders_for, register, sniff
+from packer.decode.check import check_image
+from packer.decode.outputs import decode, encode_bmp
+from packer.decode.registry import DECODERS, decoders_for, register, sniff
 from packer.errors import InputFileError, PackerError
 
 
@@ -126,10 +126,10 @@ def test_every_decode_entry_point_raises_only_input_file_errors_on_bad_bytes() -
     ValueError (so a dataset names the sample), never another exception type."""
     from harness.damage import odd_images
 
-    from packer.check import ImageError
-    from packer.pixels import to_pixels
-    from packer.resize import Resize
-    from packer.transforms import RandomResizedCrop
+    from packer.decode.check import ImageError
+    from packer.decode.pixels import to_pixels
+    from packer.decode.resize import Resize
+    from packer.decode.transforms import RandomResizedCrop
 
     good = encoded(RGB.resize((48, 32)), "JPEG")
     rng = np.random.default_rng(1)

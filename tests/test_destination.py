@@ -14,8 +14,8 @@ import pytest
 
 import packer
 from packer.errors import DestinationError
+from packer.read.verify import verify
 from packer.tools.image_demo import DemoTree
-from packer.verify import verify
 
 
 def snapshot(root: Path) -> dict[str, bytes]:

@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 
 import packer
-from packer.cli import main
-from packer.detect import detect_kind
+from packer.cli.app import main
 from packer.errors import SourceError
-from packer.sources import IMAGE_EXTENSIONS, scan
+from packer.source.detect import detect_kind
+from packer.source.images import IMAGE_EXTENSIONS, scan
 from packer.tools.image_demo import DemoTree
 from packer.tools.video_demo import make_video_files, make_video_tree
 

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from harness.sleepy import SleepyDataset
 from torch.utils.data import DataLoader
 
+from packer.cli.measure import doctor
 from packer.errors import PackerError
-from packer.tools.commands import doctor
 from packer.tools.diagnose import diagnose, load_loader
 from packer.tools.stalls import (
     advise_workers,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from packer.cli.measure import doctor as doctor_command
 from packer.errors import PackerError
-from packer.tools.commands import doctor as doctor_command
 from packer.tools.doctor import _sample_cost, doctor, measure_split, spread_indices
 from packer.tools.image_demo import make_image_tree
 

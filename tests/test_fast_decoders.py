@@ -18,11 +18,12 @@ from harness.damage import corrupted_scan
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from packer import decoders, fast_decoders
-from packer.datasets import FolderDataset, open_dataset
-from packer.decode import decode
-from packer.decoders import DECODERS, check_decoder, decoders_for
+from packer.decode import fast as fast_decoders
+from packer.decode import registry as decoders
+from packer.decode.outputs import decode
+from packer.decode.registry import DECODERS, check_decoder, decoders_for
 from packer.errors import PackerError
+from packer.read.datasets import FolderDataset, open_dataset
 from packer.tools.image_demo import DemoTree, photo_like
 
 AVAILABLE = fast_decoders.available()
@@ -191,7 +192,7 @@ def test_turbojpeg_loads_or_explains_why() -> None:
 
 
 def test_video_dataset_takes_a_decoder(tmp_path: Path) -> None:
-    from packer.video.datasets import VideoFolderDataset
+    from packer.read.video_datasets import VideoFolderDataset
 
     for video in ("a/v0", "b/v1"):
         (tmp_path / video).mkdir(parents=True)

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 
 import packer
+from packer.core.manifest import MANIFEST_NAME
+from packer.core.sizes import parse_size
 from packer.errors import FormatError, PackerError
-from packer.manifest import MANIFEST_NAME
-from packer.sizes import parse_size
-from packer.sources import scan
+from packer.source.images import scan
 from packer.tools.image_demo import DemoTree
 from packer.tools.video_demo import make_video_tree
-from packer.write import plan_shards
+from packer.write.pipeline import plan_shards
 
 KILLER = """
 import os, signal, sys

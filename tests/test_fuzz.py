@@ -41,12 +41,12 @@ import pytest
 from click.testing import CliRunner
 
 import packer
-from packer.cli import main
+from packer.cli.app import main
+from packer.core.manifest import INDEX_NAME, KEYS_NAME, MANIFEST_NAME, RECORDS_NAME
 from packer.errors import PackerError
-from packer.manifest import INDEX_NAME, KEYS_NAME, MANIFEST_NAME, RECORDS_NAME
+from packer.read.verify import verify
 from packer.tools.image_demo import make_image_tree
 from packer.tools.video_demo import make_video_tree
-from packer.verify import verify
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid escape sequence:DeprecationWarning")
 SEED = 18

@@ -30,10 +30,10 @@ from harness.damage import corrupted_scan
 from PIL import Image
 
 import packer
-from packer.check import check_image
-from packer.cli import main
+from packer.cli.app import main
+from packer.decode.check import check_image
 from packer.errors import FormatError, InputFileError
-from packer.labels import read_labels
+from packer.source.labels import read_labels
 from packer.tools.image_demo import DemoTree
 
 STRACE_INSTALL = "apt-get install -y strace"
@@ -571,7 +571,7 @@ def test_destination_refusals_name_the_paths(tree: DemoTree, tmp_path: Path) -> 
 
 def test_a_csv_without_header_keeps_its_first_row(tmp_path: Path) -> None:
     """A headerless CSV whose rows name image files loses no row; a header row is still skipped."""
-    from packer.labels import read_labels
+    from packer.source.labels import read_labels
 
     bare = tmp_path / "bare.csv"
     bare.write_text("img_00000.JPEG,cat\nimg_00001.JPEG,dog\n")

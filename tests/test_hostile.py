@@ -17,9 +17,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 import packer
-from packer import decoders
-from packer.errors import FormatError, InputFileError
-from packer.manifest import (
+from packer.core.manifest import (
     KEYS_NAME,
     MANIFEST_NAME,
     file_checksum,
@@ -27,8 +25,10 @@ from packer.manifest import (
     load_manifest,
     load_records,
 )
+from packer.decode import registry as decoders
+from packer.errors import FormatError, InputFileError
+from packer.read.verify import verify
 from packer.tools.image_demo import DemoTree
-from packer.verify import verify
 
 OUTSIDE = b"SECRET-OUTSIDE-THE-DATASET" * 100
 
@@ -142,7 +142,7 @@ def test_labels_and_offsets_out_of_range(packed: dict[str, Path], tmp_path: Path
 
 FLIP_AND_VERIFY = """
 import sys
-from packer.verify import verify
+from packer.read.verify import verify
 report = verify(sys.argv[1], progress=False)
 print(report.summary())
 sys.exit(0 if report.ok else 1)

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from harness.damage import corrupt_scan
 
 import packer
-from packer.cli import main
-from packer.sources import IMAGE_EXTENSIONS
+from packer.cli.app import main
+from packer.source.images import IMAGE_EXTENSIONS
 from packer.tools.image_demo import DemoTree
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import packer
-from packer.decode import decode
+from packer.decode.outputs import decode
 from packer.tools.image_demo import DemoTree, make_image_tree
 
 FORMATS = (".lmdb", ".npy", ".h5", ".bmp")

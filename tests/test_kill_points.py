@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 
 import packer
-from packer.inspect import inspect_dict
+from packer.read.describe import inspect_dict
+from packer.read.verify import verify
 from packer.tools.image_demo import make_image_tree
 from packer.tools.video_demo import make_video_tree
-from packer.verify import verify
 
 STRACE = shutil.which("strace")
 

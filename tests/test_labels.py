@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 import packer
-from packer.cli import main
+from packer.cli.app import main
 from packer.errors import SourceError
-from packer.labels import classes_from, read_classes, read_labels, scan_flat
+from packer.source.labels import classes_from, read_classes, read_labels, scan_flat
 from packer.tools.image_demo import DemoTree
 
 

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 import packer
-from packer import store
 from packer.errors import FormatError
 from packer.formats.lmdb import record_key
-from packer.sources import scan
+from packer.read import store
+from packer.source.images import scan
 from packer.tools.image_demo import make_image_tree
 
 # Batches by the first record of shard 1 (``b``, at least 4): within shard 0 unless they say.

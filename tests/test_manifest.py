@@ -9,10 +9,8 @@ import numpy as np
 import pytest
 
 import packer
-from packer.errors import FormatError, PackerError
-from packer.formats import FORMATS
-from packer.handles import HandleCache
-from packer.manifest import (
+from packer.core.handles import HandleCache
+from packer.core.manifest import (
     INDEX_NAME,
     KEYS_NAME,
     MANIFEST_NAME,
@@ -22,8 +20,10 @@ from packer.manifest import (
     load_manifest,
     load_records,
 )
-from packer.manifest_schema import FORMAT_NAMES, TABLE_NAMES
-from packer.sizes import format_size, parse_size
+from packer.core.manifest_schema import FORMAT_NAMES, TABLE_NAMES
+from packer.core.sizes import format_size, parse_size
+from packer.errors import FormatError, PackerError
+from packer.formats import FORMATS
 
 
 def copy_dataset(src: Path, dst: Path) -> Path:

@@ -15,10 +15,10 @@ from fault_proxy import FaultProxy, fault_proxy
 from s3_server import S3Server
 
 import packer
-from packer.cache import wait_for_downloads
-from packer.cli import main
-from packer.cpus import available_cpus
+from packer.cli.app import main
+from packer.core.cpus import available_cpus
 from packer.errors import PackerError
+from packer.remote.cache import wait_for_downloads
 from packer.tools.doctor_remote import doctor_remote
 from packer.tools.image_demo import make_image_tree
 

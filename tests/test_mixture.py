@@ -295,8 +295,8 @@ def test_a_stateful_dataloader_checkpoint_resumes_the_exact_order(
 
 
 def test_images_and_clips_mix_and_set_epoch_reaches_the_clips(big: Any, tmp_path: Path) -> None:
-    from packer.convert import convert_video
     from packer.tools.video_demo import make_video_tree
+    from packer.write.convert import convert_video
 
     tree = make_video_tree(tmp_path / "frames", classes=2, per_class=2, seed=3)
     convert_video(tree.root, tmp_path / "clips.lmdb", workers=1, progress=False)

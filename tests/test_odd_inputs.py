@@ -14,11 +14,11 @@ from harness.damage import OddImage, odd_images, png_bomb
 from PIL import Image
 
 import packer
-from packer.decoders import decoders_for, pillow_rgb
+from packer.decode.pixels import to_pixels
+from packer.decode.registry import decoders_for, pillow_rgb
+from packer.decode.resize import resize_to
 from packer.errors import InputFileError, PackerError
-from packer.loading import Loaded, load_in_order
-from packer.pixels import to_pixels
-from packer.resize import resize_to
+from packer.write.loading import Loaded, load_in_order
 
 CORPUS = odd_images()
 BY_NAME = {c.name: c for c in CORPUS}
@@ -269,7 +269,7 @@ def test_a_decompression_bomb_at_read_time_is_the_samples_error(
 def test_a_bomb_through_a_decoding_transform_is_the_samples_error(
     small_and_large: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from packer.transforms import RandomResizedCrop
+    from packer.decode.transforms import RandomResizedCrop
 
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
     crop = RandomResizedCrop(4, decoder="pillow", seed=0)

@@ -17,13 +17,13 @@ import pytest
 from PIL import Image
 
 import packer
-from packer.check import _eighth, check_image
+from packer.decode.check import _eighth, check_image
 from packer.errors import InputFileError
-from packer.loading import Loaded, load_image, load_in_order
-from packer.overlap import ShardFinisher
-from packer.plan import plan_conversion
-from packer.sources import scan
+from packer.source.images import scan
 from packer.tools.image_demo import DemoTree, photo_like
+from packer.write.loading import Loaded, load_image, load_in_order
+from packer.write.overlap import ShardFinisher
+from packer.write.plan import plan_conversion
 
 
 class Stop(Exception):
@@ -137,7 +137,7 @@ def test_a_decoding_check_runs_in_a_process_pool(tree: DemoTree, tmp_path: Path)
 
 HEAP = """
 import ctypes, sys
-from packer.overlap import keep_heap_for_writes
+from packer.write.overlap import keep_heap_for_writes
 print(keep_heap_for_writes(), keep_heap_for_writes())
 """
 

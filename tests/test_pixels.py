@@ -13,9 +13,9 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import packer
-from packer.cli import main
+from packer.cli.app import main
+from packer.decode.pixels import to_pixels
 from packer.errors import PackerError
-from packer.pixels import to_pixels
 from packer.tools.image_demo import DemoTree
 
 

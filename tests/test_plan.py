@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 import packer
-from packer.cli import main
+from packer.cli.app import main
 from packer.errors import SourceError
 from packer.tools.image_demo import DemoTree
 from packer.tools.video_demo import make_video_tree

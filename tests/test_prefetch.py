@@ -15,8 +15,8 @@ from fault_proxy import FaultProxy
 from s3_server import S3Server
 
 import packer
-from packer.cache import ShardCache
-from packer.manifest import load_manifest
+from packer.core.manifest import load_manifest
+from packer.remote.cache import ShardCache
 from packer.tools.image_demo import make_image_tree
 
 BUCKET = "prefetch"

@@ -17,9 +17,9 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import packer
+from packer.core.manifest import MANIFEST_NAME
+from packer.core.sizes import parse_size
 from packer.errors import DestinationError
-from packer.manifest import MANIFEST_NAME
-from packer.sizes import parse_size
 from packer.tools.image_demo import DemoTree, photo_like
 
 

@@ -16,12 +16,12 @@ from s3_server import S3Server
 from torch.utils.data import DataLoader
 
 import packer
-from packer.convert import convert_video
+from packer.core.manifest import INDEX_NAME, RECORDS_NAME, load_manifest
 from packer.errors import FormatError, PackerError
-from packer.manifest import INDEX_NAME, RECORDS_NAME, load_manifest
-from packer.storage import GAP, coalesce, is_url
+from packer.remote.storage import GAP, coalesce, is_url
 from packer.tools.image_demo import make_image_tree
 from packer.tools.video_demo import make_video_tree
+from packer.write.convert import convert_video
 
 IMAGES = ("images.npy", "images.h5")
 VIDEOS = ("videos.npy", "videos.h5")

@@ -25,14 +25,14 @@ from s3_server import S3Server
 from torch.utils.data import ConcatDataset, DataLoader
 
 import packer
-from packer import storage
-from packer.cache import ShardCache, wait_for_downloads
-from packer.cli import main
-from packer.convert import convert_video
+from packer.cli.app import main
+from packer.core.manifest import load_manifest
 from packer.errors import FormatError, PackerError
-from packer.manifest import load_manifest
+from packer.remote import storage
+from packer.remote.cache import ShardCache, wait_for_downloads
 from packer.tools.image_demo import make_image_tree
 from packer.tools.video_demo import make_video_tree
+from packer.write.convert import convert_video
 
 ROOT = Path(__file__).resolve().parents[1]
 BUCKET = "cache"
@@ -183,7 +183,7 @@ def test_npy_and_hdf5_shards_cached_when_asked(
 
 _READER = """
 import hashlib, sys
-from packer.store import open_packed  # no torch: the subprocess starts in well under a second
+from packer.read.store import open_packed  # no torch: the subprocess starts in well under a second
 url, endpoint, cache = sys.argv[1:4]
 packed = open_packed(url, storage_options={"endpoint_url": endpoint}, cache_dir=cache)
 digest = hashlib.sha256()

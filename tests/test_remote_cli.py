@@ -12,13 +12,13 @@ from click.testing import CliRunner, Result
 from s3_server import S3Server
 
 import packer
-from packer.cli import main
-from packer.convert import convert_video
-from packer.inspect import inspect_dict
-from packer.manifest import load_manifest
+from packer.cli.app import main
+from packer.core.manifest import load_manifest
+from packer.read.describe import inspect_dict
+from packer.read.verify import verify
 from packer.tools.image_demo import make_image_tree
 from packer.tools.video_demo import make_video_tree
-from packer.verify import verify
+from packer.write.convert import convert_video
 
 NAMES = ("images.npy", "images.h5", "videos.h5")
 BUCKET = "cli"  # the module's bucket on the shared S3 server (conftest)

@@ -3,7 +3,7 @@ connections dropped mid-body and bodies cut short are retried by packer's storag
 bounded backoff and give the right bytes, or fail with an error naming the URL and the attempts;
 403/404 are not retried; an object replaced after the dataset was opened is refused.
 
-botocore's and s3fs's own retries are off for s3 by default (packer.store_obstore.fsspec_options and
+botocore's and s3fs's own retries are off for s3 by default (packer.remote.obstore_backend.fsspec_options and
 ``fs.retries = 1``), so the retries seen here are packer's."""
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from fault_proxy import FaultProxy
 from s3_server import S3Server
 
 import packer
-from packer import storage
-from packer.convert import convert_video
+from packer.core.manifest import load_manifest
 from packer.errors import FormatError, PackerError
-from packer.manifest import load_manifest
+from packer.read.verify import verify
+from packer.remote import storage
 from packer.tools.image_demo import make_image_tree
 from packer.tools.video_demo import make_video_tree
-from packer.verify import verify
+from packer.write.convert import convert_video
 
 BUCKET = "faults"  # the module's bucket on the shared S3 server (conftest)
 

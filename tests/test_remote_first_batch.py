@@ -19,11 +19,11 @@ from s3_server import S3Server
 from torch.utils.data import DataLoader, RandomSampler
 
 import packer
-from packer import storage
-from packer.cache import ShardCache, wait_for_downloads
+from packer.core.manifest import load_manifest
 from packer.errors import PackerError
-from packer.formats import remote_cached
-from packer.manifest import load_manifest
+from packer.remote import cached_reader as remote_cached
+from packer.remote import storage
+from packer.remote.cache import ShardCache, wait_for_downloads
 from packer.tools.image_demo import make_image_tree
 
 BUCKET = "first"

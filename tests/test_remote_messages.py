@@ -7,8 +7,8 @@ from __future__ import annotations
 from click.testing import CliRunner
 from s3_server import S3Server
 
-from packer.cli import main
-from packer.cliutil import cli_words
+from packer.cli.app import main
+from packer.cli.util import cli_words
 
 BUCKET = "messages"
 

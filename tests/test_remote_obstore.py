@@ -1,4 +1,4 @@
-"""The obstore read backend (issue 21, item 1; ``packer.store_obstore``) against the real S3 API
+"""The obstore read backend (issue 21, item 1; ``packer.remote.obstore_backend``) against the real S3 API
 server (moto) behind the fault-injecting proxy: every format read back through DataLoader workers
 under fork and spawn equals the local dataset; 503, 429, dropped and cut bodies are retried by
 packer's one retry layer (obstore's own retries off), a corrupt body is never served, 403/404
@@ -25,10 +25,11 @@ from s3_server import S3Server
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
 import packer
-from packer import storage, store_obstore
+from packer.core.manifest import load_manifest
 from packer.errors import FormatError, PackerError
-from packer.manifest import load_manifest
-from packer.storage import RemoteFolder, passing, remote_error
+from packer.remote import obstore_backend as store_obstore
+from packer.remote import storage
+from packer.remote.storage import RemoteFolder, passing, remote_error
 from packer.tools.image_demo import make_image_tree
 
 BUCKET = "obstore"
@@ -114,7 +115,7 @@ FORKED = """
 import hashlib, json, os, sys
 from torch.utils.data import DataLoader
 import packer
-from packer import store_obstore
+from packer.remote import obstore_backend as store_obstore
 
 url, endpoint = sys.argv[1:3]
 ds = packer.open_dataset(url, output="bytes",

@@ -11,8 +11,8 @@ from s3_server import S3Server
 
 import packer
 from packer.errors import FormatError
-from packer.store import open_packed
-from packer.store_remote import fetched_manifest
+from packer.read.store import open_packed
+from packer.remote.opener import fetched_manifest
 from packer.tools.image_demo import make_image_tree
 
 BUCKET = "opens"

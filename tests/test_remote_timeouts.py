@@ -24,9 +24,9 @@ from s3_server import S3Server
 from stall_relay import StallRelay, stall_relay
 
 import packer
-from packer import storage
-from packer.cli import main
+from packer.cli.app import main
 from packer.errors import FormatError, PackerError
+from packer.remote import storage
 from packer.tools.image_demo import make_image_tree
 
 BUCKET = "timeouts"
@@ -152,7 +152,7 @@ def test_bad_bounds_are_refused_at_once() -> None:
 
 
 def test_bounds_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from packer.store_obstore import bounds, fsspec_options
+    from packer.remote.obstore_backend import bounds, fsspec_options
 
     monkeypatch.setenv("PACKER_READ_TIMEOUT", "7")
     assert bounds({})["read_timeout"] == 7.0

@@ -14,13 +14,13 @@ from fault_proxy import FaultProxy
 from s3_server import S3Server
 
 import packer
-from packer import storage
-from packer.cache import ShardCache
-from packer.cli import main
+from packer.cli.app import main
+from packer.core.manifest import load_manifest
 from packer.errors import PackerError
-from packer.manifest import load_manifest
+from packer.read.verify import verify
+from packer.remote import storage
+from packer.remote.cache import ShardCache
 from packer.tools.image_demo import make_image_tree
-from packer.verify import verify
 
 BUCKET = "verified"
 

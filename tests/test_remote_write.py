@@ -24,13 +24,13 @@ from fault_proxy import FaultProxy, fault_proxy
 from s3_server import S3Server
 
 import packer
-from packer import storage
-from packer.cli import main
-from packer.convert import convert_video
+from packer.cli.app import main
 from packer.errors import DestinationError
-from packer.staging import staging_folder
+from packer.remote import storage
 from packer.tools.image_demo import make_image_tree
 from packer.tools.video_demo import make_video_tree
+from packer.upload.staging import staging_folder
+from packer.write.convert import convert_video
 
 BUCKET = "write"  # the module's bucket on the shared S3 server (conftest)
 

@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from PIL import Image
 
 import packer
-from packer.cli import main
+from packer.cli.app import main
+from packer.decode.resize import Resize, resize_to
 from packer.errors import PackerError
-from packer.resize import Resize, resize_to
 from packer.tools.image_demo import DemoTree, photo_like
 
 SUFFIXES = [".bmp", ".h5", ".lmdb", ".npy"]

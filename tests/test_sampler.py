@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, DistributedSampler
 
 import packer
-from packer.convert import convert_video
 from packer.errors import PackerError
-from packer.sampler import ShardedSampler, block_starts, epoch_order
+from packer.read.sampler import ShardedSampler, block_starts, epoch_order
 from packer.tools.image_demo import DemoTree
 from packer.tools.video_demo import make_video_tree
+from packer.write.convert import convert_video
 
 
 class Sized:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packer.sampling import (
+from packer.read.clip_frames import (
     SAMPLINGS,
     clip_indices,
     clip_rng,

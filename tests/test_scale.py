@@ -15,10 +15,10 @@ import pytest
 from harness.scale import index_bytes, make_linked_tree, make_packed, uss_bytes
 
 import packer
+from packer.core.keytable import KeyTable
+from packer.core.manifest import KEYS_NAME, write_keys
 from packer.errors import FormatError
-from packer.keytable import KeyTable
-from packer.manifest import KEYS_NAME, write_keys
-from packer.sources import scan
+from packer.source.images import scan
 
 SAMPLES = 200_000
 ODD_KEYS = {5: "c0000/two\nlines", 7: "c0000/caf\udce9", 9: "c0000/back\\slash\r"}

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from packer.errors import SourceError
-from packer.sources import natural_key, scan
+from packer.source.images import natural_key, scan
 
 
 def touch(path: Path, data: bytes = b"x") -> None:
@@ -83,7 +83,7 @@ def test_natural_key_orders_numbers() -> None:
 
 
 def test_stray_subfolder_does_not_make_an_image_tree_video(tmp_path: Path) -> None:
-    from packer.detect import detect_kind
+    from packer.source.detect import detect_kind
 
     touch(tmp_path / "a/1.jpg")
     (tmp_path / "a/thumbnails").mkdir()

@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 
 import packer
-from packer.cli import main
+from packer.cli.app import main
 from packer.errors import PackerError, SourceError
+from packer.read.verify import verify
 from packer.tools.image_demo import DemoTree
-from packer.verify import verify
 
 
 @pytest.fixture

@@ -21,17 +21,17 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from packer import fast_decoders
-from packer.datasets import open_dataset
-from packer.errors import PackerError
-from packer.tools.image_demo import photo_like
-from packer.transforms import (
+from packer.decode import fast as fast_decoders
+from packer.decode.transforms import (
     RandomResizedCrop,
     ResizedCenterCrop,
     crop_params,
     decode_scaled,
     pick_denom,
 )
+from packer.errors import PackerError
+from packer.read.datasets import open_dataset
+from packer.tools.image_demo import photo_like
 
 DECODERS = ["auto", "pillow", "simplejpeg", "opencv"] + (
     ["turbojpeg"] if "turbojpeg" in fast_decoders.available() else []

@@ -27,9 +27,9 @@ from test_remote_write import assert_same_dataset, files, objects
 
 import packer
 from packer.errors import DestinationError
-from packer.staging import convert_to_url, staging_folder
 from packer.tools.image_demo import make_image_tree
 from packer.tools.video_demo import make_video_tree
+from packer.upload.staging import convert_to_url, staging_folder
 
 BUCKET = "foreign"
 SHARD = "4kB"
@@ -172,7 +172,7 @@ def test_a_refused_command_leaves_no_staging_folder(
 def test_an_unreachable_store_says_nothing_was_written_not_resume(
     sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from packer import storage
+    from packer.remote import storage
 
     monkeypatch.setattr(storage, "RETRY", storage.Retry(attempts=2, base=0.01))
     with socket.socket() as s:
@@ -200,7 +200,7 @@ def test_resume_of_a_finished_upload_says_complete_as_locally(
     --overwrite."""
     from click.testing import CliRunner
 
-    from packer.cli import main
+    from packer.cli.app import main
 
     url, staging = f"s3://{BUCKET}/finished.npy", tmp_path / "staging"
     base = ["convert", "--staging", str(staging), "--workers", "1", "--shard-size", SHARD]

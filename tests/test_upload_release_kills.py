@@ -25,8 +25,8 @@ from test_remote_write import assert_same_dataset, files, objects
 
 import packer
 from packer.errors import DestinationError
-from packer.staging import convert_to_url, staging_folder
 from packer.tools.image_demo import make_image_tree
+from packer.upload.staging import convert_to_url, staging_folder
 
 BUCKET = "releases"
 STRACE = shutil.which("strace")

@@ -21,11 +21,11 @@ from s3_server import S3Server
 from test_remote_write import assert_same_dataset, files, holding_proxy, objects
 
 import packer
-from packer.cli import main
+from packer.cli.app import main
 from packer.errors import DestinationError
-from packer.staging import convert_to_url, merge_to_url, staging_folder
 from packer.tools.image_demo import make_image_tree
 from packer.tools.video_demo import make_video_tree
+from packer.upload.staging import convert_to_url, merge_to_url, staging_folder
 
 BUCKET = "stream"  # the module's bucket on the shared S3 server (conftest)
 SHARD = 4096  # bytes of source per planned shard: ~2 images, ~20 shards
@@ -244,7 +244,10 @@ def test_an_executor_writes_ahead_of_the_upload_by_a_window_only(
     url, staging = f"s3://{BUCKET}/pool.bmp", tmp_path / "staging"
     proxy.delay = 0.03
     try:
-        with ProcessPoolExecutor(2) as pool, Poll(staging_folder(url, staging, {"endpoint_url": proxy.endpoint})) as watch:
+        with (
+            ProcessPoolExecutor(2) as pool,
+            Poll(staging_folder(url, staging, {"endpoint_url": proxy.endpoint})) as watch,
+        ):
             result = convert_to_url(
                 sources["images"],
                 url,

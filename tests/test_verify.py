@@ -6,9 +6,9 @@ from pathlib import Path
 from click.testing import CliRunner
 
 import packer
-from packer.cli import main
-from packer.manifest import load_index, load_keys, load_manifest, load_records
-from packer.verify import verify
+from packer.cli.app import main
+from packer.core.manifest import load_index, load_keys, load_manifest, load_records
+from packer.read.verify import verify
 
 
 def test_intact_dataset_verifies(packed: dict[str, Path], suffix: str) -> None:

@@ -13,19 +13,19 @@ import numpy as np
 import pytest
 from torch.utils.data import ConcatDataset, DataLoader
 
-from packer.convert import convert_video
-from packer.decode import decode
+from packer.core.manifest import RECORDS_NAME, load_index, load_keys, load_manifest
+from packer.decode.outputs import decode
 from packer.errors import DestinationError, InputFileError, PackerError
 from packer.formats.files import OpenFile
-from packer.manifest import RECORDS_NAME, load_index, load_keys, load_manifest
-from packer.tools.video_demo import VideoTree, make_video_files, make_video_tree, run_video_demo
-from packer.video.datasets import (
+from packer.read.describe_video import describe_video
+from packer.read.video_datasets import (
     HDF5VideoDataset,
     NpyVideoDataset,
     VideoFolderDataset,
     open_video_dataset,
 )
-from packer.video.inspect import describe_video
+from packer.tools.video_demo import VideoTree, make_video_files, make_video_tree, run_video_demo
+from packer.write.convert import convert_video
 
 SUFFIXES = (".bmp", ".h5", ".lmdb", ".npy")
 ENCODED = (".h5", ".lmdb", ".npy")
@@ -337,7 +337,7 @@ def test_bad_arguments_and_destinations(
 
 
 def test_image_datasets_refuse_video_outputs(packed: dict) -> None:
-    from packer.datasets import NpyDataset
+    from packer.read.datasets import NpyDataset
 
     with pytest.raises(PackerError, match="not images"):
         NpyDataset(packed[".npy"])

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 import packer
-from packer.cli import main
+from packer.cli.app import main
 from packer.tools.video_demo import VideoTree, make_video_tree
 
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from packer.detect import detect_kind
 from packer.errors import SourceError
+from packer.source.detect import detect_kind
+from packer.source.videos import scan_videos
 from packer.tools.image_demo import make_image_tree
-from packer.video.sources import scan_videos
 
 
 def touch_frames(folder: Path, names: list[str]) -> None:

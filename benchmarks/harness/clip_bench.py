@@ -33,16 +33,16 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from packer.convert import convert_video
-from packer.manifest import MANIFEST_NAME
-from packer.sampling import clip_indices, clip_rng
+from packer.core.manifest import MANIFEST_NAME
+from packer.read.clip_frames import clip_indices, clip_rng
+from packer.read.video_datasets import NpyVideoDataset, VideoDataset, open_video_dataset
+from packer.source.videos import scan_videos
 from packer.tools.io_counters import read_counters, resident_fraction
 from packer.tools.targets import close_dataset, data_files, evict_page_cache, payload_bytes
 from packer.tools.timing import time_batches
 from packer.tools.video_demo import make_video_tree, write_video
-from packer.video.datasets import NpyVideoDataset, VideoDataset, open_video_dataset
-from packer.video.load import import_av
-from packer.video.sources import scan_videos
+from packer.write.convert import convert_video
+from packer.write.video_load import import_av
 
 __all__ = [
     "CountedClips",

@@ -3,7 +3,7 @@ what that predicts for a machine with more cores (``benchmarks/scale_convert.py 
 
 Each stage runs alone over the same files (warm page cache), repeated; the median per image is
 kept, as CPU seconds of this thread and as wall seconds (they differ where the stage waits for
-the disk: the fsync). The stages are those of :mod:`packer.write`'s pipeline: the scan; on the
+the disk: the fsync). The stages are those of :mod:`packer.write.pipeline`'s pipeline: the scan; on the
 pool's workers, reading a file, checking it, checksumming it; on the writing thread, LMDB puts
 (with the writer's commits every 1,024 records); on the finishing thread, the shard's last
 commit, its fsync, its value offsets and its checksum.
@@ -20,13 +20,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from packer.check import check_image
+from packer.core.manifest import bytes_checksum, file_checksum
+from packer.decode.check import check_image
 from packer.formats import lmdb as lmdb_format
-from packer.loading import load_image, load_in_order, read_input
-from packer.manifest import bytes_checksum, file_checksum
-from packer.overlap import keep_heap_for_writes
-from packer.sources import scan
-from packer.write import _LOAD_BATCH_BYTES
+from packer.source.images import scan
+from packer.write.loading import load_image, load_in_order, read_input
+from packer.write.overlap import keep_heap_for_writes
+from packer.write.pipeline import _LOAD_BATCH_BYTES
 
 __all__ = ["FINISHER", "PARALLEL", "RECEIVER", "WRITER", "measure_stages", "project"]
 
@@ -92,7 +92,7 @@ def _write_shard(root: Path, datas: list[bytes]) -> dict[str, float]:
 
 def _pool_parent(samples: list[Any], repeats: int) -> dict[str, float]:
     """The converting process's own CPU seconds per image to receive a process pool's loaded
-    images (pickled bytes through a pipe), as :func:`packer.write.write_shards` loads them."""
+    images (pickled bytes through a pipe), as :func:`packer.write.pipeline.write_shards` loads them."""
     loader = functools.partial(load_image, check="fast")
     cpu = []
     for _ in range(repeats):

@@ -59,7 +59,7 @@ def patched_frame_header(
 ) -> bytes:
     """JPEG ``data`` with its frame header (SOFn) rewritten: another SOF ``marker`` (0xC9:
     arithmetic-coded), sample ``precision`` or declared ``size`` (width, height)."""
-    from packer.fast_decoders import jpeg_info
+    from packer.decode.fast import jpeg_info
 
     info = jpeg_info(data)
     if info is None:

@@ -7,10 +7,10 @@ a packed LMDB of the same bytes, a packed LMDB resized at write time to ``short_
 decoded 112×112 pixels in NPY), in the JPEG decoder (Pillow or a fast one) and in the method:
 
 - ``decode-then-crop``: the whole image is decoded, then :class:`DecodeThenCrop` draws the crop
-  with :func:`packer.transforms.crop_params` (torchvision's sampling, torch's generator) and
+  with :func:`packer.decode.transforms.crop_params` (torchvision's sampling, torch's generator) and
   resamples it with Pillow's bilinear ``resize(box=...)`` (torchvision's ``resized_crop`` on a PIL
   image): the honest baseline of a folder + torchvision pipeline;
-- ``fused``: :class:`packer.transforms.RandomResizedCrop` on ``output="bytes"``: the same crop
+- ``fused``: :class:`packer.decode.transforms.RandomResizedCrop` on ``output="bytes"``: the same crop
   sampling, decoded at the smallest DCT scale that keeps 224 pixels across the crop;
 - ``stored pixels``: ``output="tensor"`` from a decoded NPY, then a random horizontal flip
   (:class:`RandomFlip`); no decode, no resample.
@@ -41,16 +41,16 @@ import packer
 from harness.forked import in_child
 from harness.host_load import QuietWaiter, host_busy_seconds, others_during, own_usage
 from harness.throughput import prepare_images, prewarm, resident_all
-from packer.decode import decode
+from packer.core.handles import keep_freed_heap
+from packer.core.manifest import MANIFEST_NAME, load_manifest
+from packer.decode.outputs import decode
+from packer.decode.transforms import RandomResizedCrop
 from packer.errors import PackerError
-from packer.handles import keep_freed_heap
-from packer.manifest import MANIFEST_NAME, load_manifest
-from packer.sources import scan
+from packer.source.images import scan
 from packer.tools.image_demo import make_image_tree
 from packer.tools.targets import close_dataset, data_files
 from packer.tools.timing import measure_throughput
 from packer.tools.train_transform import DecodedRandomResizedCrop
-from packer.transforms import RandomResizedCrop
 
 __all__ = [
     "BASELINE",
@@ -82,7 +82,7 @@ class DecodeThenCrop:
 
     Takes a PIL image or an H×W×3 uint8 array (wrapped without a copy); the crop is
     :class:`packer.tools.train_transform.DecodedRandomResizedCrop` (crop sampling by
-    :func:`packer.transforms.crop_params` on torch's global generator, as the fused transform).
+    :func:`packer.decode.transforms.crop_params` on torch's global generator, as the fused transform).
     """
 
     def __init__(

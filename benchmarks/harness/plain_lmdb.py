@@ -10,7 +10,7 @@ handle cache, no shared environments, no record table lookups per batch beyond t
   ``first[i]`` of the record table, in shard ``records["file"][first[i]]``, whose key is its
   position among that shard's records;
 - each value is copied out of the map with ``bytes(value)`` (``output="bytes"``) or decoded with
-  :func:`packer.decode.decode` (any other output).
+  :func:`packer.decode.outputs.decode` (any other output).
 
 It returns ``(data, label)`` pairs for any collate. Images only (one record per sample).
 """
@@ -26,9 +26,9 @@ import lmdb
 import numpy as np
 from torch.utils.data import Dataset
 
-from packer.decode import check_output, decode
+from packer.core.manifest import load_index, load_manifest, load_records
+from packer.decode.outputs import check_output, decode
 from packer.errors import FormatError
-from packer.manifest import load_index, load_manifest, load_records
 
 __all__ = ["PlainLMDBDataset"]
 
@@ -38,7 +38,7 @@ class PlainLMDBDataset(Dataset):
 
     Args:
         root: the ``.lmdb`` output folder.
-        output: ``"bytes"`` (the stored bytes) or an output :func:`packer.decode.decode` knows.
+        output: ``"bytes"`` (the stored bytes) or an output :func:`packer.decode.outputs.decode` knows.
         readahead: passed to ``lmdb.open`` (packer's reader uses ``True`` for images too).
     """
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import packer
 from harness.throughput import prepare_images
-from packer.manifest import MANIFEST_NAME, load_manifest
-from packer.sources import scan
+from packer.core.manifest import MANIFEST_NAME, load_manifest
+from packer.source.images import scan
 
 __all__ = ["OUTPUTS", "prepare", "tree_bytes"]
 

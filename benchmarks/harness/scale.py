@@ -14,7 +14,7 @@ import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
 
-from packer.manifest import INDEX_NAME, KEYS_NAME, RECORDS_NAME
+from packer.core.manifest import INDEX_NAME, KEYS_NAME, RECORDS_NAME
 
 __all__ = [
     "MemoryProbe",
@@ -142,8 +142,7 @@ def make_packed(
     samples), for tests of opening large outputs. Sample ``i`` has label ``i * classes //
     samples`` and key ``cNNNN/img_NNNNNNN`` unless ``keys`` gives another.
     """
-    from packer.formats import by_name
-    from packer.manifest import (
+    from packer.core.manifest import (
         LAYOUT_VERSION,
         RECORD_DTYPE,
         SAMPLE_DTYPE,
@@ -154,6 +153,7 @@ def make_packed(
         write_manifest,
         write_records,
     )
+    from packer.formats import by_name
 
     root = Path(dst)
     root.mkdir(parents=True)

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.host_load import own_usage
-from packer.storage import join_url
-from packer.upload import Uploader
-from packer.upload_journal import Journal
+from packer.remote.storage import join_url
+from packer.upload.journal import Journal
+from packer.upload.uploader import Uploader
 
 PART = 5 << 20  # S3's smallest part
 

@@ -25,9 +25,9 @@ from typing import Any
 import packer
 from harness.host_load import host_busy_seconds, others_during, own_usage
 from harness.remote_s3 import CREDENTIALS, HERE, LoopbackStore, _start
-from packer.staging import convert_to_url
-from packer.upload import Uploader
-from packer.upload_stream import ShardStream
+from packer.upload.staging import convert_to_url
+from packer.upload.stream import ShardStream
+from packer.upload.uploader import Uploader
 
 # streamed: convert_to_url's default (up to IN_FLIGHT shards sent at once); whole:
 # keep_staging=True; local: packer.convert

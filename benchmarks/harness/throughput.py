@@ -9,7 +9,7 @@ Baselines measured in the same run: the JPEG folder (``packer.FolderDataset``), 
 memory, and, next to packer's LMDB reader, a plain py-lmdb reader of the same files
 (:class:`harness.plain_lmdb.PlainLMDBDataset`, bytes mode only). With ``same_allocator``
 (the default) every pass first applies packer's allocator setting
-(:func:`packer.handles.keep_freed_heap`), so the baselines run under the glibc trim threshold
+(:func:`packer.core.handles.keep_freed_heap`), so the baselines run under the glibc trim threshold
 packer's readers set for themselves.
 """
 
@@ -32,11 +32,11 @@ import packer
 from harness.forked import in_child
 from harness.host_load import QuietWaiter, host_busy_seconds, others_during, own_usage
 from harness.plain_lmdb import PlainLMDBDataset
-from packer.decode import decode
+from packer.core.handles import keep_freed_heap
+from packer.core.manifest import MANIFEST_NAME, load_manifest
+from packer.decode.outputs import decode
 from packer.errors import PackerError
-from packer.handles import keep_freed_heap
-from packer.manifest import MANIFEST_NAME, load_manifest
-from packer.sources import scan
+from packer.source.images import scan
 from packer.tools.image_demo import make_image_tree
 from packer.tools.io_counters import resident_fraction
 from packer.tools.targets import close_dataset, data_files, evict_page_cache
@@ -71,7 +71,7 @@ class InMemoryDataset(Dataset):
     """The JPEG bytes held in a Python list: what reading costs with no I/O at all.
 
     ``bytes`` returns the stored object itself (no copy); ``numpy`` decodes it with the same
-    ``packer.decode.decode`` every packer dataset uses.
+    ``packer.decode.outputs.decode`` every packer dataset uses.
     """
 
     def __init__(self, blobs: Sequence[bytes], labels: Sequence[int], output: str) -> None:

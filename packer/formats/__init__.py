@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
+from packer.core.manifest import shard_name
 from packer.errors import DestinationError, FormatError
 from packer.formats import bmp, hdf5, lmdb, npy
-from packer.manifest import shard_name
 
 __all__ = ["FORMATS", "by_name", "default_layout", "format_for", "shard_name"]
 

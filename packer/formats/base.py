@@ -22,7 +22,10 @@ from typing import Protocol
 
 import numpy as np
 
-from packer.contained import check_relative, open_folder
+from packer.core.contained import check_relative, open_folder
+from packer.core.handles import HandleCache
+from packer.core.keytable import KeyTable
+from packer.core.manifest import KEYS_NAME, Manifest, ShardInfo
 from packer.errors import FormatError
 from packer.formats.files import (
     Folder,
@@ -35,9 +38,6 @@ from packer.formats.files import (
     read_ranges_into,
     shard_readahead,
 )
-from packer.handles import HandleCache
-from packer.keytable import KeyTable
-from packer.manifest import KEYS_NAME, Manifest, ShardInfo
 
 __all__ = ["LAYOUTS", "FileReader", "Reader", "ReaderBase", "check_shard_files"]
 

@@ -3,7 +3,7 @@
 An image is ``<class>/<name>.bmp``; frame ``j`` of a video is ``<class>/<video>/<j:06d>.bmp``.
 ``records.npy`` has ``file`` = the sample's number (its key names the file), ``offset`` = the
 record's number within the sample, ``length`` = the file's size. Reading costs no decode: the
-pixel rows are used straight from the file's bytes (``packer.decode``). About 10× the bytes of
+pixel rows are used straight from the file's bytes (``packer.decode.outputs``). About 10× the bytes of
 JPEG. Only the ``"per-sample"`` layout exists.
 """
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from packer.decode import encode_bmp
+from packer.core.manifest import ShardInfo
+from packer.decode.outputs import encode_bmp
 from packer.errors import FormatError
 from packer.formats.base import ReaderBase
 from packer.formats.writer import WriterBase
-from packer.manifest import ShardInfo
 
 __all__ = ["NAME", "Reader", "Writer", "record_path"]
 
@@ -58,7 +58,7 @@ class Reader(ReaderBase):
 
     Files are read, not mapped: measured on 400×350 images (420 KB files), a map per file
     (``mmap`` + fault-in + ``munmap``) decoded at 0.55–0.65× the rate of a plain ``read``. The
-    decoder then uses the pixel rows in place from the bytes read (``packer.decoders``).
+    decoder then uses the pixel rows in place from the bytes read (``packer.decode.registry``).
     """
 
     def _read_file(

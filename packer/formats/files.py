@@ -20,16 +20,15 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from packer.contained import (
+from packer.core.contained import (
     Identity,
     fstat_identity,
     open_beneath,
     open_folder,
     replaced,
 )
+from packer.core.manifest import fsync_dir
 from packer.errors import FormatError
-from packer.manifest import fsync_dir
-from packer.storage import coalesce
 
 __all__ = [
     "DurableFiles",
@@ -48,6 +47,24 @@ __all__ = [
 PAGE = 4096
 WHOLE, KERNEL, EXACT = "whole", "kernel", "exact"
 _WINDOW = 8 << 20  # bytes per WILLNEED call when a whole shard is asked for
+
+
+def coalesce(
+    starts: Sequence[int], lengths: Sequence[int], gap: int = 4096
+) -> list[tuple[int, int, int, int]]:
+    """Group ranges sorted by start into runs read at once: ``(start, stop, first, last+1)``.
+
+    Two ranges join a run when the bytes between them are fewer than ``gap`` (a local file: a
+    page, read anyway; a URL: :data:`packer.remote.storage.GAP`, cheaper than another request).
+    """
+    runs: list[tuple[int, int, int, int]] = []
+    for k, (a, n) in enumerate(zip(starts, lengths)):
+        if runs and a - runs[-1][1] < gap and a >= runs[-1][0]:
+            start, stop, first, _ = runs[-1]
+            runs[-1] = (start, max(stop, a + n), first, k + 1)
+        else:
+            runs.append((a, a + n, k, k + 1))
+    return runs
 
 
 def memory_available() -> int | None:
@@ -88,7 +105,7 @@ def identity(st: os.stat_result) -> Identity:
 
 class Folder:
     """One process's descriptor of a dataset folder (a handle-cache entry): every data file is
-    opened relative to it (``packer.contained``: no link at any level, never a FIFO), so a
+    opened relative to it (``packer.core.contained``: no link at any level, never a FIFO), so a
     reader never reads a folder that replaced the one it opened, nor anything outside it.
 
     Args:

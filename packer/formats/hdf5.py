@@ -32,10 +32,10 @@ from typing import Any
 import h5py
 import numpy as np
 
+from packer.core.manifest import LAYOUT_VERSION, ShardInfo, shard_name
 from packer.errors import InputFileError
 from packer.formats.base import FileReader
 from packer.formats.writer import WriterBase
-from packer.manifest import LAYOUT_VERSION, ShardInfo, shard_name
 
 __all__ = ["NAME", "Reader", "Writer"]
 

@@ -29,11 +29,11 @@ from typing import Any
 import lmdb
 import numpy as np
 
+from packer.core.manifest import Manifest, ShardInfo, fsync_dir, shard_name
 from packer.errors import FormatError
 from packer.formats.base import ReaderBase
 from packer.formats.lmdb_env import Handle
 from packer.formats.writer import WriterBase
-from packer.manifest import Manifest, ShardInfo, fsync_dir, shard_name
 
 __all__ = ["NAME", "Reader", "Writer", "record_key"]
 
@@ -259,7 +259,7 @@ class Reader(ReaderBase):
 
         A record's key is its number less its shard's first record's: the table was checked at
         open to list records in shard order, each shard's run of its record count
-        (:func:`packer.store.validate_tables`), so every key lies in its shard. A run of
+        (:func:`packer.read.store.validate_tables`), so every key lies in its shard. A run of
         consecutive records, ascending, is one walk of the cursor (no lookup per record); any
         other batch one ``getmulti``."""
         first = int(records[0]) - int(self.shard_first[file])

@@ -21,10 +21,10 @@ from typing import BinaryIO
 import numpy as np
 from numpy.lib import format as npformat
 
+from packer.core.manifest import ShardInfo, shard_name
 from packer.errors import FormatError
 from packer.formats.base import FileReader
 from packer.formats.writer import WriterBase
-from packer.manifest import ShardInfo, shard_name
 
 __all__ = ["HEADER_BYTES", "NAME", "Reader", "Writer", "npy_header", "padded"]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Protocol
 
+from packer.core.manifest import ShardInfo, file_checksum, shard_name
 from packer.formats.files import DurableFiles
-from packer.manifest import ShardInfo, file_checksum, shard_name
 
 __all__ = ["Writer", "WriterBase", "WriterFactory"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from packer.cpus import available_cpus
+from packer.core.cpus import available_cpus
 from packer.errors import PackerError
 from packer.tools.bench import RunResult
 from packer.tools.storage_cost import StorageCost

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packer.decode import decode
-from packer.decoders import check_decoder, decoders_for, sniff
+from packer.decode.fast import MISSING, SPEED_ORDER, jpeg_info
+from packer.decode.outputs import decode
+from packer.decode.registry import check_decoder, decoders_for, sniff
 from packer.errors import PackerError
-from packer.fast_decoders import MISSING, SPEED_ORDER, jpeg_info
 
 __all__ = ["MARGIN", "DecodeAdvice", "choose_decoder", "decode_advice"]
 
@@ -176,7 +176,7 @@ def advise_dataset(dataset: Any, indices: Sequence[int], root: Path, fmt: str) -
         samples.append(data)
     source = str(root)
     if fmt != "folder":
-        from packer.manifest import load_manifest
+        from packer.core.manifest import load_manifest
 
         try:
             source = str(load_manifest(root).source.get("root") or "SRC")

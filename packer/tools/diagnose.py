@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from packer.cpus import available_cpus
+from packer.core.cpus import available_cpus
 from packer.errors import PackerError
 from packer.tools.io_counters import process_threads
 from packer.tools.stalls import (

@@ -24,10 +24,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from packer.cpus import available_cpus
-from packer.decode import decode
+from packer.core.cpus import available_cpus
+from packer.core.manifest import MANIFEST_NAME, load_manifest
+from packer.decode.outputs import decode
 from packer.errors import PackerError
-from packer.manifest import MANIFEST_NAME, load_manifest
 from packer.tools.decode_advice import advise_dataset
 from packer.tools.diagnose import LoaderReport, SampleCost, diagnose
 from packer.tools.doctor_text import render

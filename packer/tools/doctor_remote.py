@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from packer.cache import ShardCache, default_cache_dir
-from packer.cpus import available_cpus
+from packer.core.cpus import available_cpus
+from packer.core.sizes import format_size
 from packer.errors import PackerError
-from packer.sizes import format_size
-from packer.store import Packed, open_packed
+from packer.read.store import Packed, open_packed
+from packer.remote.cache import ShardCache, default_cache_dir
 
 __all__ = ["RemoteReport", "doctor_remote"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from packer.sizes import format_size
+from packer.core.sizes import format_size
 
 __all__ = ["render"]
 

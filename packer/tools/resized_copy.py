@@ -44,7 +44,7 @@ def resized_copy(
     finally:
         close_dataset(dataset)
     dst = workdir / f"{name}@{short_side}.lmdb"
-    from packer.convert import convert
+    from packer.write.convert import convert
 
     convert(tree, dst, short_side=short_side, check="fast", progress=False, overwrite=True)
     shutil.rmtree(tree)

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset, default_collate
 
-from packer.collate import collate_bytes
+from packer.core.manifest import MANIFEST_NAME, load_manifest
 from packer.errors import PackerError
-from packer.manifest import MANIFEST_NAME, load_manifest
-from packer.sources import scan
-from packer.storage import is_url
+from packer.read.collate import collate_bytes
+from packer.remote.storage import is_url
+from packer.source.images import scan
 
 __all__ = [
     "CACHES",
@@ -49,8 +49,8 @@ def data_files(path: str | os.PathLike[str]) -> list[Path]:
         if manifest.shards:
             return [root / s.name for s in manifest.shards]
         return sorted(p for p in root.rglob("*") if p.is_file())
-    from packer.detect import detect_kind
-    from packer.video.sources import scan_videos
+    from packer.source.detect import detect_kind
+    from packer.source.videos import scan_videos
 
     if root.is_dir() and detect_kind(root) == "video":
         videos = scan_videos(root).videos
@@ -99,13 +99,13 @@ def open_for_mode(
 
     ``bytes``: stored bytes, no decode (IO + format cost); ``decode``: decoded H×W×3 arrays;
     ``transform``: decoded then :func:`packer.tools.train_transform.train_transform` (224×224 crops).
-    ``decoder`` names the decoder of the decoding modes (see :mod:`packer.decoders`).
+    ``decoder`` names the decoder of the decoding modes (see :mod:`packer.decode.registry`).
     A URL (``s3://...``) is opened through ``storage_options``.
 
     Raises:
         PackerError: unknown mode, or the path is neither a packer output nor an image folder.
     """
-    from packer.datasets import open_dataset
+    from packer.read.datasets import open_dataset
     from packer.tools.train_transform import train_transform
 
     if mode not in MODES:

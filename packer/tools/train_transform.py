@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from packer.transforms import crop_params
+from packer.decode.transforms import crop_params
 
 __all__ = [
     "Compose",
@@ -41,8 +41,8 @@ class DecodedRandomResizedCrop:
     """Crop a random area and aspect ratio of decoded image(s), then resize to ``size``×``size``.
 
     torchvision's ``RandomResizedCrop`` on PIL images (a clip's frames share one crop); the
-    fused :class:`packer.transforms.RandomResizedCrop` does the same on encoded bytes. The crop
-    is drawn by :func:`packer.transforms.crop_params` on torch's generator, which the DataLoader
+    fused :class:`packer.decode.transforms.RandomResizedCrop` does the same on encoded bytes. The crop
+    is drawn by :func:`packer.decode.transforms.crop_params` on torch's generator, which the DataLoader
     seeds in every worker.
 
     Args:

@@ -111,7 +111,7 @@ def write_video(
         codec: encoder name (default: MPEG-4 part 2, or VP8 for .webm).
         gop: keyframe interval in frames (default: the encoder's).
     """
-    from packer.video.load import import_av
+    from packer.write.video_load import import_av
 
     av = import_av()
     if codec is None:
@@ -178,8 +178,8 @@ def run_video_demo(
     """
     from torch.utils.data import Subset
 
-    from packer.convert import convert_video
-    from packer.video.datasets import open_video_dataset
+    from packer.read.video_datasets import open_video_dataset
+    from packer.write.convert import convert_video
 
     root = Path(workdir) / "frames"
     tree = make_video_tree(root, classes, per_class, frames, size, bad=1, empty=1)

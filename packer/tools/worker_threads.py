@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from packer.cpus import available_cpus
+from packer.core.cpus import available_cpus
 from packer.errors import PackerError
 from packer.tools.io_counters import process_threads
 

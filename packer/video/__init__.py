@@ -5,9 +5,9 @@
 - :func:`open_video_dataset` and the ``*VideoDataset`` classes read clips back;
 - :func:`run_video_demo` generates a frame tree, converts it and times clip reading.
 
-The on-disk layout is the storage core's (:mod:`packer.manifest`, :mod:`packer.formats`): a
+The on-disk layout is the storage core's (:mod:`packer.core.manifest`, :mod:`packer.formats`): a
 video is a sample whose records are its frames. Names are
-imported on first use, so ``packer.convert`` may import ``packer.video.sources`` at its top
+imported on first use, so ``packer.convert`` may import ``packer.source.videos`` at its top
 without an import cycle.
 """
 
@@ -17,22 +17,22 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "BMPVideoDataset": "packer.video.datasets",
-    "HDF5VideoDataset": "packer.video.datasets",
-    "LMDBVideoDataset": "packer.video.datasets",
-    "NPYVideoDataset": "packer.video.datasets",
-    "NpyVideoDataset": "packer.video.datasets",
-    "FolderVideoDataset": "packer.video.datasets",
-    "VideoDataset": "packer.video.datasets",
-    "VideoFolderDataset": "packer.video.datasets",
-    "open_video_dataset": "packer.video.datasets",
+    "BMPVideoDataset": "packer.read.video_datasets",
+    "HDF5VideoDataset": "packer.read.video_datasets",
+    "LMDBVideoDataset": "packer.read.video_datasets",
+    "NPYVideoDataset": "packer.read.video_datasets",
+    "NpyVideoDataset": "packer.read.video_datasets",
+    "FolderVideoDataset": "packer.read.video_datasets",
+    "VideoDataset": "packer.read.video_datasets",
+    "VideoFolderDataset": "packer.read.video_datasets",
+    "open_video_dataset": "packer.read.video_datasets",
     "convert_video": "packer.convert",
-    "detect_kind": "packer.detect",
-    "scan_videos": "packer.video.sources",
+    "detect_kind": "packer.source.detect",
+    "scan_videos": "packer.source.videos",
     "make_video_files": "packer.tools.video_demo",
     "make_video_tree": "packer.tools.video_demo",
     "run_video_demo": "packer.tools.video_demo",
-    "describe_video": "packer.video.inspect",
+    "describe_video": "packer.read.describe_video",
 }
 
 __all__ = sorted(_EXPORTS)

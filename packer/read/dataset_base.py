@@ -1,0 +1,220 @@
+"""What every dataset shares, images and clips alike: classes and targets, index checks,
+transforms, decoding errors and ``repr``. Holds only picklable state."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from packer.core.keytable import KeyTable
+from packer.core.manifest import Manifest
+from packer.decode.outputs import check_output
+from packer.decode.registry import check_decoder
+from packer.errors import InputFileError, PackerError
+from packer.formats.base import ReaderBase
+from packer.read.store import Packed
+
+__all__ = ["PackedSamples", "SampleDataset", "Transform"]
+
+Transform = Callable[[Any], Any] | None
+
+
+class SampleDataset(Dataset):
+    """The base of every packer dataset.
+
+    Args:
+        root: the dataset's folder.
+        classes: class names; a sample's label indexes them.
+        labels: one label per sample.
+        transform: applied to each item (an image, or a whole clip).
+        target_transform: applied to each label.
+        output: ``"pil"``, ``"numpy"``, ``"tensor"`` or ``"bytes"``.
+        on_error: ``"raise"`` (default) an :class:`InputFileError` for a sample that cannot be
+            decoded, or ``"skip"``: serve the next decodable sample in its place (the same one
+            every time) and count it in ``replaced``, so one bad sample of a dataset packed
+            elsewhere cannot kill an epoch.
+        decoder: ``"auto"`` (the fastest installed, Pillow last), ``"pillow"``,
+            ``"simplejpeg"``, ``"turbojpeg"`` or ``"opencv"`` (see :mod:`packer.decode.registry`);
+            checked here, so a missing library fails at construction, not in a worker.
+    """
+
+    UNIT = "samples"
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        classes: list[str],
+        labels: np.ndarray,
+        transform: Transform = None,
+        target_transform: Transform = None,
+        output: str = "pil",
+        on_error: str = "raise",
+        decoder: str = "auto",
+    ) -> None:
+        if on_error not in ("raise", "skip"):
+            raise PackerError(f"unknown on_error {on_error!r}; expected 'raise' or 'skip'")
+        self.on_error = on_error
+        self.replaced = 0  # samples served in place of an undecodable one, in this process
+        self.root = Path(root)
+        self.classes = list(classes)
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        self.targets = np.ascontiguousarray(labels, dtype=np.int64)
+        self.transform = transform
+        self.target_transform = target_transform
+        self.output = check_output(output)
+        self.decoder = check_decoder(decoder)
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def close(self) -> None:
+        """Release the files and maps this process holds open for the dataset (none for a plain
+        folder). The dataset stays usable: a later read opens what it needs again."""
+
+    def __enter__(self) -> SampleDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _or_replacement(
+        self, i: int, make: Callable[[int], Any], first: Callable[[], Any] | None = None
+    ) -> Any:
+        """``make(i)`` (or ``first()``, the same from data already read); when it raises
+        :class:`InputFileError` and ``on_error="skip"``, ``make(j)`` for the first decodable
+        sample after ``i`` (the same one every time), counted in ``replaced``."""
+        try:
+            return first() if first is not None else make(i)
+        except InputFileError:
+            if self.on_error != "skip":
+                raise
+        for step in range(1, min(len(self), 17)):
+            j = (i + step) % len(self)
+            try:
+                item = make(j)
+            except InputFileError:
+                continue
+            self.replaced += 1
+            return item
+        raise InputFileError(f"{self._describe(i)} and the 16 samples after it cannot be decoded")
+
+    def _position(self, i: Any) -> int:
+        n = len(self.targets)
+        if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
+            raise TypeError(f"dataset indices must be integers, not {type(i).__name__}")
+        if not -n <= i < n:
+            raise IndexError(f"index {i} out of range for a dataset of {n} {self.UNIT}")
+        return int(i) % n
+
+    def _positions(self, indices: Sequence[int]) -> list[int]:
+        return self._position_array(indices).tolist()
+
+    def _position_array(self, indices: Sequence[int]) -> np.ndarray:
+        """The positions of a batch of indices (negative ones count from the end), as int64."""
+        n = len(self.targets)
+        idx = np.asarray(indices)
+        if idx.ndim != 1:
+            raise TypeError("a batch of indices must be a flat sequence of integers")
+        if not len(idx):
+            return np.zeros(0, dtype=np.int64)
+        if idx.dtype.kind not in "iu":
+            return np.array([self._position(i) for i in indices], dtype=np.int64)  # or raises
+        low, high = idx.min(), idx.max()
+        if low < -n or high >= n:
+            bad = next(int(i) for i in idx if not -n <= i < n)
+            raise IndexError(f"index {bad} out of range for a dataset of {n} {self.UNIT}")
+        idx = idx.astype(np.int64, copy=False)
+        return idx % n if low < 0 else idx
+
+    def _describe(self, i: int) -> str:
+        return f"sample {i}"
+
+    def _label(self, i: int) -> Any:
+        label: Any = int(self.targets[i])
+        if self.target_transform is not None:
+            label = self.target_transform(label)
+        return label
+
+    def _repr_fields(self) -> str:
+        return f"classes={len(self.classes)}"
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({str(self.root)!r}, {self.UNIT}={len(self)}, "
+            f"{self._repr_fields()}, output={self.output!r}"
+            + (f", decoder={self.decoder!r})" if self.decoder != "auto" else ")")
+        )
+
+
+class PackedSamples:
+    """What a dataset over a packer output adds: its manifest, reader and keys."""
+
+    root: Path
+    UNIT: str
+    manifest: Manifest
+    reader: ReaderBase
+    first: np.ndarray
+    counts: np.ndarray
+
+    def _attach(self, packed: Packed) -> None:
+        self.root = packed.root  # a split's own folder when a split was opened
+        self.manifest = packed.manifest
+        self.reader = packed.reader
+        self.first = packed.first
+        self.counts = packed.counts
+
+    def close(self) -> None:
+        """Close this process's shard and per-sample file handles, maps and LMDB environments
+        (they reopen on the next read). The tables (``index.npy``, ``records.npy``,
+        ``keys.txt``) stay mapped while the dataset object lives: they are its index."""
+        self.reader.close()
+
+    def stored_bytes(self, indices: Sequence[int]) -> int:
+        """Bytes the samples' records occupy (every frame of a video, read or not)."""
+        length = self.reader.length
+        return sum(
+            int(length[self.first[i] : self.first[i] + self.counts[i]].sum()) for i in indices
+        )
+
+    def shard_of_sample(self) -> np.ndarray | None:
+        """Each sample's shard number (the file of its first record), in sample order, or
+        ``None`` when every sample has its own file (the ``per-sample`` layout).
+
+        A conversion writes samples in order, so a shard holds a run of consecutive samples:
+        the blocks :class:`packer.ShardedSampler` reads together by default.
+        """
+        if self.reader.layout != "shards":
+            return None
+        return self.reader.file[self.first]
+
+    @property
+    def prefetches(self) -> bool:
+        """Whether :meth:`prefetch` can fetch anything: a remote dataset of shards read through
+        the node-local cache (a local one is read where it lies)."""
+        return hasattr(self.reader, "prefetch") and self.reader.layout == "shards"
+
+    def prefetch(self, samples: Sequence[int] | np.ndarray) -> int:
+        """Start fetching the shards that hold ``samples`` into the node-local shard cache in
+        the background (see :attr:`prefetches`; elsewhere nothing to do); how many downloads
+        started. :class:`packer.ShardedSampler` calls it ahead of reading."""
+        if not self.prefetches:
+            return 0
+        chosen = np.asarray(samples, dtype=np.int64)
+        first = self.first[chosen]
+        last = first + np.maximum(self.counts[chosen], 1) - 1
+        files = self.reader.file[np.concatenate((first, last))].tolist()
+        return int(self.reader.prefetch(files))  # type: ignore[attr-defined]
+
+    @property
+    def keys(self) -> KeyTable:
+        """Each sample's key: its source path relative to the root, without suffix (read
+        lazily from ``keys.txt``: no ``str`` per sample until asked)."""
+        return self.reader.keys
+
+    def _describe(self, i: int) -> str:
+        return f"{self.UNIT[:-1]} {i} ({self.keys[i]!r} in {str(self.root)!r})"

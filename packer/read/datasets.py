@@ -1,0 +1,398 @@
+"""PyTorch datasets over packed formats and plain image folders.
+
+Every dataset returns ``(image, label)`` like torchvision's ``ImageFolder``, exposes ``classes``,
+``class_to_idx``, ``targets`` (a numpy array) and ``__len__``, and serves a whole batch at once
+through ``__getitems__`` (the DataLoader calls it when present). It holds only picklable state:
+paths, numpy index arrays and options. File handles open lazily in each process that reads, so a
+dataset built in the parent works in DataLoader workers under fork, forkserver and spawn.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, overload
+
+import numpy as np
+
+from packer.core.manifest import MANIFEST_NAME, load_manifest
+from packer.core.strings import StringTable
+from packer.decode.outputs import decode
+from packer.decode.pixels import pixels_output
+from packer.errors import FormatError, InputFileError, PackerError
+from packer.formats import FORMATS
+from packer.read.collate import BytesBatch, empty_bytes
+from packer.read.dataset_base import PackedSamples, SampleDataset, Transform
+from packer.read.store import open_packed, split_root
+from packer.remote.storage import is_url
+from packer.source.detect import find_splits
+from packer.source.images import class_dirs, path_keys, scan
+
+if TYPE_CHECKING:
+    from packer.read.video_datasets import VideoDataset
+
+__all__ = [
+    "BMPDataset",
+    "FolderDataset",
+    "HDF5Dataset",
+    "ImageDataset",
+    "LMDBDataset",
+    "NPYDataset",
+    "NpyDataset",
+    "open_dataset",
+]
+
+
+class ImageDataset(SampleDataset):
+    """Common behaviour of every image dataset: decoding, transforms, whole batches."""
+
+    pixels: tuple[int, ...] | None = (
+        None  # records are raw arrays of this shape (packer.decode.pixels)
+    )
+
+    def _read(self, i: int) -> bytes:
+        return self._read_many([i])[0]
+
+    def _read_many(self, positions: Sequence[int]) -> list[bytes]:
+        raise NotImplementedError
+
+    def _finish(self, data: bytes, i: int) -> tuple[Any, Any]:
+        try:
+            if self.pixels is not None:
+                image = pixels_output(data, self.pixels, self.output)
+            else:
+                image = decode(data, self.output, self.decoder)
+        except (OSError, ValueError, SyntaxError) as exc:
+            raise InputFileError(f"{self._describe(i)} cannot be decoded: {exc}") from exc
+        if self.transform is not None:
+            if self.output != "bytes":
+                image = self.transform(image)
+            else:  # the transform decodes (packer.decode.transforms): its decode errors are the sample's
+                try:
+                    image = self.transform(image)
+                except (OSError, ValueError, SyntaxError) as exc:
+                    raise InputFileError(f"{self._describe(i)} cannot be decoded: {exc}") from exc
+        return image, self._label(i)
+
+    def _raw(self) -> bool:
+        return self.output == "bytes" and self.transform is None and self.target_transform is None
+
+    def _item(self, data: bytes, i: int) -> tuple[Any, Any]:
+        return self._or_replacement(
+            i, lambda j: self._finish(self._read(j), j), lambda: self._finish(data, i)
+        )
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        position = self._position(i)
+        return self._item(self._read(position), position)
+
+    def __getitems__(self, indices: Sequence[int]) -> Sequence[tuple[Any, Any]]:
+        """A whole batch: read in one pass (one transaction per shard), then decode each."""
+        positions = self._positions(indices)
+        data = self._read_many(positions)
+        if self._raw():
+            return list(zip(data, self.targets[positions].tolist()))
+        return [self._item(d, i) for d, i in zip(data, positions)]
+
+
+class PackedDataset(PackedSamples, ImageDataset):
+    """A dataset over a packer image output (format given by ``FORMAT``).
+
+    With ``output="bytes"``, ``batch_buffer=True`` (and no transforms) a batch is read straight
+    into one buffer (shared memory inside a DataLoader worker) with no ``bytes`` object per
+    sample; use it with ``collate_fn=packer.collate_bytes``, which hands the buffer on as
+    ``(data, offsets, labels)`` tensors without a copy. (Any other collate would turn it back
+    into ``bytes``: a second copy, so it is off by default.) Reader options (``readahead`` for
+    LMDB, ``max_open_files``) pass through. ``decoder`` picks the JPEG decoder (see
+    :class:`~packer.read.dataset_base.SampleDataset`).
+    """
+
+    FORMAT = ""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        transform: Transform = None,
+        target_transform: Transform = None,
+        output: str = "pil",
+        batch_buffer: bool = False,
+        on_error: str = "raise",
+        decoder: str = "auto",
+        **reader_options: Any,
+    ) -> None:
+        packed = open_packed(root, "image", self.FORMAT or None, **reader_options)
+        self.batch_buffer = bool(batch_buffer)
+        super().__init__(
+            root,
+            packed.manifest.classes,
+            packed.labels,
+            transform,
+            target_transform,
+            output,
+            on_error,
+            decoder,
+        )
+        self._attach(packed)
+        shape = packed.manifest.options.get("pixels")
+        self.pixels = tuple(int(n) for n in shape) if shape else None
+
+    def _read_many(self, positions: Sequence[int]) -> list[bytes]:
+        return self.reader.read_many(self.first[np.asarray(positions, dtype=np.int64)])
+
+    def __getitems__(self, indices: Sequence[int]) -> Sequence[tuple[Any, Any]]:
+        """A whole batch, read in one pass (one ``getmulti`` per LMDB shard), then decoded; raw
+        bytes go straight into one buffer with ``batch_buffer`` (see the class docstring)."""
+        positions = self._position_array(indices)
+        records = self.first[positions]
+        if not (self.batch_buffer and self._raw()):
+            stored = self.reader.read_many(records)
+            if self._raw():
+                return list(zip(stored, self.targets[positions].tolist()))
+            return [self._item(d, i) for d, i in zip(stored, positions.tolist())]
+        offsets = np.zeros(len(records) + 1, dtype=np.int64)
+        np.cumsum(self.reader.lengths(records), out=offsets[1:])
+        data = empty_bytes(int(offsets[-1]))
+        self.reader.read_into(records, memoryview(data.numpy()), offsets[:-1])  # type: ignore[arg-type]
+        return BytesBatch(data, offsets, self.targets[positions])
+
+
+class LMDBDataset(PackedDataset):
+    """Images from a packer ``.lmdb`` output. ``readahead=False`` is a reader option."""
+
+    FORMAT = "lmdb"
+
+
+class HDF5Dataset(PackedDataset):
+    """Images from a packer ``.h5``/``.hdf5`` output."""
+
+    FORMAT = "hdf5"
+
+
+class NPYDataset(PackedDataset):
+    """Images from a packer ``.npy`` output (memory-mapped shards)."""
+
+    FORMAT = "npy"
+
+
+class BMPDataset(PackedDataset):
+    """Decoded images from a packer ``.bmp`` output (no decode cost at read)."""
+
+    FORMAT = "bmp"
+
+
+class FolderDataset(ImageDataset):
+    """A plain ``<class>/<image>`` folder, like torchvision's ``ImageFolder`` without torchvision.
+
+    The baseline packer's benchmarks compare against, and one API for users who read folders.
+    It keeps torchvision's hooks: ``is_valid_file(path)`` filters the scanned files; a subclass may
+    override :meth:`find_classes` (which class folders, with which indices) and
+    :meth:`make_dataset` (the ``(path, class_index)`` samples); ``loader(path)`` replaces
+    packer's read and decode (it returns the image the transform receives; ``output`` then
+    stays ``"pil"``, and an ``OSError``/``ValueError`` it raises is the sample's
+    :class:`~packer.errors.InputFileError`, so ``on_error="skip"`` applies).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        transform: Transform = None,
+        target_transform: Transform = None,
+        output: str = "pil",
+        is_valid_file: Callable[[str], bool] | None = None,
+        on_error: str = "raise",
+        decoder: str = "auto",
+        loader: Callable[[str], Any] | None = None,
+    ) -> None:
+        if loader is not None and output != "pil":
+            raise PackerError(f"output={output!r} does not apply with loader=: it decodes itself")
+        classes, class_to_idx = self.find_classes(root)
+        samples = self.make_dataset(root, class_to_idx, is_valid_file)
+        if not samples:
+            raise PackerError(f"no valid image in {str(root)!r}")
+        labels = np.array([label for _, label in samples], dtype=np.int64)
+        if labels.min() < 0 or labels.max() >= len(classes):
+            raise PackerError(
+                f"make_dataset gave label {int(labels.max())} for {len(classes)} classes "
+                "(find_classes): every label must index the classes"
+            )
+        super().__init__(
+            root, classes, labels, transform, target_transform, output, on_error, decoder
+        )
+        self.class_to_idx = dict(class_to_idx)
+        self.loader = loader
+        self.paths = StringTable(path for path, _ in samples)
+        self.keys = StringTable(path_keys(root, (path for path, _ in samples)))
+
+    def find_classes(self, directory: str | os.PathLike[str]) -> tuple[list[str], dict[str, int]]:
+        """The class names and their indices (torchvision's hook): the sorted class folders."""
+        classes = class_dirs(Path(directory))
+        return classes, {name: i for i, name in enumerate(classes)}
+
+    def make_dataset(
+        self,
+        directory: str | os.PathLike[str],
+        class_to_idx: dict[str, int],
+        is_valid_file: Callable[[str], bool] | None = None,
+    ) -> list[tuple[str, int]]:
+        """Every ``(path, class_index)`` sample in order (torchvision's hook): the images of the
+        class folders ``class_to_idx`` names, walked like ``ImageFolder`` (packer's scan)."""
+        result = scan(directory)
+        return [
+            (s.path, class_to_idx[result.classes[s.label]])
+            for s in result.samples
+            if result.classes[s.label] in class_to_idx
+            and (is_valid_file is None or is_valid_file(s.path))
+        ]
+
+    def _describe(self, i: int) -> str:
+        return f"sample {i} ({self.paths[i]!r})"
+
+    def _read_many(self, positions: Sequence[int]) -> list[Any]:
+        if self.loader is not None:
+            return [self.paths[i] for i in positions]  # the loader reads them
+        out = []
+        for i in positions:
+            with open(self.paths[i], "rb") as fh:
+                out.append(fh.read())
+        return out
+
+    def _finish(self, data: Any, i: int) -> tuple[Any, Any]:
+        if self.loader is None:
+            return super()._finish(data, i)
+        try:
+            image = self.loader(data)
+        except (OSError, ValueError, SyntaxError) as exc:
+            raise InputFileError(f"{self._describe(i)} cannot be loaded: {exc}") from exc
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, self._label(i)
+
+
+NpyDataset = NPYDataset  # the name before one scheme: <FORMAT>Dataset, <FORMAT>VideoDataset
+
+_CLASSES: dict[str, type[PackedDataset]] = {
+    cls.FORMAT: cls for cls in (LMDBDataset, HDF5Dataset, NPYDataset, BMPDataset)
+}
+
+
+@overload
+def open_dataset(
+    path: str | os.PathLike[str],
+    split: str | None = None,
+    *,
+    kind: Literal["image"],
+    **kwargs: Any,
+) -> ImageDataset: ...
+
+
+@overload
+def open_dataset(
+    path: str | os.PathLike[str],
+    split: str | None = None,
+    *,
+    kind: Literal["video"],
+    **kwargs: Any,
+) -> VideoDataset: ...
+
+
+@overload
+def open_dataset(
+    path: str | os.PathLike[str],
+    split: str | None = None,
+    *,
+    kind: None = None,
+    **kwargs: Any,
+) -> ImageDataset | VideoDataset: ...
+
+
+def open_dataset(
+    path: str | os.PathLike[str],
+    split: str | None = None,
+    *,
+    kind: str | None = None,
+    **kwargs: Any,
+) -> ImageDataset | VideoDataset:
+    """Open a packer output (any format and kind, read from its manifest) or a plain folder
+    (``<class>/<image>``, ``<class>/<video>/<frame>``, or a split root such as ``imagenet/``
+    with ``train/`` and ``val/``).
+
+    Args:
+        path: the output or folder, or the URL of an output (``s3://...``, ``https://...``,
+            any fsspec protocol; ``storage_options={...}`` goes to fsspec; LMDB shards are
+            read through the node's shard cache, ``cache_dir=`` and ``cache_limit=``, which
+            also caches NPY/HDF5 shards when given: ``packer.remote.cache``).
+        split: the split to open (``"train"``, ``"val"``, ...) of an output or folder that has
+            splits.
+        kind: ``"image"`` or ``"video"`` to say what you expect (and get a precise static type:
+            :class:`ImageDataset` or :class:`~packer.read.video_datasets.VideoDataset`); ``None``
+            takes what the path holds.
+        kwargs: go to the dataset class (``transform``, ``output``, reader options; for video
+            ``num_frames``, ``sampling``, ``stride``, ``seed``).
+
+    Raises:
+        PackerError: the path is neither a packer output nor an image folder, or a split is
+            missing or unknown.
+        FormatError: the path holds another kind than ``kind``.
+    """
+    if kind not in (None, "image", "video"):
+        raise PackerError(f"unknown kind {kind!r}; expected 'image' or 'video'")
+    if is_url(path):
+        return _open_url(str(path), split, kind, kwargs)
+    root = Path(path)
+    if not root.exists():
+        raise PackerError(f"{str(root)!r} does not exist")
+    if (root / MANIFEST_NAME).is_file():
+        root = split_root(root, split)
+        manifest = load_manifest(root)
+        if _expect(kind, manifest.kind, root) == "video":
+            from packer.read.video_datasets import open_video_dataset
+
+            return open_video_dataset(root, **kwargs)
+        return _CLASSES[manifest.format](root, **kwargs)
+    if root.suffix.lower() in FORMATS and root.is_dir():
+        raise FormatError(
+            f"{str(root)!r} has no {MANIFEST_NAME}: it is not a complete packer output"
+        )
+    if root.is_dir():
+        from packer.source.detect import detect_kind
+
+        splits = find_splits(root)
+        if splits or split is not None:
+            if split not in splits:
+                raise PackerError(
+                    f"{str(root)!r} holds splits {', '.join(splits) or '(none)'}: pass split="
+                    + (f" one of them, not {split!r}" if split is not None else "")
+                )
+            root = root / split
+        if _expect(kind, detect_kind(root), root) == "video":
+            from packer.read.video_datasets import open_video_dataset
+
+            return open_video_dataset(root, **kwargs)
+        return FolderDataset(root, **kwargs)
+    raise PackerError(f"{str(root)!r} is neither a packer output nor an image folder")
+
+
+def _expect(kind: str | None, found: str, root: Path) -> str:
+    """``found`` ("image" or "video"), or a FormatError when the caller expected the other."""
+    if kind is not None and kind != found:
+        raise FormatError(
+            f"{str(root)!r} holds {found}s, not {kind}s: open it with kind={found!r} "
+            "(or without kind=)"
+        )
+    return found
+
+
+def _open_url(
+    url: str, split: str | None, kind: str | None, kwargs: dict[str, Any]
+) -> ImageDataset | VideoDataset:
+    """The dataset class of the output at ``url`` (its manifest handed to the class's open:
+    fetched once)."""
+    from packer.remote.opener import fetched_manifest
+
+    with fetched_manifest(url, split, kwargs.get("storage_options")) as (url, manifest):
+        if _expect(kind, manifest.kind, Path(url)) == "video":
+            from packer.read.video_datasets import _CLASSES as VIDEO_CLASSES
+
+            return VIDEO_CLASSES[manifest.format](url, **kwargs)
+        return _CLASSES[manifest.format](url, **kwargs)

@@ -1,0 +1,396 @@
+"""Reading an output at a URL through the node's shard cache (``packer.remote.cache``).
+
+:class:`CachedLMDBReader` and :class:`CachedShardReader` read whole shards downloaded into the
+cache: LMDB needs a local file, so a shard is downloaded before its first read; NPY/HDF5 shards
+are cached when asked (warm epochs then read at local speed), and a record whose shard is not
+cached yet is served by a checked ranged GET (:class:`packer.remote.reader.RemoteReader`) while
+the shard downloads in the background (up to a few % of the dataset: :data:`RANGED_SHARE`;
+then a read waits for its shard). A cached shard is held (never evicted) while its handle is
+open. Every record read from a cached copy is checked against the record table's xxh3 as a
+ranged one is (:func:`packer.remote.reader.check_records`): a copy that differs (a flipped
+byte on the disk, a file tampered with) is downloaded again and replaced in the cache, the
+record read from the new copy; a second difference is an error naming the record and the URL.
+
+Both are picklable: the URL, the options, the tables and the cache's folder and limit; each
+process opens its own client (``packer.remote.storage.RemoteFolder``) and its own cache entries.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from contextlib import closing
+from typing import Any
+
+import numpy as np
+
+from packer.core.handles import HandleCache
+from packer.core.manifest import Manifest
+from packer.errors import FormatError
+from packer.formats import lmdb
+from packer.formats.files import Folder, MappedFile
+from packer.formats.lmdb_env import Handle
+from packer.remote.cache import CacheEntry, ShardCache
+from packer.remote.reader import RemoteReader, check_records
+from packer.remote.storage import RemoteFolder
+
+__all__ = ["RANGED_FLOOR", "RANGED_SHARE", "CachedLMDBReader", "CachedShardReader"]
+
+
+class _CachedShards:
+    """What a reader of cached shards keeps: the folder, the cache, the shards' sizes and
+    checksums (each download is checked against them)."""
+
+    remote: RemoteFolder
+    cache: ShardCache
+    shard_names: list[str]
+    file: np.ndarray
+    kind: str
+    handles: HandleCache
+
+    def _cached_init(
+        self, folder: RemoteFolder, cache: ShardCache, manifest: Manifest, records: np.ndarray
+    ) -> None:
+        self.url = folder.url
+        self.remote = folder
+        self.cache = cache
+        self.shard_sizes = [s.bytes for s in manifest.shards]
+        self.shard_digests = [s.xxh3_64 for s in manifest.shards]
+        self.record_digests: np.ndarray = records["checksum"]
+
+    def _check_cached(
+        self, rec: np.ndarray, out: list[Any], reread: Callable[[np.ndarray], list[bytes]]
+    ) -> list[int]:
+        """Records ``rec`` read from cached shards (``out``) checked against the record table
+        (:func:`check_records`, as ranged reads are): the shards of those that differ are
+        downloaded again (:meth:`_replace`) and those records read anew (``reread``); the
+        positions read again. A second difference raises, naming the record and the URL."""
+
+        def again(bad: list[int], attempt: int) -> list[bytes]:  # noqa: ARG001
+            for file in sorted({int(self.file[rec[j]]) for j in bad}):
+                self._replace(file)
+            return reread(rec[bad])
+
+        def failed(bad: list[int], attempt: int) -> FormatError:  # noqa: ARG001
+            record = int(rec[bad[0]])
+            what = f"frame record {record}" if self.kind == "video" else f"sample {record}"
+            url = self.remote.url_of(self.shard_names[int(self.file[record])])
+            return FormatError(
+                f"{what} read from {url!r} differs from its xxh3 in the record table, in the "
+                "shard cache's copy and again in a fresh download that matched the manifest: "
+                "the dataset's record table and shard disagree (uploaded again part way?). "
+                "Convert and upload the dataset again"
+            )
+
+        return check_records(self.record_digests[rec], out, again, failed, 2)
+
+    def _replace(self, file: int) -> None:
+        """Shard ``file``'s cached copy, found corrupt, downloaded again and renamed over in
+        the cache (unless another process did so already); this process's handle on the old
+        copy closed, the next read opens the new one."""
+        old = self.handles.pop(file)
+        try:
+            if old is not None:
+                bad = old._entry.identity
+            else:  # closed meanwhile (a request over more shards than are kept open)
+                with closing(self.cached(file)) as now:
+                    bad = now.identity  # the copy there now
+            self.cache.open(*self._object(file), bad=bad).close()
+        finally:
+            if old is not None:
+                old.close()
+
+    def _object(self, file: int) -> tuple[RemoteFolder, str, int, str]:
+        return self.remote, self.shard_names[file], self.shard_sizes[file], self.shard_digests[file]
+
+    def cached(self, file: int) -> CacheEntry:
+        """Shard ``file`` in the cache (downloaded first if needed), held until closed."""
+        return self.cache.open(*self._object(file))
+
+    def prefetch(self, files: Sequence[int]) -> int:
+        """Start background downloads (this process) of shards ``files`` not yet in the cache;
+        how many started (:meth:`packer.remote.cache.ShardCache.prefetch`)."""
+        started = 0
+        for file in dict.fromkeys(int(f) for f in files):
+            started += self.cache.prefetch(*self._object(file))
+        return started
+
+    def _capacity(self, handles: Any, manifest: Manifest) -> None:
+        """Keep at most as many shards open (held in the cache) as fit under its limit, less
+        the one being opened, so one process alone never holds the cache above its limit."""
+        if self.cache.limit is not None and manifest.shards:
+            largest = max(s.bytes for s in manifest.shards)
+            handles.capacity = max(1, min(handles.capacity, self.cache.limit // largest - 1))
+
+
+class _EntryFolder(Folder):
+    """The cache folder as a :class:`MappedFile` sees it: it opens only the held entry's file
+    (:meth:`packer.core.file_locks.CacheEntry.open_data`: no link followed, the very file checked)."""
+
+    def __init__(self, entry: CacheEntry) -> None:
+        self.path, self.fd, self._entry = entry.path.parent, -1, entry
+
+    def open(self, name: str, expected: Any = None) -> int:  # noqa: ARG002
+        return self._entry.open_data()
+
+
+class _CachedHandle(Handle):
+    """An LMDB shard's handle on its cached copy; closing it releases the cache entry."""
+
+    def __init__(self, entry: CacheEntry, readahead: bool) -> None:
+        self._entry = entry
+        # LMDB opens a path: it is given this descriptor's (no link followed, the very file
+        # checked), so a link planted in the cache is never what LMDB reads
+        self._data = entry.open_data()
+        pinned = f"/proc/self/fd/{self._data}"
+        try:
+            super().__init__(pinned if os.path.exists(pinned) else str(entry.path), readahead, None)
+        except BaseException:
+            os.close(self._data)
+            raise
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            os.close(self._data)
+            self._entry.close()
+
+
+class CachedLMDBReader(_CachedShards, lmdb.Reader):
+    """An LMDB output at a URL: each shard downloaded whole into the cache before its first
+    read, then read by the LMDB reader from there."""
+
+    def __init__(
+        self,
+        folder: RemoteFolder,
+        cache: ShardCache,
+        manifest: Manifest,
+        records: np.ndarray,
+        **options: Any,
+    ) -> None:
+        lmdb.Reader.__init__(self, folder.url, manifest, records, **options)
+        self._cached_init(folder, cache, manifest, records)
+        self._capacity(self.handles, manifest)
+
+    def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
+        """The stored bytes of each record, in the order asked, each checked against its xxh3
+        (:meth:`_check_cached`)."""
+        rec = np.asarray(records, dtype=np.int64)
+        out = lmdb.Reader.read_many(self, rec)
+        self._check_cached(rec, out, lambda again: lmdb.Reader.read_many(self, again))
+        return out
+
+    def read_into(
+        self,
+        records: Sequence[int] | np.ndarray,
+        out: memoryview,
+        where: Sequence[int] | np.ndarray,
+    ) -> None:
+        """Copy record ``records[k]`` into ``out[where[k]:where[k]+length]``, checked."""
+        rec = np.asarray(records, dtype=np.int64)
+        dest = np.asarray(where, dtype=np.int64).tolist()
+        lmdb.Reader.read_into(self, rec, out, dest)
+        views = [out[w : w + n] for w, n in zip(dest, self.length[rec].tolist())]
+        for j in self._check_cached(rec, views, lambda again: lmdb.Reader.read_many(self, again)):
+            out[dest[j] : dest[j] + len(views[j])] = views[j]
+
+    def _open_handle(self, shard: int) -> Handle:
+        entry = self.cached(shard)
+        try:
+            return _CachedHandle(entry, self.readahead)
+        except BaseException:
+            entry.close()
+            raise
+
+
+class _CachedMap(MappedFile):
+    """A cached shard mapped whole; closing it releases the cache entry."""
+
+    def __init__(self, entry: CacheEntry) -> None:
+        self._entry = entry
+        super().__init__(_EntryFolder(entry), entry.path.name)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._entry.close()
+
+
+def _loader_workers() -> int:
+    """How many DataLoader workers share the reading, seen from one of them (else 1); torch
+    is asked only when already imported (the formats never import it)."""
+    data = sys.modules.get("torch.utils.data")
+    info = data.get_worker_info() if data is not None else None
+    return max(1, int(getattr(info, "num_workers", 1))) if info is not None else 1
+
+
+class _NotCached(Exception):
+    """A shard's checked download is not in the cache (yet)."""
+
+
+# While shards download, a reader (a DataLoader's workers together) serves at most this share
+# of the dataset's bytes by ranged GETs, and each process at least RANGED_FLOOR (a first batch
+# of a small dataset); past it, a read waits for its shard's download. So the first batches of
+# a cold epoch come at once, whatever the order (a shuffled one touches every shard), and the
+# bytes fetched twice stay a few % of a large dataset.
+RANGED_SHARE = 0.04
+RANGED_FLOOR = 8 << 20
+
+
+class CachedShardReader(_CachedShards, RemoteReader):
+    """An NPY or HDF5 shard output at a URL read through the cache (``cache_dir=`` or
+    ``cache=True`` asked for it): a shard in the cache is mapped and sliced as a local one; a
+    record of a shard not there yet is fetched by a ranged GET (checked against its xxh3 in
+    the record table) while the shard's download into the cache goes on in the background
+    (one per shard on the node: :meth:`packer.remote.cache.ShardCache.prefetch`), up to
+    :data:`RANGED_SHARE` of the dataset (a DataLoader's workers share it); past it a read
+    waits for its shard. So the first batches of a cold epoch wait for their records, not for
+    every shard they lie in, and the bytes fetched twice stay a few % of the dataset."""
+
+    def __init__(
+        self,
+        folder: RemoteFolder,
+        cache: ShardCache,
+        manifest: Manifest,
+        records: np.ndarray,
+        max_open_files: int | None = None,
+        readahead: bool | None = None,  # noqa: ARG002 - a local reader's option: maps as cached
+        sample_suffix: str = "",
+    ) -> None:
+        RemoteReader.__init__(
+            self,
+            folder,
+            manifest,
+            records,
+            sample_suffix,
+            max_open_files=max_open_files,
+        )
+        self._cached_init(folder, cache, manifest, records)
+        self._capacity(self.handles, manifest)
+        self._ranged = (-1, 0)  # (process, bytes it served by range)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_ranged": (-1, 0)}
+
+    def _by_range(self, wanted: int) -> bool:
+        """Whether ``wanted`` more bytes of a shard not cached may come by range."""
+        pid, used = self._ranged
+        used = (used if pid == os.getpid() else 0) + wanted  # a forked worker counts its own
+        share = RANGED_SHARE * sum(self.shard_sizes) / _loader_workers()
+        if used > max(share, RANGED_FLOOR):
+            return False
+        self._ranged = (os.getpid(), used)
+        return True
+
+    def _wait_map(self, file: int) -> memoryview:
+        """Shard ``file`` mapped from the cache, downloaded (or waited for) first."""
+
+        def opener() -> _CachedMap:
+            entry = self.cached(file)
+            try:
+                return _CachedMap(entry)
+            except BaseException:
+                entry.close()
+                raise
+
+        return self.handles.get(file, opener).view
+
+    def _open_map(self, file: int) -> _CachedMap:
+        entry = self.cache.open_present(*self._object(file))
+        if entry is None:
+            raise _NotCached(self.shard_names[file])
+        try:
+            return _CachedMap(entry)
+        except BaseException:
+            entry.close()
+            raise
+
+    def _local(self, file: int) -> memoryview | None:
+        """Shard ``file`` mapped from the cache, or None when it is not there yet."""
+        try:
+            return self.handles.get(file, lambda: self._open_map(file)).view
+        except _NotCached:
+            return None
+
+    def _split(self, rec: np.ndarray) -> tuple[list[tuple[memoryview, np.ndarray]], np.ndarray]:
+        """The request's records read from the cache (``(map, positions)`` per shard) and the
+        positions of those fetched by range: every missing shard's download is started; past
+        this process's part of :data:`RANGED_SHARE`, a shard is waited for."""
+        groups = [(file, where, self._local(file)) for file, where in self._groups(rec)]
+        missing = [file for file, _, view in groups if view is None]
+        if missing:
+            self.prefetch(missing)
+        near: list[tuple[memoryview, np.ndarray]] = []
+        far: list[np.ndarray] = []
+        for file, where, view in groups:
+            if view is None:
+                if self._by_range(int(self.length[rec[where]].sum())):
+                    far.append(where)
+                    continue
+                view = self._wait_map(file)
+            near.append((view, where))
+        return near, (np.concatenate(far) if far else np.zeros(0, np.int64))
+
+    def _check_near(
+        self, rec: np.ndarray, near: list[tuple[memoryview, np.ndarray]], out: list[Any]
+    ) -> list[int]:
+        """The records read from the cache (``near``) checked (:meth:`_check_cached`; a ranged
+        read checks its own); the positions in ``out`` read again."""
+        if not near:
+            return []
+        where = np.concatenate([positions for _, positions in near])
+        mine = [out[j] for j in where.tolist()]
+        redone = self._check_cached(rec[where], mine, self._reread)
+        for k in redone:
+            out[int(where[k])] = mine[k]
+        return [int(where[k]) for k in redone]
+
+    def _reread(self, rec: np.ndarray) -> list[bytes]:
+        """Records ``rec`` from their shards in the cache (downloaded first if not there)."""
+        out = []
+        for record in rec.tolist():
+            a, n = int(self.offset[record]), int(self.length[record])
+            out.append(bytes(self._wait_map(int(self.file[record]))[a : a + n]))
+        return out
+
+    def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
+        """The stored bytes of each record, in the order asked: from the cache, or by ranged
+        GETs (checked) for shards still on their way."""
+        rec = np.asarray(records, dtype=np.int64)
+        out: list[bytes] = [b""] * len(rec)
+        near, far = self._split(rec)
+        for view, where in near:
+            for j in where.tolist():
+                a, n = int(self.offset[rec[j]]), int(self.length[rec[j]])
+                out[j] = bytes(view[a : a + n])
+        self._check_near(rec, near, out)
+        if len(far):
+            for j, data in zip(far.tolist(), RemoteReader.read_many(self, rec[far])):
+                out[j] = data
+        return out
+
+    def read_into(
+        self,
+        records: Sequence[int] | np.ndarray,
+        out: memoryview,
+        where: Sequence[int] | np.ndarray,
+    ) -> None:
+        """Copy record ``records[k]`` into ``out[where[k]:where[k]+length]``."""
+        rec = np.asarray(records, dtype=np.int64)
+        dest = np.asarray(where, dtype=np.int64)
+        near, far = self._split(rec)
+        views: list[Any] = [b""] * len(rec)
+        for view, positions in near:
+            for j in positions.tolist():
+                a, n, w = int(self.offset[rec[j]]), int(self.length[rec[j]]), int(dest[j])
+                out[w : w + n] = view[a : a + n]
+                views[j] = out[w : w + n]
+        for j in self._check_near(rec, near, views):
+            out[int(dest[j]) : int(dest[j]) + len(views[j])] = views[j]
+        if len(far):
+            for j, data in zip(far.tolist(), RemoteReader.read_many(self, rec[far])):
+                w = int(dest[j])
+                out[w : w + len(data)] = data

@@ -1,0 +1,324 @@
+"""One conversion, planned: every argument validated, the source scanned, nothing written yet.
+
+:func:`plan_conversion` turns :func:`packer.write.convert.convert`'s arguments into one immutable
+:class:`ConversionPlan`, checking them in the order a user meets them (format, workers, sizes,
+splits, destination, kind, the kind's options, the scan). Everything below it takes what it
+needs from the plan: the pipeline's :class:`packer.write.pipeline.Job` (:meth:`ConversionPlan.job`), the
+options the manifest records (:attr:`ConversionPlan.options`), a root of splits' per-split plans
+(:meth:`ConversionPlan.for_split`). An option goes from the CLI down to the writer through this
+one object; nothing climbs back up for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from packer.core.cpus import available_cpus
+from packer.core.sizes import parse_size
+from packer.decode.check import DEFAULT_CHECK, DEFAULT_MAX_PIXELS
+from packer.errors import InputFileError, PackerError
+from packer.formats import by_name, default_layout, format_for
+from packer.source.detect import detect, find_splits
+from packer.source.images import class_dirs
+from packer.source.labels import Labels, one_labels_file
+from packer.write.destination import check_destination, check_reach, partial_path
+from packer.write.loading import DEFAULT_MAX_FILE_SIZE
+from packer.write.pipeline import Event, Job, Prepared, ShardHook
+from packer.write.prepare import prepare, prepare_split
+from packer.write.resume import sample_folders
+from packer.write.splits import SplitPlan, plan_splits
+from packer.write.tasks import check_part, part_path
+
+__all__ = ["DEFAULT_SHARD_SIZE", "ConversionPlan", "Limits", "plan_conversion"]
+
+DEFAULT_SHARD_SIZE = 1 << 30
+
+# The options a root of splits' progress is fingerprinted by (each split adds its own).
+_SPLITS_FINGERPRINTED = [
+    *("format", "shard_size", "check", "strict", "max_file_size", "max_pixels"),
+    *("quality", "max_side", "short_side", "reencode", "size", "fps", "skip_bad_frames"),
+]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Inputs skipped (and listed) before they are read or decoded."""
+
+    max_file_size: int
+    max_pixels: int
+
+
+@dataclass(frozen=True)
+class ConversionPlan:
+    """Everything one conversion is, validated: what to read, what to write, how.
+
+    ``prepared`` is the scanned source and its loader (a single folder); ``splits`` the checked
+    root of splits instead (then ``kind`` is ``"splits"`` and ``layout`` is ``""``). ``dst`` is
+    where the output is published (``DST.part-I`` for a part). ``executor`` only says where the
+    shards are written, not what they hold: it is left out of comparisons and of a pickle.
+    """
+
+    src: Path
+    dst: Path
+    format: str
+    kind: str
+    layout: str
+    check: str
+    limits: Limits
+    shard_size: int
+    workers: int
+    strict: bool
+    resume: bool
+    overwrite: bool
+    progress: bool
+    allow_empty: bool
+    extra: tuple[tuple[str, Any], ...]  # the kind's options (resize, size, fps, ...), sorted
+    part: tuple[int, int] | None
+    classes: tuple[str, ...] | None
+    labels_file: str | os.PathLike[str] | None  # a single folder's labels file
+    how: str  # why the source was taken for its kind, for the summary
+    prepared: Prepared | None
+    splits: SplitPlan | None
+    on_event: Event | None = None
+    executor: Any = field(default=None, compare=False, repr=False)
+    after_shard: ShardHook | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def fmt(self) -> ModuleType:
+        """The format module (held by name: a module does not pickle)."""
+        return by_name(self.format)
+
+    @property
+    def extra_options(self) -> dict[str, Any]:
+        return dict(self.extra)
+
+    @property
+    def partial(self) -> Path:
+        return partial_path(self.dst)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The options the manifest records (and the fingerprint compares)."""
+        assert self.prepared is not None, "a root of splits records its options per split"
+        return {"layout": self.layout, "shard_size": self.shard_size, **self.prepared.options}
+
+    def job(self) -> Job:
+        """The pipeline's view of this plan (:mod:`packer.write.pipeline`)."""
+        assert self.prepared is not None, "a root of splits runs one job per split"
+        prepared = self.prepared
+        return Job(
+            fmt=self.fmt,
+            layout=self.layout,
+            partial=self.partial,
+            source=prepared.source,
+            loader=prepared.loader,
+            cpu_bound=prepared.cpu_bound,
+            shard_size=self.shard_size,
+            workers=self.workers,
+            strict=self.strict,
+            progress=self.progress,
+            unit=prepared.unit,
+            on_event=self.on_event,
+            after_shard=self.after_shard,
+            max_file_size=self.limits.max_file_size if self.kind == "image" else None,
+        )
+
+    def for_split(self, split: str, dst: Path, resume: bool) -> ConversionPlan:
+        """The plan of one split of a root of splits, converted into ``dst``; checked as a
+        single folder's plan is (destination, reach)."""
+        assert self.splits is not None, "only a root of splits has splits"
+        plan = dataclasses.replace(
+            self,
+            src=self.src / split,
+            dst=dst,
+            kind="image",
+            layout=default_layout(self.fmt, "image"),
+            resume=resume,
+            how="detected",
+            prepared=self.splits.prepared[split],
+            splits=None,
+        )
+        check_destination(dst, plan.overwrite, plan.src, resume, published_ok=resume)
+        assert plan.prepared is not None  # --strict was applied to every split by plan_splits
+        check_reach(plan.src, sample_folders(plan.prepared.source), dst)
+        return plan
+
+    def splits_fingerprint(self) -> dict[str, Any]:
+        """What a root of splits' output depends on besides each split's own fingerprint."""
+        assert self.splits is not None, "only a root of splits has splits"
+        given = {
+            "format": self.format,
+            "shard_size": self.shard_size,
+            "check": self.check,
+            "strict": self.strict,
+            **dataclasses.asdict(self.limits),
+            **self.extra_options,
+        }
+        return {
+            "root": str(self.src.resolve()),
+            "splits": self.splits.splits,
+            "options": {k: given.get(k) for k in _SPLITS_FINGERPRINTED},
+        }
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("executor", None)  # a live client stays in the process that holds it
+        return state
+
+
+def _check_scan(plan: ConversionPlan) -> None:
+    """Refuse a destination the scan reaches, and (``strict``) a source with a skipped input."""
+    assert plan.prepared is not None
+    source = plan.prepared.source
+    check_reach(plan.src, sample_folders(source), plan.dst)
+    if plan.strict and source.skipped:
+        raise InputFileError(f"{source.skipped[0].path}: {source.skipped[0].reason} (--strict)")
+
+
+def plan_conversion(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    format: str | None = None,
+    shard_size: int | str = DEFAULT_SHARD_SIZE,
+    workers: int | None = None,
+    overwrite: bool = False,
+    strict: bool = False,
+    check: str = DEFAULT_CHECK,
+    resume: bool = False,
+    progress: bool = True,
+    kind: str | None = None,
+    on_event: Event | None = None,
+    max_file_size: int | str = DEFAULT_MAX_FILE_SIZE,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    split: str | list[str] | None = None,
+    classes: list[str] | None = None,
+    labels: Labels | None = None,
+    allow_empty: bool = False,
+    executor: Any = None,
+    part: tuple[int, int] | None = None,
+    after_shard: ShardHook | None = None,
+    **video_options: Any,
+) -> ConversionPlan:
+    """Validate :func:`packer.write.convert.convert`'s arguments (same names, same meaning), scan the
+    source and check the destination; return the plan. Writes nothing.
+
+    Raises:
+        PackerError: bad arguments, a bad source or destination, or (with ``strict``) a bad file.
+    """
+    src_path, dst_path = Path(src), Path(os.fspath(dst).rstrip("/") or "/")
+    fmt = by_name(format) if format else format_for(dst_path)
+    if workers is not None and workers < 1:
+        raise PackerError(f"invalid workers {workers}; expected 1 or more")
+    size = parse_size(shard_size)
+    limits = Limits(parse_size(max_file_size), int(max_pixels))
+    if limits.max_pixels < 1:
+        raise PackerError(f"invalid max_pixels {max_pixels}; expected 1 or more")
+    found = find_splits(src_path) if kind != "video" else []
+    wanted = [split] if isinstance(split, str) else list(split or found)
+    unknown = [w for w in wanted if w not in found]
+    if unknown:
+        raise PackerError(
+            f"{str(src_path)!r} has no split {unknown[0]!r}"
+            + (f"; it has {', '.join(found)}" if found else " (it is not a split root)")
+        )
+    plan = ConversionPlan(
+        src=src_path,
+        dst=dst_path,
+        format=fmt.NAME,
+        kind=kind or "",
+        layout="",
+        check=check,
+        limits=limits,
+        shard_size=size,
+        workers=workers or available_cpus(),
+        strict=strict,
+        resume=resume,
+        overwrite=overwrite,
+        progress=progress,
+        allow_empty=allow_empty,
+        extra=tuple(sorted(video_options.items())),
+        part=part,
+        classes=tuple(classes) if classes is not None else None,
+        labels_file=None,
+        how="given" if kind else "detected",
+        prepared=None,
+        splits=None,
+        on_event=on_event,
+        executor=executor,
+        after_shard=after_shard,
+    )
+    if wanted:
+        return _plan_splits(plan, found, wanted, labels)
+    return _plan_folder(plan, labels)
+
+
+def _prepare_split(plan: ConversionPlan) -> functools.partial[Prepared]:
+    limits = dataclasses.asdict(plan.limits)
+    return functools.partial(
+        prepare_split, plan.fmt, plan.check, limits, plan.extra_options, plan.allow_empty
+    )
+
+
+def _plan_splits(
+    plan: ConversionPlan, found: list[str], wanted: list[str], labels: Labels | None
+) -> ConversionPlan:
+    """A root of splits (``found`` its splits): every wanted split checked and scanned
+    (:func:`plan_splits`, which also applies ``--strict`` to each)."""
+    if plan.part is not None:
+        raise PackerError("--part does not take a root of splits; convert each --split")
+    check_destination(plan.dst, plan.overwrite, plan.src, plan.resume, published_ok=plan.resume)
+    classes = list(plan.classes) if plan.classes is not None else None
+    split_plan = plan_splits(
+        plan.src, wanted, _prepare_split(plan), labels, classes, plan.strict, found
+    )
+    return dataclasses.replace(plan, kind="splits", splits=split_plan)
+
+
+def _plan_folder(plan: ConversionPlan, labels: Labels | None) -> ConversionPlan:
+    """A single folder: its destination checked, its kind detected, its source scanned."""
+    file = one_labels_file(labels, plan.src) if isinstance(labels, Mapping) else labels
+    dst = plan.dst
+    if plan.part is not None:
+        check_part(plan.part)
+        dst = part_path(dst, plan.part[0])
+    check_destination(dst, plan.overwrite, plan.src, plan.resume, published_ok=plan.resume)
+    kind, how = plan.kind or None, plan.how
+    if not kind:
+        how = "a labels file" if file is not None else "detected"
+    if kind is None and file is None:
+        detection = detect(plan.src, class_dirs(plan.src))
+        kind, how = detection.kind, f"detected: {detection.reason}"
+    kind = kind or "image"
+    fmt = plan.fmt
+    classes = list(plan.classes) if plan.classes is not None else None
+    limits = dataclasses.asdict(plan.limits)
+    prepared = prepare(
+        kind,
+        plan.src,
+        fmt,
+        plan.check,
+        limits,
+        plan.extra_options,
+        classes,
+        file,
+        plan.allow_empty,
+    )
+    planned = dataclasses.replace(
+        plan,
+        dst=dst,
+        kind=kind,
+        layout=default_layout(fmt, kind),
+        labels_file=file,
+        how=how,
+        prepared=prepared,
+    )
+    _check_scan(planned)
+    return planned

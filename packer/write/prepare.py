@@ -1,0 +1,116 @@
+"""The image part of a conversion: validate the image options, scan the source (class tree or
+flat folder + labels file) and return the loader the pipeline runs (:class:`packer.write.pipeline.Prepared`).
+
+Video has its own part (:func:`packer.write.video.prepare_video`); :func:`prepare` picks one.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from packer.decode.check import CHECKS
+from packer.decode.pixels import to_pixels
+from packer.decode.resize import RESIZE_OPTIONS, Resize
+from packer.errors import PackerError
+from packer.source.images import scan
+from packer.source.labels import read_labels, scan_flat
+from packer.write.loading import load_image
+from packer.write.pipeline import Prepared
+
+__all__ = ["prepare", "prepare_images", "prepare_split"]
+
+
+def prepare_images(
+    src: Path,
+    fmt: ModuleType,
+    check: str,
+    limits: dict[str, int],
+    options: dict[str, Any],
+    classes: list[str] | None = None,
+    labels: str | os.PathLike[str] | None = None,
+    allow_empty: bool = False,
+    index_from: str = "the given index",
+) -> Prepared:
+    options = dict(options)
+    size = options.pop("size", None)
+    video_only = sorted(k for k, v in options.items() if k not in RESIZE_OPTIONS and v is not None)
+    if video_only:
+        raise PackerError(f"{', '.join(video_only)} only apply to video sources")
+    resize = Resize.from_options(options)
+    transcode = fmt.TRANSCODE
+    recorded: dict[str, Any] = {"check": check, **limits}
+    if resize.active:
+        recorded["resize"] = resize.recorded()
+    if size is not None:
+        if fmt.NAME != "npy" or resize.active:
+            raise PackerError(
+                "--size stores decoded size×size pixels: it needs a .npy destination and no "
+                "--short-side/--max-side/--quality/--reencode"
+            )
+        if not isinstance(size, int) or not 1 <= size <= 4096:
+            raise PackerError(f"invalid size {size!r}; expected 1..4096 pixels")
+        transcode = functools.partial(to_pixels, size=size)
+        recorded["pixels"] = [size, size, 3]
+    loader = functools.partial(
+        load_image, check=check, transcode=transcode, resize=resize, **limits
+    )
+    # A decode (the scan check's, a resize's, a transcode's) holds the GIL for ~1/4 of its time
+    # (Pillow's Python around libjpeg): a process pool, not threads, keeps every core on it.
+    cpu_bound = transcode is not None or resize.active or check != "fast"
+    if labels is not None:
+        tokens = read_labels(labels)
+        name = os.path.basename(labels)
+        source = scan_flat(src, tokens, classes, labels_name=name, index_from=index_from)
+    else:
+        source = scan(src, classes=classes, allow_empty=allow_empty)
+    return Prepared(source, loader, cpu_bound, recorded, "img")
+
+
+def prepare(
+    kind: str,
+    src: Path,
+    fmt: ModuleType,
+    check: str,
+    limits: dict[str, int],
+    options: dict,
+    classes: list[str] | None,
+    labels: str | os.PathLike[str] | None,
+    allow_empty: bool = False,
+    index_from: str = "the given index",
+) -> Prepared:
+    """The kind's part of a conversion (``index_from``: where ``classes`` came from, for the
+    error naming a label the index does not know)."""
+    if check not in CHECKS:
+        raise PackerError(f"invalid check {check!r}; expected one of {', '.join(CHECKS)}")
+    if kind == "image" or labels is not None:
+        return prepare_images(
+            src, fmt, check, limits, options, classes, labels, allow_empty, index_from
+        )
+    if classes is not None:
+        raise PackerError("splits (a shared class index) are supported for images only so far")
+    if kind == "video":
+        from packer.write.video import prepare_video
+
+        return prepare_video(src, fmt, options, check)
+    raise PackerError(f"unknown kind {kind!r}; expected image or video")
+
+
+def prepare_split(
+    fmt: ModuleType,
+    check: str,
+    limits: dict[str, int],
+    options: dict[str, Any],
+    allow_empty: bool,
+    folder: Path,
+    classes: list[str],
+    labels: str | None,
+    index_from: str,
+) -> Prepared:
+    """One split's image part, for :func:`packer.write.splits.plan_splits`."""
+    return prepare(
+        "image", folder, fmt, check, limits, options, classes, labels, allow_empty, index_from
+    )
