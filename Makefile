@@ -7,7 +7,7 @@ STAMP   = $(VENV)/.installed
 
 DEMO_DIR ?= demo-data
 
-.PHONY: install tools demo test lint bench mutants clean
+.PHONY: install tools demo test lint docs bench mutants clean
 
 install: $(STAMP)
 
@@ -15,10 +15,8 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[dev,plot,fast,dask,remote]"
-	$(PY) -m pip install -q --no-deps "torchdata==0.11.0"  # StatefulDataLoader; --no-deps keeps this torch
-	$(PY) -m pip install -q --no-deps "pytorch-lightning==2.6.6" "lightning-utilities==0.15.3" \
-	  "torchmetrics==1.9.0"  # tests/test_lightning.py; --no-deps keeps this torch
+	echo "$(TORCH)" > $(VENV)/torch-constraint.txt  # what depends on torch must keep this build
+	$(PY) -m pip install -q -c $(VENV)/torch-constraint.txt -e ".[dev]"  # every extra the suite needs
 	touch $(STAMP)
 
 demo: install
@@ -37,6 +35,11 @@ lint: install
 	$(VENV)/bin/ruff format --check packer tests benchmarks
 	$(VENV)/bin/mypy packer
 
+# The reference docs (docs/), built from the code with warnings as errors, as tests/test_docs.py does.
+docs: install
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+	@echo "open docs/_build/html/index.html"
+
 bench: install
 	$(PY) benchmarks/read_throughput.py --images 5000 --out benchmarks/results
 
@@ -50,4 +53,4 @@ mutants: install
 	$(VENV)/bin/mutmut results
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) bench-data mutants .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DEMO_DIR) bench-data mutants .pytest_cache .mypy_cache .ruff_cache docs/_build

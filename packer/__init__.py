@@ -29,8 +29,7 @@ _EXPORTS = {
     "HDF5Dataset": "packer.read.datasets",
     "LMDBDataset": "packer.read.datasets",
     "NPYDataset": "packer.read.datasets",
-    "NpyDataset": "packer.read.datasets",
-    "open_dataset": "packer.read.datasets",
+    "open_dataset": "packer.read.open",
     "collate_bytes": "packer.read.collate",
     "unpack_bytes": "packer.read.collate",
     "ShardedSampler": "packer.read.sampler",
@@ -42,11 +41,14 @@ _EXPORTS = {
     "HDF5VideoDataset": "packer.read.video_datasets",
     "LMDBVideoDataset": "packer.read.video_datasets",
     "NPYVideoDataset": "packer.read.video_datasets",
-    "NpyVideoDataset": "packer.read.video_datasets",
     "FolderVideoDataset": "packer.read.video_datasets",
-    "VideoFolderDataset": "packer.read.video_datasets",
-    "open_video_dataset": "packer.read.video_datasets",
+    "open_video_dataset": "packer.read.open",
     "convert_to_url": "packer.upload.staging",
+    "merge_to_url": "packer.upload.staging",
+    # old names: they resolve with a DeprecationWarning (and are not in __all__)
+    "NpyDataset": "packer.read.datasets",
+    "NpyVideoDataset": "packer.read.video_datasets",
+    "VideoFolderDataset": "packer.read.video_datasets",
 }
 
 __all__ = [
@@ -67,20 +69,18 @@ __all__ = [
     "Mixture",
     "NPYDataset",
     "NPYVideoDataset",
-    "NpyDataset",
-    "NpyVideoDataset",
     "PackerError",
     "Problem",
     "ShardedSampler",
     "SourceError",
     "VerifyReport",
-    "VideoFolderDataset",
     "__version__",
     "collate_bytes",
     "convert",
     "convert_to_url",
     "diagnose",
     "merge",
+    "merge_to_url",
     "open_dataset",
     "open_video_dataset",
     "unpack_bytes",
@@ -96,10 +96,9 @@ if TYPE_CHECKING:
         HDF5Dataset,
         LMDBDataset,
         NPYDataset,
-        NpyDataset,
-        open_dataset,
     )
     from packer.read.mixture import Mixture
+    from packer.read.open import open_dataset, open_video_dataset
     from packer.read.sampler import ShardedSampler
     from packer.read.video_datasets import (
         BMPVideoDataset,
@@ -107,13 +106,10 @@ if TYPE_CHECKING:
         HDF5VideoDataset,
         LMDBVideoDataset,
         NPYVideoDataset,
-        NpyVideoDataset,
-        VideoFolderDataset,
-        open_video_dataset,
     )
     from packer.tools.diagnose import LoaderReport, diagnose
     from packer.tools.worker_threads import worker_init_fn
-    from packer.upload.staging import convert_to_url
+    from packer.upload.staging import convert_to_url, merge_to_url
 
 
 def __getattr__(name: str) -> Any:

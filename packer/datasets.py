@@ -8,9 +8,8 @@ from packer.read.datasets import (
     ImageDataset,
     LMDBDataset,
     NPYDataset,
-    NpyDataset,
-    open_dataset,
 )
+from packer.read.open import open_dataset
 
 __all__ = [
     "BMPDataset",
@@ -19,6 +18,5 @@ __all__ = [
     "ImageDataset",
     "LMDBDataset",
     "NPYDataset",
-    "NpyDataset",
     "open_dataset",
 ]

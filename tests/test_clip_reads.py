@@ -178,7 +178,7 @@ def test_cold_clip_reads_its_payload_and_a_few_pages(tmp_path: Path, suffix: str
     assert disk <= payload + pages * 4096, (disk, payload)
 
 
-class CountingClips(packer.NpyVideoDataset):
+class CountingClips(packer.NPYVideoDataset):
     """Returns, with each clip, how many descriptors this worker's reader holds open."""
 
     def __getitem__(self, i: int) -> tuple:

@@ -23,7 +23,8 @@ from packer.decode import registry as decoders
 from packer.decode.outputs import decode
 from packer.decode.registry import DECODERS, check_decoder, decoders_for
 from packer.errors import PackerError
-from packer.read.datasets import FolderDataset, open_dataset
+from packer.read.datasets import FolderDataset
+from packer.read.open import open_dataset
 from packer.tools.image_demo import DemoTree, photo_like
 
 AVAILABLE = fast_decoders.available()
@@ -192,17 +193,17 @@ def test_turbojpeg_loads_or_explains_why() -> None:
 
 
 def test_video_dataset_takes_a_decoder(tmp_path: Path) -> None:
-    from packer.read.video_datasets import VideoFolderDataset
+    from packer.read.video_datasets import FolderVideoDataset
 
     for video in ("a/v0", "b/v1"):
         (tmp_path / video).mkdir(parents=True)
         for frame in range(3):
             (tmp_path / video / f"{frame:03d}.jpg").write_bytes(ACCEPTED["grayscale"])
-    dataset = VideoFolderDataset(tmp_path, num_frames=2, output="numpy", decoder="opencv")
+    dataset = FolderVideoDataset(tmp_path, num_frames=2, output="numpy", decoder="opencv")
     clip, label = dataset[1]
     assert clip.shape == (2, 299, 401, 3) and label == 1 and "decoder='opencv'" in repr(dataset)
     with pytest.raises(PackerError, match="unknown decoder"):
-        VideoFolderDataset(tmp_path, decoder="jpeg")
+        FolderVideoDataset(tmp_path, decoder="jpeg")
 
 
 @pytest.mark.parametrize("suffix", [".lmdb", "folder"])

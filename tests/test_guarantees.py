@@ -335,7 +335,7 @@ def test_table_refusals_name_the_dataset_and_the_fix(
     assert refusal(packed[".npy"], packer.LMDBDataset).endswith(
         "holds format 'npy', not 'lmdb'; use packer.open_dataset() to pick the right class"
     )
-    assert refusal(packed[".npy"], packer.NpyVideoDataset).endswith("holds images, not videos")
+    assert refusal(packed[".npy"], packer.NPYVideoDataset).endswith("holds images, not videos")
 
 
 def test_the_bounds_of_a_record(packed: dict[str, Path], tmp_path: Path) -> None:

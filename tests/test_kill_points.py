@@ -109,7 +109,10 @@ def check_kill_point(
         assert cli(src, dst).returncode == 0
     call, n = point
     killed = cli(
-        src, dst, *extra, trace=["-o", "/dev/null", f"--inject={call}:signal=KILL:when={n}"]
+        src,
+        dst,
+        *extra,
+        trace=["-o", "/dev/null", "-e", f"trace={call}", f"--inject={call}:signal=KILL:when={n}"],
     )
     assert killed.returncode in (-9, 137), (point, killed.returncode, killed.stderr)
     plain = work.with_name(work.name + "-plain")

@@ -76,9 +76,18 @@ def test_one_naming_scheme_with_the_old_names_kept() -> None:
         for kind in ("", "Video"):
             cls = getattr(packer, f"{fmt}{kind}Dataset")
             assert cls.__name__ == f"{fmt}{kind}Dataset"
-    assert packer.NpyDataset is packer.NPYDataset
-    assert packer.NpyVideoDataset is packer.NPYVideoDataset
-    assert packer.VideoFolderDataset is packer.FolderVideoDataset
+    for old, new in [
+        ("NpyDataset", "NPYDataset"),
+        ("NpyVideoDataset", "NPYVideoDataset"),
+        ("VideoFolderDataset", "FolderVideoDataset"),
+    ]:
+        with pytest.warns(
+            DeprecationWarning, match=f"packer.{old} is the old name of packer.{new}"
+        ):
+            assert getattr(packer, old) is getattr(packer, new)
+        assert old not in packer.__all__
+    with pytest.warns(DeprecationWarning, match="NpyVideoDataset"):
+        from packer.video import NpyVideoDataset  # noqa: F401
 
 
 def test_open_dataset_checks_the_kind_asked_for(packed: dict[str, Path], tmp_path: Path) -> None:
@@ -163,3 +172,11 @@ def test_folder_keys_follow_the_scan_rule_also_for_custom_samples(tmp_path: Path
 
     keys = list(Twins(tree.root).keys)
     assert keys == [f"class_00/{first.name}", f"class_00/{twin.name}", f"class_00/{first.name}~2"]
+
+
+def test_merge_of_a_url_points_to_merge_to_url_and_it_is_exported() -> None:
+    from packer.upload.staging import merge_to_url
+
+    assert packer.merge_to_url is merge_to_url and "merge_to_url" in packer.__all__
+    with pytest.raises(packer.DestinationError, match=r"use packer.merge_to_url\(url"):
+        packer.merge("s3://bucket/out.lmdb")

@@ -30,7 +30,7 @@ from packer.decode.transforms import (
     pick_denom,
 )
 from packer.errors import PackerError
-from packer.read.datasets import open_dataset
+from packer.read.open import open_dataset
 from packer.tools.image_demo import photo_like
 
 DECODERS = ["auto", "pillow", "simplejpeg", "opencv"] + (

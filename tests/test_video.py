@@ -18,11 +18,11 @@ from packer.decode.outputs import decode
 from packer.errors import DestinationError, InputFileError, PackerError
 from packer.formats.files import OpenFile
 from packer.read.describe_video import describe_video
+from packer.read.open import open_video_dataset
 from packer.read.video_datasets import (
+    FolderVideoDataset,
     HDF5VideoDataset,
-    NpyVideoDataset,
-    VideoFolderDataset,
-    open_video_dataset,
+    NPYVideoDataset,
 )
 from packer.tools.video_demo import VideoTree, make_video_files, make_video_tree, run_video_demo
 from packer.write.convert import convert_video
@@ -136,17 +136,17 @@ def test_outputs_sampling_and_transform(packed: dict) -> None:
         "bytes": (4, bytes),
     }
     for output, shape in shapes.items():
-        clip, label = NpyVideoDataset(root, num_frames=4, output=output)[0]
+        clip, label = NPYVideoDataset(root, num_frames=4, output=output)[0]
         assert shape(clip) == expected[output] and label == 0
     seen: list[Any] = []
-    dataset = NpyVideoDataset(root, num_frames=3, output="numpy", transform=seen.append)
+    dataset = NPYVideoDataset(root, num_frames=3, output="numpy", transform=seen.append)
     dataset[1]
     assert seen[0].shape == (3, 48, 64, 3)  # the transform gets the whole clip
 
 
 def test_seeded_sampling_per_epoch(packed: dict) -> None:
-    a = NpyVideoDataset(packed[".npy"], num_frames=3, sampling="segments", seed=5, output="bytes")
-    b = NpyVideoDataset(packed[".npy"], num_frames=3, sampling="segments", seed=5, output="bytes")
+    a = NPYVideoDataset(packed[".npy"], num_frames=3, sampling="segments", seed=5, output="bytes")
+    b = NPYVideoDataset(packed[".npy"], num_frames=3, sampling="segments", seed=5, output="bytes")
     picks = {epoch: [] for epoch in range(4)}
     for epoch in picks:
         a.set_epoch(epoch)
@@ -156,7 +156,7 @@ def test_seeded_sampling_per_epoch(packed: dict) -> None:
             assert a[i] == b[i]
             picks[epoch].append(a.clip_indices(i).tolist())
     assert len({str(p) for p in picks.values()}) > 1  # epochs differ
-    window = NpyVideoDataset(packed[".npy"], num_frames=3, sampling="random", stride=2, seed=1)
+    window = NPYVideoDataset(packed[".npy"], num_frames=3, sampling="random", stride=2, seed=1)
     for i in range(len(window)):
         assert np.diff(window.clip_indices(i)).tolist() == [2, 2]
 
@@ -180,7 +180,7 @@ def test_handles_lazy_per_process_and_dropped_on_pickle(packed: dict) -> None:
         clone = pickle.loads(pickle.dumps(dataset))
         assert len(clone.reader.handles) == 0
         assert clone[0] == first
-    npy = NpyVideoDataset(packed[".npy"], output="bytes")
+    npy = NPYVideoDataset(packed[".npy"], output="bytes")
     npy[0]
     opened = list(npy.reader.handles.values())  # descriptors read with pread, not maps
     assert opened and all(isinstance(h, OpenFile) for h in opened)
@@ -236,7 +236,7 @@ def test_dataloader_workers_every_format(
 
 
 def test_folder_dataset_matches_packed(frames_tree: VideoTree, packed: dict) -> None:
-    folder = VideoFolderDataset(frames_tree.root, num_frames=4, output="bytes")
+    folder = FolderVideoDataset(frames_tree.root, num_frames=4, output="bytes")
     npy = open_video_dataset(packed[".npy"], num_frames=4, output="bytes")
     by_key = {folder.keys[i]: folder[i][0] for i in range(len(folder))}
     common = [i for i in range(len(npy)) if npy.keys[i] in by_key]
@@ -337,10 +337,10 @@ def test_bad_arguments_and_destinations(
 
 
 def test_image_datasets_refuse_video_outputs(packed: dict) -> None:
-    from packer.read.datasets import NpyDataset
+    from packer.read.datasets import NPYDataset
 
     with pytest.raises(PackerError, match="not images"):
-        NpyDataset(packed[".npy"])
+        NPYDataset(packed[".npy"])
 
 
 def test_video_demo_runs(tmp_path: Path) -> None:

@@ -41,11 +41,11 @@ def test_open_dataset_dispatches_on_video(frames: VideoTree, tmp_path: Path) -> 
     dst = tmp_path / "clips.npy"
     packer.convert(frames.root, dst, progress=False)
     clips = packer.open_dataset(dst, num_frames=4, output="numpy")
-    assert isinstance(clips, packer.NpyVideoDataset)
+    assert isinstance(clips, packer.NPYVideoDataset)
     clip, label = clips[0]
     assert clip.shape == (4, 48, 64, 3) and clip.dtype == np.uint8 and label == 0
     folder = packer.open_dataset(frames.root, num_frames=4, output="numpy")
-    assert isinstance(folder, packer.VideoFolderDataset)
+    assert isinstance(folder, packer.FolderVideoDataset)
     assert np.array_equal(folder[0][0], clip)
 
 

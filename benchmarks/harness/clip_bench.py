@@ -35,7 +35,8 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from packer.core.manifest import MANIFEST_NAME
 from packer.read.clip_frames import clip_indices, clip_rng
-from packer.read.video_datasets import NpyVideoDataset, VideoDataset, open_video_dataset
+from packer.read.open import open_video_dataset
+from packer.read.video_datasets import NPYVideoDataset, VideoDataset
 from packer.source.videos import scan_videos
 from packer.tools.io_counters import read_counters, resident_fraction
 from packer.tools.targets import close_dataset, data_files, evict_page_cache, payload_bytes
@@ -59,7 +60,7 @@ CORE = [FOLDER, "npy", "h5", "lmdb", "bmp"]
 EXTRAS = [WHOLE, MP4]
 
 
-class WholeFileNpy(NpyVideoDataset):
+class WholeFileNpy(NPYVideoDataset):
     """The hand-written reader: load the whole padded ``.npy`` of a video, then pick rows."""
 
     def read_frames(self, i: int, frames: np.ndarray) -> list[bytes]:

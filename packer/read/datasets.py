@@ -12,25 +12,19 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import Any
 
 import numpy as np
 
-from packer.core.manifest import MANIFEST_NAME, load_manifest
 from packer.core.strings import StringTable
 from packer.decode.outputs import decode
 from packer.decode.pixels import pixels_output
-from packer.errors import FormatError, InputFileError, PackerError
-from packer.formats import FORMATS
+from packer.errors import InputFileError, PackerError
 from packer.read.collate import BytesBatch, empty_bytes
 from packer.read.dataset_base import PackedSamples, SampleDataset, Transform
-from packer.read.store import open_packed, split_root
-from packer.remote.storage import is_url
-from packer.source.detect import find_splits
+from packer.read.options import ReadOptions, old_name
+from packer.read.store import open_packed
 from packer.source.images import class_dirs, path_keys, scan
-
-if TYPE_CHECKING:
-    from packer.read.video_datasets import VideoDataset
 
 __all__ = [
     "BMPDataset",
@@ -39,8 +33,6 @@ __all__ = [
     "ImageDataset",
     "LMDBDataset",
     "NPYDataset",
-    "NpyDataset",
-    "open_dataset",
 ]
 
 
@@ -103,8 +95,8 @@ class PackedDataset(PackedSamples, ImageDataset):
     into one buffer (shared memory inside a DataLoader worker) with no ``bytes`` object per
     sample; use it with ``collate_fn=packer.collate_bytes``, which hands the buffer on as
     ``(data, offsets, labels)`` tensors without a copy. (Any other collate would turn it back
-    into ``bytes``: a second copy, so it is off by default.) Reader options (``readahead`` for
-    LMDB, ``max_open_files``) pass through. ``decoder`` picks the JPEG decoder (see
+    into ``bytes``: a second copy, so it is off by default.) The keyword-only options are the
+    read options, :class:`~packer.read.options.ReadOptions`. ``decoder`` picks the JPEG decoder (see
     :class:`~packer.read.dataset_base.SampleDataset`).
     """
 
@@ -119,9 +111,19 @@ class PackedDataset(PackedSamples, ImageDataset):
         batch_buffer: bool = False,
         on_error: str = "raise",
         decoder: str = "auto",
-        **reader_options: Any,
+        *,
+        split: str | None = None,
+        readahead: bool | None = None,
+        max_open_files: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        cache: bool | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
-        packed = open_packed(root, "image", self.FORMAT or None, **reader_options)
+        options = ReadOptions(
+            split, readahead, max_open_files, storage_options, cache, cache_dir, cache_limit
+        )
+        packed = open_packed(root, "image", self.FORMAT or None, **options.given())
         self.batch_buffer = bool(batch_buffer)
         super().__init__(
             root,
@@ -269,130 +271,13 @@ class FolderDataset(ImageDataset):
         return image, self._label(i)
 
 
-NpyDataset = NPYDataset  # the name before one scheme: <FORMAT>Dataset, <FORMAT>VideoDataset
-
 _CLASSES: dict[str, type[PackedDataset]] = {
     cls.FORMAT: cls for cls in (LMDBDataset, HDF5Dataset, NPYDataset, BMPDataset)
 }
 
-
-@overload
-def open_dataset(
-    path: str | os.PathLike[str],
-    split: str | None = None,
-    *,
-    kind: Literal["image"],
-    **kwargs: Any,
-) -> ImageDataset: ...
+# The names before one scheme (<FORMAT>Dataset): they still resolve, with a DeprecationWarning.
+_OLD_NAMES = {"NpyDataset": NPYDataset}
 
 
-@overload
-def open_dataset(
-    path: str | os.PathLike[str],
-    split: str | None = None,
-    *,
-    kind: Literal["video"],
-    **kwargs: Any,
-) -> VideoDataset: ...
-
-
-@overload
-def open_dataset(
-    path: str | os.PathLike[str],
-    split: str | None = None,
-    *,
-    kind: None = None,
-    **kwargs: Any,
-) -> ImageDataset | VideoDataset: ...
-
-
-def open_dataset(
-    path: str | os.PathLike[str],
-    split: str | None = None,
-    *,
-    kind: str | None = None,
-    **kwargs: Any,
-) -> ImageDataset | VideoDataset:
-    """Open a packer output (any format and kind, read from its manifest) or a plain folder
-    (``<class>/<image>``, ``<class>/<video>/<frame>``, or a split root such as ``imagenet/``
-    with ``train/`` and ``val/``).
-
-    Args:
-        path: the output or folder, or the URL of an output (``s3://...``, ``https://...``,
-            any fsspec protocol; ``storage_options={...}`` goes to fsspec; LMDB shards are
-            read through the node's shard cache, ``cache_dir=`` and ``cache_limit=``, which
-            also caches NPY/HDF5 shards when given: ``packer.remote.cache``).
-        split: the split to open (``"train"``, ``"val"``, ...) of an output or folder that has
-            splits.
-        kind: ``"image"`` or ``"video"`` to say what you expect (and get a precise static type:
-            :class:`ImageDataset` or :class:`~packer.read.video_datasets.VideoDataset`); ``None``
-            takes what the path holds.
-        kwargs: go to the dataset class (``transform``, ``output``, reader options; for video
-            ``num_frames``, ``sampling``, ``stride``, ``seed``).
-
-    Raises:
-        PackerError: the path is neither a packer output nor an image folder, or a split is
-            missing or unknown.
-        FormatError: the path holds another kind than ``kind``.
-    """
-    if kind not in (None, "image", "video"):
-        raise PackerError(f"unknown kind {kind!r}; expected 'image' or 'video'")
-    if is_url(path):
-        return _open_url(str(path), split, kind, kwargs)
-    root = Path(path)
-    if not root.exists():
-        raise PackerError(f"{str(root)!r} does not exist")
-    if (root / MANIFEST_NAME).is_file():
-        root = split_root(root, split)
-        manifest = load_manifest(root)
-        if _expect(kind, manifest.kind, root) == "video":
-            from packer.read.video_datasets import open_video_dataset
-
-            return open_video_dataset(root, **kwargs)
-        return _CLASSES[manifest.format](root, **kwargs)
-    if root.suffix.lower() in FORMATS and root.is_dir():
-        raise FormatError(
-            f"{str(root)!r} has no {MANIFEST_NAME}: it is not a complete packer output"
-        )
-    if root.is_dir():
-        from packer.source.detect import detect_kind
-
-        splits = find_splits(root)
-        if splits or split is not None:
-            if split not in splits:
-                raise PackerError(
-                    f"{str(root)!r} holds splits {', '.join(splits) or '(none)'}: pass split="
-                    + (f" one of them, not {split!r}" if split is not None else "")
-                )
-            root = root / split
-        if _expect(kind, detect_kind(root), root) == "video":
-            from packer.read.video_datasets import open_video_dataset
-
-            return open_video_dataset(root, **kwargs)
-        return FolderDataset(root, **kwargs)
-    raise PackerError(f"{str(root)!r} is neither a packer output nor an image folder")
-
-
-def _expect(kind: str | None, found: str, root: Path) -> str:
-    """``found`` ("image" or "video"), or a FormatError when the caller expected the other."""
-    if kind is not None and kind != found:
-        raise FormatError(
-            f"{str(root)!r} holds {found}s, not {kind}s: open it with kind={found!r} "
-            "(or without kind=)"
-        )
-    return found
-
-
-def _open_url(
-    url: str, split: str | None, kind: str | None, kwargs: dict[str, Any]
-) -> ImageDataset | VideoDataset:
-    """The dataset class of the output at ``url`` (its manifest handed to the class's open:
-    fetched once)."""
-    from packer.remote.opener import fetched_manifest
-
-    with fetched_manifest(url, split, kwargs.get("storage_options")) as (url, manifest):
-        if _expect(kind, manifest.kind, Path(url)) == "video":
-            from packer.read.video_datasets import _CLASSES as VIDEO_CLASSES
-
-            return VIDEO_CLASSES[manifest.format](url, **kwargs)
-        return _CLASSES[manifest.format](url, **kwargs)
+def __getattr__(name: str) -> Any:
+    return old_name(__name__, _OLD_NAMES, name)

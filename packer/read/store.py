@@ -29,6 +29,7 @@ from packer.core.tablefile import read_checked
 from packer.errors import FormatError
 from packer.formats import by_name
 from packer.formats.base import ReaderBase, shard_identities
+from packer.read.options import check_keywords, keywords_of
 from packer.remote.opener import CacheOptions, RemoteOutput, open_remote
 from packer.remote.storage import is_url
 
@@ -269,7 +270,10 @@ def _open_in(
     records = load_records(path, index, mmap=True, manifest=manifest, dir_fd=fd)
     validate_tables(path, manifest, index, records)
     keys = _keys(path, manifest, fd)
-    reader = by_name(manifest.format).Reader(path, manifest, records, **reader_options)
+    Reader = by_name(manifest.format).Reader
+    takes = keywords_of(Reader.__init__)[3:]  # after root, manifest, records
+    check_keywords(reader_options, takes, f"a {manifest.format.upper()} dataset's reader")
+    reader = Reader(path, manifest, records, **reader_options)
     shards = shard_identities(path, manifest, fd) if check_files else None
     reader.pin(_folder_id(fd), shards, keys)
     return Packed(

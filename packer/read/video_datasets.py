@@ -19,18 +19,17 @@ Readers hold only paths, numpy arrays and options; files open lazily in each pro
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from packer.core.manifest import MANIFEST_NAME, load_manifest
 from packer.core.strings import StringTable
 from packer.decode.outputs import decode
 from packer.errors import InputFileError, PackerError
 from packer.read.clip_frames import SAMPLINGS, clip_indices, clip_rng
 from packer.read.dataset_base import PackedSamples, SampleDataset, Transform
+from packer.read.options import ReadOptions, old_name
 from packer.read.store import open_packed
 from packer.source.videos import scan_videos
 
@@ -40,10 +39,7 @@ __all__ = [
     "LMDBVideoDataset",
     "FolderVideoDataset",
     "NPYVideoDataset",
-    "NpyVideoDataset",
     "VideoDataset",
-    "VideoFolderDataset",
-    "open_video_dataset",
 ]
 
 
@@ -155,18 +151,51 @@ class PackedVideoDataset(PackedSamples, VideoDataset):
     sampled frames' records (one ``getmulti`` for LMDB, ``pread`` of exactly their byte ranges
     for the per-video NPY and HDF5 files, adjacent frames in one read).
 
-    Reader options (``max_open_files`` for NPY/HDF5, ``readahead`` for LMDB) pass through.
+    The keyword-only options after the clip's are the read options,
+    :class:`~packer.read.options.ReadOptions`.
     """
 
     FORMAT = ""
 
-    def __init__(self, root: str | os.PathLike[str], num_frames: int = 8, **kwargs: Any) -> None:
-        names = ["sampling", "stride", "output", "transform", "target_transform", "seed"]
-        names += ["decoder", "on_error"]
-        common = {k: kwargs.pop(k) for k in names if k in kwargs}
-        packed = open_packed(root, "video", self.FORMAT or None, **kwargs)
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        num_frames: int = 8,
+        *,
+        sampling: str = "uniform",
+        stride: int = 1,
+        output: str = "pil",
+        transform: Transform = None,
+        target_transform: Transform = None,
+        seed: int | None = None,
+        decoder: str = "auto",
+        on_error: str = "raise",
+        split: str | None = None,
+        readahead: bool | None = None,
+        max_open_files: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        cache: bool | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
+    ) -> None:
+        options = ReadOptions(
+            split, readahead, max_open_files, storage_options, cache, cache_dir, cache_limit
+        )
+        packed = open_packed(root, "video", self.FORMAT or None, **options.given())
         super().__init__(
-            root, packed.manifest.classes, packed.labels, packed.counts, num_frames, **common
+            root,
+            packed.manifest.classes,
+            packed.labels,
+            packed.counts,
+            num_frames,
+            sampling,
+            stride,
+            output,
+            transform,
+            target_transform,
+            seed,
+            decoder,
+            on_error,
         )
         self._attach(packed)
 
@@ -201,14 +230,41 @@ class BMPVideoDataset(PackedVideoDataset):
 class FolderVideoDataset(VideoDataset):
     """Clips from a plain ``<class>/<video>/<frame>`` tree of JPEG frames (the baseline)."""
 
-    def __init__(self, root: str | os.PathLike[str], num_frames: int = 8, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        num_frames: int = 8,
+        *,
+        sampling: str = "uniform",
+        stride: int = 1,
+        output: str = "pil",
+        transform: Transform = None,
+        target_transform: Transform = None,
+        seed: int | None = None,
+        decoder: str = "auto",
+        on_error: str = "raise",
+    ) -> None:
         source = scan_videos(root)
         videos = [v for v in source.videos if v.frames is not None]
         if not videos:
             raise PackerError(f"no frame folder in {str(root)!r} (video files need converting)")
         labels = np.array([v.label for v in videos], dtype=np.int64)
         counts = np.array([len(v.frames or ()) for v in videos], dtype=np.int64)
-        super().__init__(root, source.classes, labels, counts, num_frames, **kwargs)
+        super().__init__(
+            root,
+            source.classes,
+            labels,
+            counts,
+            num_frames,
+            sampling,
+            stride,
+            output,
+            transform,
+            target_transform,
+            seed,
+            decoder,
+            on_error,
+        )
         self.keys = StringTable(v.key for v in videos)
         self._first = np.concatenate(([0], np.cumsum(counts)[:-1]))
         self._paths = StringTable(p for v in videos for p in v.frames or ())
@@ -221,22 +277,16 @@ class FolderVideoDataset(VideoDataset):
         return out
 
 
-# The names before one scheme (<FORMAT>Dataset, <FORMAT>VideoDataset, Folder as a format):
-NpyVideoDataset = NPYVideoDataset
-VideoFolderDataset = FolderVideoDataset
-
 _CLASSES: dict[str, type[PackedVideoDataset]] = {
     cls.FORMAT: cls
     for cls in (NPYVideoDataset, HDF5VideoDataset, LMDBVideoDataset, BMPVideoDataset)
 }
 
 
-def open_video_dataset(root: str | os.PathLike[str], **kwargs: Any) -> VideoDataset:
-    """Open a packer video output (format from its manifest) or a plain frame-folder tree.
+# The names before one scheme (<FORMAT>VideoDataset, Folder as a format): they still resolve,
+# with a DeprecationWarning.
+_OLD_NAMES = {"NpyVideoDataset": NPYVideoDataset, "VideoFolderDataset": FolderVideoDataset}
 
-    Keyword arguments go to the dataset class (``num_frames``, ``sampling``, ``output``, ...).
-    """
-    path = Path(root)
-    if (path / MANIFEST_NAME).is_file():
-        return _CLASSES[load_manifest(path).format](path, **kwargs)
-    return FolderVideoDataset(path, **kwargs)
+
+def __getattr__(name: str) -> Any:
+    return old_name(__name__, _OLD_NAMES, name)

@@ -129,7 +129,8 @@ def run_demo(
     Reading uses a DataLoader with ``num_workers=0``, batch 64, warm page cache, median of
     ``repeats`` interleaved passes.
     """
-    from packer.read.datasets import FolderDataset, open_dataset
+    from packer.read.datasets import FolderDataset
+    from packer.read.open import open_dataset
     from packer.write.convert import convert
 
     tree = make_image_tree(Path(workdir) / "images", classes=classes, per_class=per_class, bad=1)

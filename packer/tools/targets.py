@@ -105,7 +105,7 @@ def open_for_mode(
     Raises:
         PackerError: unknown mode, or the path is neither a packer output nor an image folder.
     """
-    from packer.read.datasets import open_dataset
+    from packer.read.open import open_dataset
     from packer.tools.train_transform import train_transform
 
     if mode not in MODES:

@@ -178,7 +178,7 @@ def run_video_demo(
     """
     from torch.utils.data import Subset
 
-    from packer.read.video_datasets import open_video_dataset
+    from packer.read.open import open_video_dataset
     from packer.write.convert import convert_video
 
     root = Path(workdir) / "frames"

@@ -25,7 +25,7 @@ _EXPORTS = {
     "FolderVideoDataset": "packer.read.video_datasets",
     "VideoDataset": "packer.read.video_datasets",
     "VideoFolderDataset": "packer.read.video_datasets",
-    "open_video_dataset": "packer.read.video_datasets",
+    "open_video_dataset": "packer.read.open",
     "convert_video": "packer.convert",
     "detect_kind": "packer.source.detect",
     "scan_videos": "packer.source.videos",
@@ -35,7 +35,7 @@ _EXPORTS = {
     "describe_video": "packer.read.describe_video",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(set(_EXPORTS) - {"NpyVideoDataset", "VideoFolderDataset"})  # old names
 
 
 def __getattr__(name: str) -> Any:

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from packer.core.manifest import fsync_dir
-from packer.errors import PackerError
+from packer.errors import DestinationError, PackerError
 from packer.formats import by_name
+from packer.remote.storage import is_url
 from packer.source.images import SkippedInput
 from packer.write.convert import ConvertResult
 from packer.write.destination import DestinationLock, check_destination, partial_path, publish
@@ -164,6 +165,12 @@ def merge(
         PackerError: a part missing, incomplete or of another conversion; ``dst`` exists
             (without ``overwrite``).
     """
+    if is_url(dst):
+        raise DestinationError(
+            f"merge() joins local parts, not those staged for the URL {dst!r}: use "
+            "packer.merge_to_url(url, storage_options=...), which joins the parts staged by "
+            "convert_to_url(..., part=) and uploads the result (the CLI does so for packer merge URL)"
+        )
     start = time.perf_counter()
     dst = Path(os.fspath(dst).rstrip("/") or "/")
     parts, records = _load_parts(dst)

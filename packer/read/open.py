@@ -1,0 +1,198 @@
+"""``open_dataset`` and ``open_video_dataset``: what a path or URL holds picks the dataset class.
+
+Every keyword is checked against the class it goes to before anything is opened: a typo is a
+:class:`~packer.errors.PackerError` naming the closest known keyword and all of them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal, overload
+
+from packer.core.manifest import MANIFEST_NAME, load_manifest
+from packer.errors import FormatError, PackerError
+from packer.formats import FORMATS
+from packer.read.datasets import _CLASSES, FolderDataset, ImageDataset
+from packer.read.options import READ_OPTIONS, ReadOptions, check_keywords, keywords_of
+from packer.read.store import split_root
+from packer.read.video_datasets import _CLASSES as VIDEO_CLASSES
+from packer.read.video_datasets import FolderVideoDataset, VideoDataset
+from packer.remote.storage import is_url
+from packer.source.detect import detect_kind, find_splits
+
+__all__ = ["open_dataset", "open_video_dataset"]
+
+Path_ = str | os.PathLike[str]
+
+
+@overload
+def open_dataset(
+    path: Path_,
+    split: str | None = None,
+    *,
+    kind: Literal["image"],
+    readahead: bool | None = None,
+    max_open_files: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    cache: bool | None = None,
+    cache_dir: Path_ | None = None,
+    cache_limit: int | str | None = None,
+    **dataset_options: Any,
+) -> ImageDataset: ...
+
+
+@overload
+def open_dataset(
+    path: Path_,
+    split: str | None = None,
+    *,
+    kind: Literal["video"],
+    readahead: bool | None = None,
+    max_open_files: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    cache: bool | None = None,
+    cache_dir: Path_ | None = None,
+    cache_limit: int | str | None = None,
+    **dataset_options: Any,
+) -> VideoDataset: ...
+
+
+@overload
+def open_dataset(
+    path: Path_,
+    split: str | None = None,
+    *,
+    kind: None = None,
+    readahead: bool | None = None,
+    max_open_files: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    cache: bool | None = None,
+    cache_dir: Path_ | None = None,
+    cache_limit: int | str | None = None,
+    **dataset_options: Any,
+) -> ImageDataset | VideoDataset: ...
+
+
+def open_dataset(
+    path: Path_,
+    split: str | None = None,
+    *,
+    kind: str | None = None,
+    readahead: bool | None = None,
+    max_open_files: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    cache: bool | None = None,
+    cache_dir: Path_ | None = None,
+    cache_limit: int | str | None = None,
+    **dataset_options: Any,
+) -> ImageDataset | VideoDataset:
+    """Open a packer output (any format and kind, read from its manifest) or a plain folder
+    (``<class>/<image>``, ``<class>/<video>/<frame>``, or a split root such as ``imagenet/``
+    with ``train/`` and ``val/``).
+
+    Args:
+        path: the output or folder, or the URL of an output (``s3://...``, ``https://...``,
+            any fsspec protocol).
+        split: the split to open (``"train"``, ``"val"``, ...) of an output or folder that has
+            splits.
+        kind: ``"image"`` or ``"video"`` to say what you expect (and get a precise static type:
+            :class:`~packer.read.datasets.ImageDataset` or
+            :class:`~packer.read.video_datasets.VideoDataset`); ``None`` takes what the path
+            holds.
+        readahead, max_open_files, storage_options, cache, cache_dir, cache_limit: the read
+            options of a packed output (:class:`~packer.read.options.ReadOptions`; the last
+            four for a URL only: LMDB shards are read through the node's shard cache, which
+            also caches NPY/HDF5 shards when one of them is given).
+        dataset_options: go to the dataset class: ``transform``, ``target_transform``,
+            ``output``, ``on_error``, ``decoder``; for images ``batch_buffer`` (a folder:
+            ``is_valid_file``, ``loader``); for clips ``num_frames``, ``sampling``, ``stride``,
+            ``seed``.
+
+    Raises:
+        PackerError: the path is neither a packer output nor an image folder, a split is
+            missing or unknown, or a keyword is not one the dataset takes.
+        FormatError: the path holds another kind than ``kind``.
+    """
+    if kind not in (None, "image", "video"):
+        raise PackerError(f"unknown kind {kind!r}; expected 'image' or 'video'")
+    read = ReadOptions(
+        None, readahead, max_open_files, storage_options, cache, cache_dir, cache_limit
+    )
+    # before any request or file: a keyword no dataset of the kind takes is a typo
+    kinds: list[type[Any]] = [*_CLASSES.values(), FolderDataset] if kind != "video" else []
+    kinds += [*VIDEO_CLASSES.values(), FolderVideoDataset] if kind != "image" else []
+    known = [n for n in keywords_of(*kinds) if n != "root"]
+    check_keywords(dataset_options, {*known, *READ_OPTIONS, "kind"}, "open_dataset")
+    if is_url(path):
+        return _open_url(str(path), split, kind, read, dataset_options)
+    root = Path(path)
+    if not root.exists():
+        raise PackerError(f"{str(root)!r} does not exist")
+    if (root / MANIFEST_NAME).is_file():
+        root = split_root(root, split)
+        manifest = load_manifest(root)
+        classes = VIDEO_CLASSES if _expect(kind, manifest.kind, root) == "video" else _CLASSES
+        return _make(classes[manifest.format], root, read, dataset_options)
+    if root.suffix.lower() in FORMATS and root.is_dir():
+        raise FormatError(
+            f"{str(root)!r} has no {MANIFEST_NAME}: it is not a complete packer output"
+        )
+    if root.is_dir():
+        splits = find_splits(root)
+        if splits or split is not None:
+            if split not in splits:
+                raise PackerError(
+                    f"{str(root)!r} holds splits {', '.join(splits) or '(none)'}: pass split="
+                    + (f" one of them, not {split!r}" if split is not None else "")
+                )
+            root = root / split
+        video = _expect(kind, detect_kind(root), root) == "video"
+        return _make(FolderVideoDataset if video else FolderDataset, root, read, dataset_options)
+    raise PackerError(f"{str(root)!r} is neither a packer output nor an image folder")
+
+
+def open_video_dataset(path: Path_, split: str | None = None, **options: Any) -> VideoDataset:
+    """Open a packer video output (local or at a URL; format from its manifest) or a plain
+    frame-folder tree: :func:`open_dataset` with ``kind="video"``.
+
+    Keyword arguments are :func:`open_dataset`'s (``num_frames``, ``sampling``, ``output``,
+    the read options, ...).
+    """
+    return open_dataset(path, split, kind="video", **options)
+
+
+def _make(cls: type[Any], root: str | Path, read: ReadOptions, options: dict[str, Any]) -> Any:
+    """``cls(root, ...)`` once every keyword is one ``cls`` takes."""
+    takes = [n for n in keywords_of(cls) if n not in ("root", "split")]
+    check_keywords(options, takes, cls.__name__)
+    given = read.given()
+    if given and not set(READ_OPTIONS) & set(takes):
+        raise PackerError(
+            f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to a packed "
+            f"dataset, not to the plain folder {str(root)!r}"
+        )
+    return cls(root, **options, **given)
+
+
+def _expect(kind: str | None, found: str, root: Path) -> str:
+    """``found`` ("image" or "video"), or a FormatError when the caller expected the other."""
+    if kind is not None and kind != found:
+        raise FormatError(
+            f"{str(root)!r} holds {found}s, not {kind}s: open it with kind={found!r} "
+            "(or without kind=)"
+        )
+    return found
+
+
+def _open_url(
+    url: str, split: str | None, kind: str | None, read: ReadOptions, options: dict[str, Any]
+) -> ImageDataset | VideoDataset:
+    """The dataset class of the output at ``url`` (its manifest handed to the class's open:
+    fetched once)."""
+    from packer.remote.opener import fetched_manifest
+
+    with fetched_manifest(url, split, read.storage_options) as (url, manifest):
+        classes = VIDEO_CLASSES if _expect(kind, manifest.kind, Path(url)) == "video" else _CLASSES
+        dataset: ImageDataset | VideoDataset = _make(classes[manifest.format], url, read, options)
+        return dataset
