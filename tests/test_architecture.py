@@ -191,3 +191,12 @@ def test_architecture_md_lists_the_checked_floors() -> None:
         for container, block in re.findall(r"```floors (\S+)\n(.*?)```", text, re.S)
     }
     assert written == dict(_contracts().values())
+
+
+def test_architecture_md_names_every_harness_module() -> None:
+    """ARCHITECTURE.md's list of the benchmarks' harness modules is complete."""
+    text = (PACKAGE.parent / "ARCHITECTURE.md").read_text()
+    section = text.split("**Benchmarks' harness**", 1)[1].split("\n\n", 1)[0]
+    harness = Path(__file__).resolve().parents[1] / "benchmarks" / "harness"
+    names = {p.stem for p in harness.glob("*.py")} - {"__init__"}
+    assert sorted(n for n in names if f"`{n}`" not in section) == []

@@ -1,4 +1,5 @@
-"""Every Python block of README.md runs, in order, as one session, against real data.
+"""Every Python block of README.md and of the docs (docs/*.md, in their table of contents'
+order) runs, in order, as one session, against real data.
 
 The blocks are the user's first code: a block that no longer runs (a renamed argument, a syntax
 slip) fails here. Names a block leaves to the user (``my_torchvision_transform``, the batch size
@@ -21,8 +22,17 @@ import packer
 from packer.tools.image_demo import make_image_tree
 from packer.tools.video_demo import make_video_tree
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+
+
+def pages() -> list[Path]:
+    """README.md, then every docs page in the order of docs/index.md's table of contents."""
+    index = (ROOT / "docs" / "index.md").read_text()
+    toc = index.split("```{toctree}", 1)[1].split("```", 1)[0]
+    names = [line.strip() for line in toc.splitlines() if line.strip() and ":" not in line]
+    return [README, *(ROOT / "docs" / f"{name}.md" for name in names)]
 
 
 def _to_tensor(image: Any) -> torch.Tensor:
@@ -45,12 +55,15 @@ USER_NAMES: dict[str, Any] = {
 }
 
 
-def blocks() -> list[str]:
-    return BLOCK.findall(README.read_text())
+def blocks() -> list[tuple[str, str]]:
+    return [(page.name, code) for page in pages() for code in BLOCK.findall(page.read_text())]
 
 
-def test_readme_has_python_blocks() -> None:
-    assert len(blocks()) >= 5
+def test_readme_and_docs_have_python_blocks() -> None:
+    assert len(BLOCK.findall(README.read_text())) >= 4
+    assert len(blocks()) >= 10
+    on_disk = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert on_disk == {p.name for p in pages()[1:]} | {"index.md"}  # no page left out
 
 
 @pytest.fixture
@@ -77,11 +90,11 @@ def test_readme_python_blocks_run(workspace: Path) -> None:
         "gloo", init_method=f"file://{workspace / 'pg'}", world_size=1, rank=0
     )  # the DDP block asks the process group for its rank
     try:
-        for number, code in enumerate(blocks(), 1):
+        for number, (page, code) in enumerate(blocks(), 1):
             try:
-                exec(compile(code, f"README.md python block {number}", "exec"), namespace)
+                exec(compile(code, f"{page} python block {number}", "exec"), namespace)
             except Exception as exc:
-                pytest.fail(f"README python block {number} failed: {exc!r}\n{code}")
+                pytest.fail(f"{page} python block {number} failed: {exc!r}\n{code}")
     finally:
         dist.destroy_process_group()
     assert os.path.exists("ckpt.pt")  # the DDP block's checkpoint was written
