@@ -23,6 +23,7 @@ from typing import Protocol
 import numpy as np
 
 from packer.core.contained import check_relative, open_folder
+from packer.core.cpus import memory_available
 from packer.core.handles import HandleCache
 from packer.core.keytable import KeyTable
 from packer.core.manifest import KEYS_NAME, Manifest, ShardInfo
@@ -33,7 +34,6 @@ from packer.formats.files import (
     MappedFile,
     OpenFile,
     identity,
-    memory_available,
     read_ranges,
     read_ranges_into,
     shard_readahead,

@@ -67,18 +67,6 @@ def coalesce(
     return runs
 
 
-def memory_available() -> int | None:
-    """``MemAvailable`` from ``/proc/meminfo`` in bytes; None where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def shard_readahead(
     readahead: bool | None, kind: str, data_bytes: int, available: int | None
 ) -> str:

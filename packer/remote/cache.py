@@ -31,13 +31,13 @@ import fcntl
 import hashlib
 import json
 import os
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packer.core.cpus import packer_home
 from packer.core.file_locks import (
     CacheEntry,
     UnsafeCacheFile,
@@ -50,6 +50,7 @@ from packer.core.file_locks import (
     wait_for_downloads,
     write_new,
 )
+from packer.core.retry import retried
 from packer.core.sizes import format_size, parse_size
 from packer.errors import FormatError, PackerError
 from packer.remote import storage
@@ -72,12 +73,14 @@ class CorruptDownload(FormatError):
     """Every download of an object gave other bytes than the manifest's checksum."""
 
 
+class _OtherBytes(Exception):
+    """A download whose xxh3 is not the manifest's (its text: the xxh3 found)."""
+
+
 def default_cache_dir() -> Path:
-    """``$PACKER_CACHE_DIR``, else ``$XDG_CACHE_HOME/packer``, else ``~/.cache/packer``."""
-    if os.environ.get("PACKER_CACHE_DIR"):
-        return Path(os.environ["PACKER_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "packer"
+    """``$PACKER_CACHE_DIR``, else ``$XDG_CACHE_HOME/packer``, else ``~/.cache/packer``
+    (:func:`packer.core.cpus.packer_home`)."""
+    return packer_home()
 
 
 def parse_limit(limit: int | str | None) -> int | None:
@@ -113,7 +116,7 @@ class ShardCache:
     """
 
     def __init__(self, cache_dir: str | os.PathLike[str] | None = None, limit: Any = None):
-        self.dir = Path(cache_dir if cache_dir is not None else default_cache_dir()).absolute()
+        self.dir = Path(cache_dir or default_cache_dir()).expanduser().absolute()
         self.limit = parse_limit(limit)
 
     def __repr__(self) -> str:
@@ -372,23 +375,26 @@ class ShardCache:
 
 def _download(folder: RemoteFolder, name: str, fd: int, size: int, xxh3: str) -> None:
     """Download ``name`` into ``fd``, checked against ``size`` and ``xxh3`` before it may be
-    used; a body that does not match is downloaded again, up to :data:`RETRY`'s attempts.
+    used; a body that does not match is downloaded again, up to :data:`RETRY`'s attempts, then
+    :class:`CorruptDownload`."""
+    url = folder.url_of(name)
 
-    Raises:
-        PackerError: every attempt gave other bytes than the manifest's checksum.
-    """
-    url, attempts, began = folder.url_of(name), storage.RETRY.attempts, time.monotonic()
-    for attempt in range(1, attempts + 1):
+    def try_once(_: int) -> None:
         found = folder.download(name, fd, size)
-        if found == xxh3:
-            os.fdatasync(fd)
-            return
-        folder.check_unchanged(url)  # replaced since the open: say so
-        if attempt < attempts:
-            time.sleep(storage.RETRY.delay(attempt))
-    raise CorruptDownload(
-        f"cannot cache {url!r}: {attempts} downloads over {time.monotonic() - began:.1f}s "
-        f"all gave bytes whose xxh3 differs from the manifest's ({xxh3}; last {found}). The "
-        "object is corrupt in the store or on the way; upload the dataset again or check the "
-        "network"
-    )
+        if found != xxh3:
+            raise _OtherBytes(found)
+        os.fdatasync(fd)
+
+    def retry_on(exc: Exception) -> bool:
+        if isinstance(exc, _OtherBytes):
+            folder.check_unchanged(url)  # an object replaced since the open: said at once
+        return isinstance(exc, _OtherBytes)
+
+    def give_up(exc: Exception, attempts: int, spent: float) -> CorruptDownload:
+        return CorruptDownload(
+            f"cannot cache {url!r}: {attempts} downloads over {spent:.1f}s all gave bytes whose "
+            f"xxh3 differs from the manifest's ({xxh3}; last {exc}). The object is corrupt in "
+            "the store or on the way; upload the dataset again or check the network"
+        )
+
+    retried(storage.RETRY, try_once, retry_on, give_up)

@@ -9,7 +9,6 @@ shard cache when asked), whole-object GETs for BMP's record files, the shard cac
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -31,6 +30,7 @@ from packer.core.manifest import (
     check_runs,
     parse_manifest,
 )
+from packer.core.retry import retried
 from packer.core.tablefile import check_digest, fd_checksum, parse_table
 from packer.errors import FormatError, PackerError
 from packer.formats import by_name
@@ -97,17 +97,22 @@ def _refetched(
     Raises:
         FormatError: the check's own, when every fetch failed it.
     """
-    plan = storage.RETRY
-    for attempt in range(1, plan.attempts + 1):
-        got = folder.read_whole(name, **more) if data is None else data
+
+    def try_once(attempt: int) -> T:  # a failed fetch is the request's own error, at once
+        got = data if attempt == 1 and data is not None else folder.read_whole(name, **more)
         try:
             return check(got)
         except FormatError as exc:
-            if attempt == plan.attempts:
-                raise FormatError(f"{exc} (the same in {attempt} fetches)") from exc
-        time.sleep(plan.delay(attempt))
-        data = None
-    raise AssertionError("unreachable")  # pragma: no cover
+            raise _CheckFailed(exc) from exc
+
+    def give_up(exc: Exception, attempts: int, _: float) -> FormatError:
+        return FormatError(f"{exc} (the same in {attempts} fetches)")
+
+    return retried(storage.RETRY, try_once, lambda exc: isinstance(exc, _CheckFailed), give_up)
+
+
+class _CheckFailed(Exception):
+    """A fetched manifest or table that failed its check (its text: the check's message)."""
 
 
 def remote_manifest(

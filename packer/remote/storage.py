@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import re
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from packer.core.contained import check_url_name
+from packer.core.retry import Retry, retried
 from packer.core.sizes import WHOLE, bounds, deadline, read_advice
 from packer.errors import FormatError, PackerError
 from packer.formats.files import coalesce
@@ -65,21 +63,6 @@ def _missing(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return any(code in text for code in ("404", "403", "NoSuchKey", "NoSuchBucket", "Forbidden"))
-
-
-@dataclass(frozen=True)
-class Retry:
-    """How a request that failed for a passing reason is tried again: up to ``attempts`` tries
-    in all, waiting a random time in ``[0, min(cap, base * 2**k))`` seconds after the k-th
-    failure (exponential backoff, full jitter)."""
-
-    attempts: int = 5
-    base: float = 0.2
-    cap: float = 5.0
-
-    def delay(self, failures: int) -> float:
-        """The wait after ``failures`` failed tries (1 after the first)."""
-        return random.uniform(0.0, min(self.cap, self.base * 2 ** (failures - 1)))
 
 
 RETRY = Retry()  # read at each request: a process may set packer.remote.storage.RETRY = Retry(...)
@@ -170,22 +153,20 @@ class RemoteFolder:
             PackerError: naming ``url`` and the attempts made (FormatError: missing, denied,
                 replaced or truncated).
         """
-        plan, began = RETRY, time.monotonic()
-        for attempt in range(1, plan.attempts + 1):
-            try:
-                return request()
-            except Exception as exc:
-                if not passing(exc):
-                    raise remote_error(url, exc) from exc
-                self.check_unchanged(url)
-                if attempt == plan.attempts:
-                    raise PackerError(
-                        f"cannot read {url!r}: {plan.attempts} attempts over "
-                        f"{time.monotonic() - began:.1f}s all failed, the last with "
-                        f"{type(exc).__name__}: {exc}. {read_advice(self.bounds, exc)}"
-                    ) from exc
-                time.sleep(plan.delay(attempt))
-        raise AssertionError("unreachable")  # pragma: no cover
+
+        def retry_on(exc: Exception) -> bool:
+            if not passing(exc):
+                raise remote_error(url, exc) from exc
+            self.check_unchanged(url)
+            return True
+
+        def give_up(exc: Exception, attempts: int, spent: float) -> PackerError:
+            return PackerError(
+                f"cannot read {url!r}: {attempts} attempts over {spent:.1f}s all failed, the "
+                f"last with {type(exc).__name__}: {exc}. {read_advice(self.bounds, exc)}"
+            )
+
+        return retried(RETRY, lambda _: request(), retry_on, give_up)
 
     def limit(self, nbytes: int | None = None, fs: Any = None) -> dict[str, float]:
         """``timeout=`` for a call moving ``nbytes`` through an async file system (``fs``, else

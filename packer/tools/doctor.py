@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from packer.core.cpus import available_cpus
+from packer.core.cpus import available_cpus, memory_available
 from packer.core.manifest import MANIFEST_NAME, load_manifest
 from packer.decode.outputs import decode
 from packer.errors import PackerError
@@ -139,17 +139,6 @@ def measure_split(
             break
     close_dataset(dataset)
     return {name: 1e3 * statistics.median(v) if v else 0.0 for name, v in times.items()}
-
-
-def _memory_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def _format_of(path: Path) -> str:
@@ -306,7 +295,7 @@ def doctor(
         1e3 * disk.cold_s / disk.samples if disk.cold_s else None, threads, None,
     )  # fmt: skip
     report.broken = broken
-    memory = _memory_available()
+    memory = memory_available()
     fits_ram = memory is not None and report.dataset_bytes < memory // 2
     cost = _sample_cost(report, fits_ram)
     try:

@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from packer.core.cpus import packer_home
 from packer.core.sizes import parse_size
 from packer.errors import DatasetExistsError, DestinationError, PackerError
 from packer.source.images import check_source_folder
@@ -59,10 +60,7 @@ def staging_root(staging: str | os.PathLike[str] | None = None) -> Path:
     ``$XDG_CACHE_HOME/packer/staging`` (``~/.cache/packer/staging``)."""
     if staging is not None:
         return Path(staging).expanduser()
-    if os.environ.get("PACKER_CACHE_DIR"):
-        return Path(os.environ["PACKER_CACHE_DIR"]).expanduser() / "staging"
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "packer" / "staging"
+    return packer_home() / "staging"
 
 
 _SECRETS = frozenset(

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from packer.core.manifest import MANIFEST_NAME, file_checksum
+from packer.core.retry import retried
 from packer.core.sizes import bounds_hint
 from packer.errors import DatasetExistsError, DestinationError, PackerError
 from packer.remote.storage import RemoteFolder, join_url, passing
@@ -101,29 +102,24 @@ class Uploader:
         """
         from packer.remote import storage
 
-        plan, began = storage.RETRY, time.monotonic()
-        for attempt in range(1, plan.attempts + 1):
-            try:
-                return request()
-            except Exception as exc:
-                failure = f"{type(exc).__name__}: {exc}".strip()
-                if not passing(exc):
-                    raise DestinationError(
-                        f"cannot {what} {url!r}: {failure}. Check the URL, the credentials "
-                        "(AWS_ACCESS_KEY_ID, a profile, an instance role), that the bucket "
-                        "exists and is writable, and the endpoint (--storage-option "
-                        "endpoint_url=...)"
-                    ) from exc
-                if attempt == plan.attempts:
-                    then = _AGAIN if self.wrote else _NOTHING_WRITTEN
-                    raise DestinationError(
-                        f"cannot {what} {url!r}: {plan.attempts} attempts over "
-                        f"{time.monotonic() - began:.1f}s all failed, the last with {failure}. "
-                        f"The store is unreachable, overloaded or throttling; {then}"
-                        + bounds_hint(self.folder.bounds, exc)
-                    ) from exc
-                time.sleep(plan.delay(attempt))
-        raise AssertionError("unreachable")  # pragma: no cover
+        def retry_on(exc: Exception) -> bool:
+            if not passing(exc):
+                raise DestinationError(
+                    f"cannot {what} {url!r}: {_failure(exc)}. Check the URL, the credentials "
+                    "(AWS_ACCESS_KEY_ID, a profile, an instance role), that the bucket exists "
+                    "and is writable, and the endpoint (--storage-option endpoint_url=...)"
+                ) from exc
+            return True
+
+        def give_up(exc: Exception, attempts: int, spent: float) -> DestinationError:
+            then = _AGAIN if self.wrote else _NOTHING_WRITTEN
+            return DestinationError(
+                f"cannot {what} {url!r}: {attempts} attempts over {spent:.1f}s all failed, the "
+                f"last with {_failure(exc)}. The store is unreachable, overloaded or "
+                f"throttling; {then}" + bounds_hint(self.folder.bounds, exc)
+            )
+
+        return retried(storage.RETRY, lambda _: request(), retry_on, give_up)
 
     def listing(self) -> dict[str, tuple[int, str | None]]:
         """Every object under the dataset's URL: ``{relative name: (size, ETag)}``."""
@@ -338,3 +334,7 @@ class Uploader:
 def _etag(info: dict[str, Any]) -> str | None:
     tag = info.get("ETag") or info.get("etag")
     return str(tag) if tag else None
+
+
+def _failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".strip()
