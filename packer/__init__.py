@@ -18,10 +18,10 @@ from packer.errors import (  # noqa: E402
     SourceError,
 )
 from packer.read.verify import Problem, VerifyReport, verify  # noqa: E402
+from packer.upload.merging import merge  # noqa: E402  (a local dataset's parts, or a URL's)
 
-# Eager (and torch-free): these functions share their module's name, so they must be bound here.
+# Eager and torch-free: a conversion starts without importing torch.
 from packer.write.convert import ConvertResult, convert  # noqa: E402
-from packer.write.merge import merge  # noqa: E402
 
 _EXPORTS = {
     "BMPDataset": "packer.read.datasets",

@@ -174,9 +174,14 @@ def test_folder_keys_follow_the_scan_rule_also_for_custom_samples(tmp_path: Path
     assert keys == [f"class_00/{first.name}", f"class_00/{twin.name}", f"class_00/{first.name}~2"]
 
 
-def test_merge_of_a_url_points_to_merge_to_url_and_it_is_exported() -> None:
+def test_merge_takes_a_url_and_merge_to_url_is_exported(tmp_path: Path) -> None:
+    """packer.merge joins a URL's staged parts too (tests/test_remote_write.py); the URL-only
+    options on a local path are refused; the lower merge of local parts names the way."""
     from packer.upload.staging import merge_to_url
+    from packer.write.merge import merge as merge_local
 
     assert packer.merge_to_url is merge_to_url and "merge_to_url" in packer.__all__
+    with pytest.raises(packer.PackerError, match="are for a URL; .* is a local path"):
+        packer.merge(tmp_path / "out.lmdb", staging=tmp_path)
     with pytest.raises(packer.DestinationError, match=r"use packer.merge_to_url\(url"):
-        packer.merge("s3://bucket/out.lmdb")
+        merge_local("s3://bucket/out.lmdb")

@@ -338,7 +338,11 @@ def test_parts_staged_then_merged_into_a_url(
         redo = run(server.endpoint, staging, "convert", src, url, *given)
         assert redo.exit_code == 0, redo.output
     assert "packer.json" not in objects(server, url)  # the parts replace it: its manifest first
-    assert run(server.endpoint, staging, "merge", url).exit_code == 0
+    options = {"endpoint_url": server.endpoint}  # packer.merge of a URL: merge_to_url's work
+    joined = packer.merge(url, storage_options=options, staging=staging, progress=False)
+    assert joined.dst == url and joined.manifest.num_samples == len(
+        packer.open_dataset(tmp_path / "local.lmdb")
+    )
     assert_same_dataset(objects(server, url), files(tmp_path / "local.lmdb"))
 
 
