@@ -201,3 +201,13 @@ def test_mixture_throughput(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     report = json.loads(out.read_text())
     passes = [p for r in report["results"] for k in r["passes"].values() for p in k]
     assert len(passes) == 4 and all(p["images"] == 40 for p in passes)
+
+
+def test_layout_regression(packed: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    script = _script("layout_regression")
+    root = str(BENCHMARKS.parent)
+    script.main(
+        script.parse_args([str(packed[".lmdb"]), "--old", root, "--new", root, "--rounds", "1"])
+    )
+    out = capsys.readouterr().out
+    assert "old: " in out and "images/s, open" in out and "new/old: reads" in out
