@@ -30,6 +30,8 @@ _EXPORTS = {
     "LMDBDataset": "packer.read.datasets",
     "NPYDataset": "packer.read.datasets",
     "open_dataset": "packer.read.open",
+    "FieldDataset": "packer.read.fields",
+    "collate_fields": "packer.read.fields",
     "collate_bytes": "packer.read.collate",
     "unpack_bytes": "packer.read.collate",
     "ShardedSampler": "packer.read.sampler",
@@ -57,6 +59,7 @@ __all__ = [
     "ConvertResult",
     "DatasetExistsError",
     "DestinationError",
+    "FieldDataset",
     "FolderDataset",
     "FolderVideoDataset",
     "FormatError",
@@ -76,6 +79,7 @@ __all__ = [
     "VerifyReport",
     "__version__",
     "collate_bytes",
+    "collate_fields",
     "convert",
     "convert_to_url",
     "diagnose",
@@ -97,6 +101,7 @@ if TYPE_CHECKING:
         LMDBDataset,
         NPYDataset,
     )
+    from packer.read.fields import FieldDataset, collate_fields
     from packer.read.mixture import Mixture
     from packer.read.open import open_dataset, open_video_dataset
     from packer.read.sampler import ShardedSampler

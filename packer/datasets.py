@@ -1,4 +1,5 @@
-"""Public home of the image datasets (``packer.datasets.LMDBDataset``, ...); they live in
+"""Public home of the image datasets (``packer.datasets.LMDBDataset``, ...) and of
+samples with fields (``FieldDataset``); they live in
 :mod:`packer.read.datasets`."""
 
 from packer.read.datasets import (
@@ -9,14 +10,17 @@ from packer.read.datasets import (
     LMDBDataset,
     NPYDataset,
 )
+from packer.read.fields import FieldDataset, collate_fields
 from packer.read.open import open_dataset
 
 __all__ = [
     "BMPDataset",
+    "FieldDataset",
     "FolderDataset",
     "HDF5Dataset",
     "ImageDataset",
     "LMDBDataset",
     "NPYDataset",
+    "collate_fields",
     "open_dataset",
 ]

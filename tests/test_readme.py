@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import packer
-from packer.tools.image_demo import make_image_tree
+from packer.tools.image_demo import make_caption_set, make_image_tree
 from packer.tools.video_demo import make_video_tree
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,10 +69,12 @@ def test_readme_and_docs_have_python_blocks() -> None:
 @pytest.fixture
 def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The files the README's blocks name (train.lmdb, val.lmdb, imagenet.lmdb, extra.npy,
-    ucf.npy), in the working folder."""
+    ucf.npy, pairs/, pairs.lmdb), in the working folder."""
     images = make_image_tree(tmp_path / "src", classes=2, per_class=3, size=(64, 48), bad=0)
     for name in ("train.lmdb", "val.lmdb", "imagenet.lmdb", "extra.npy"):
         packer.convert(images.root, tmp_path / name, workers=1, progress=False)
+    make_caption_set(tmp_path / "pairs", samples=6, size=(64, 48))
+    packer.convert(tmp_path / "pairs", tmp_path / "pairs.lmdb", workers=1, progress=False)
     videos = make_video_tree(tmp_path / "videos", classes=2, per_class=2, frames=(9, 12))
     packer.convert(videos.root, tmp_path / "ucf.npy", workers=1, progress=False)
     monkeypatch.chdir(tmp_path)

@@ -106,10 +106,16 @@ def main() -> None:
 )
 @click.option(
     "--kind",
-    type=click.Choice(["image", "video"]),
-    help="image: <class>/<image>; video: <class>/<video>/<frame> or <class>/<video>.mp4 "
-    "(default: detected from the tree and stated in the summary; a tree that could be "
-    "either is refused and asks for --kind).",
+    type=click.Choice(["image", "video", "files", "tars"]),
+    help="image: <class>/<image>; video: <class>/<video>/<frame> or <class>/<video>.mp4; files: "
+    "samples with fields, files sharing a key (0001.jpg, 0001.txt); tars: WebDataset shards "
+    "[default: detected, stated in the summary; a tree that could be either asks for --kind].",
+)
+@click.option(
+    "--require",
+    metavar="FIELD",
+    multiple=True,
+    help="Samples with fields: skip (and list) a sample without this field (repeatable).",
 )
 @click.option(
     "--quality",
@@ -178,6 +184,7 @@ def convert(
     max_file_size: str,
     max_pixels: int,
     kind: str | None,
+    require: tuple[str, ...],
     quality: int | None,
     max_side: int | None,
     short_side: int | None,
@@ -201,6 +208,9 @@ def convert(
     (ImageNet's val/) takes its labels file with --labels. Every split is checked before any
     is converted.
 
+    Samples with fields too: files sharing a key (0001.jpg, 0001.txt), a field per suffix, as
+    a folder or as WebDataset tar shards (a .tar, a folder of them, 'shards/{000000..000099}.tar').
+
     Video sources work the same way: <class>/<video>/<frame>.jpg frame folders (kept as they
     are) or <class>/<video>.mp4|.avi|.webm|.mkv files (decoded once with PyAV, stored as JPEG).
 
@@ -222,6 +232,8 @@ def convert(
       packer convert imagenet/ imagenet-256.lmdb --short-side 256
       packer convert tiny-imagenet/train tiny.npy --size 64
       packer convert ucf101/ ucf101.npy --short-side 256 --fps 10
+      packer convert pairs/ pairs.lmdb --require txt
+      packer convert 'shards/{000000..000009}.tar' pairs.npy
       packer convert imagenet/train train.lmdb --dask tcp://scheduler:8786
       packer convert imagenet/train train.lmdb --part $SLURM_ARRAY_TASK_ID/16
       packer convert imagenet/ s3://bucket/imagenet.lmdb --storage-option endpoint_url=http://minio:9000
@@ -229,15 +241,15 @@ def convert(
     from packer.source.labels import labels_option, pinned_classes
 
     classes = pinned_classes(classes_file, classes_from)
-
     given = {"quality": quality, "max_side": max_side, "short_side": short_side, "fps": fps}
+    given["size"] = size
     video: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
     if skip_bad_frames:
         video["skip_bad_frames"] = True
     if reencode:
         video["reencode"] = True
-    if size is not None:
-        video["size"] = size
+    if require:
+        video["require"] = list(require)
     from packer.write.dask_client import dask_client
     from packer.write.tasks import parse_part
 
@@ -285,10 +297,10 @@ def convert(
 @click.option("--per-class", default=100, show_default=True, help="Images (or videos) per class.")
 @click.option(
     "--kind",
-    type=click.Choice(["image", "video"]),
+    type=click.Choice(["image", "video", "fields"]),
     default="image",
     show_default=True,
-    help="Demo images or video frame folders.",
+    help="Demo images, video frame folders, or image-caption samples with fields.",
 )
 @quiet_flag("No progress bars.")
 @friendly
@@ -300,8 +312,14 @@ def demo(workdir: Path, classes: int, per_class: int, kind: str, quiet: bool) ->
     Example:
       packer demo /tmp/packer-demo --per-class 200
       packer demo /tmp/packer-video --kind video
+      packer demo /tmp/packer-captions --kind fields
     """
     results: list[Any]
+    if kind == "fields":
+        from packer.tools.image_demo import run_fields_demo
+
+        click.echo("\n".join(run_fields_demo(workdir, classes * per_class, not quiet)))
+        return
     if kind == "video":
         from packer.tools.video_demo import run_video_demo
 

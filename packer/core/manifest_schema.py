@@ -15,10 +15,21 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["FORMAT_NAMES", "KINDS", "TABLE_NAMES", "Invalid", "check_manifest"]
+__all__ = [
+    "FIELD_KINDS",
+    "FIELD_NAME",
+    "FORMAT_NAMES",
+    "KINDS",
+    "TABLE_NAMES",
+    "Invalid",
+    "check_manifest",
+]
 
 FORMAT_NAMES = ("bmp", "hdf5", "lmdb", "npy")  # the registry's names (a test keeps them equal)
-KINDS = ("image", "video", "splits")
+KINDS = ("image", "video", "splits", "fields")
+FIELD_KINDS = ("image", "text", "json", "int", "array", "bytes")
+# a field name: lower-case letters, digits, "_", "-" and inner single dots, at most 64 characters
+FIELD_NAME = re.compile(r"(?!.*\.\.)[a-z0-9_](?:[a-z0-9_.-]{0,62}[a-z0-9_-])?")
 LAYOUTS = ("shards", "per-sample")
 TABLE_NAMES = ("index.npy", "records.npy", "keys.txt")  # manifest.py's INDEX/RECORDS/KEYS_NAME
 INT64_MAX = 2**63 - 1  # tables and readers hold counts, sizes and offsets as int64
@@ -64,8 +75,12 @@ def boolean(value: Any, where: str) -> None:
         raise Invalid(where, value, "true or false")
 
 
-def text(choices: tuple[str, ...] = (), pattern: re.Pattern[str] | None = None) -> Check:
-    """A string, one of ``choices`` or matching ``pattern`` when given."""
+def text(
+    choices: tuple[str, ...] = (),
+    pattern: re.Pattern[str] | None = None,
+    expected: str = "16 lowercase hex digits (an xxh3_64 checksum)",
+) -> Check:
+    """A string, one of ``choices`` or matching ``pattern`` (described by ``expected``)."""
 
     def check(value: Any, where: str) -> None:
         if not isinstance(value, str):
@@ -73,7 +88,7 @@ def text(choices: tuple[str, ...] = (), pattern: re.Pattern[str] | None = None) 
         if choices and value not in choices:
             raise Invalid(where, value, "one of " + ", ".join(map(repr, choices)))
         if pattern is not None and not pattern.fullmatch(value):
-            raise Invalid(where, value, "16 lowercase hex digits (an xxh3_64 checksum)")
+            raise Invalid(where, value, expected)
 
     return check
 
@@ -167,6 +182,17 @@ OPTIONS = record(
         "class_index_from": text(),
         "kind": text(("image", "video")),
         "part": list_of(COUNT, length=2),
+        "fields": list_of(
+            record(
+                {
+                    "name": text(pattern=FIELD_NAME, expected="a plain field name"),
+                    "kind": text(FIELD_KINDS),
+                },
+                required=("name", "kind"),
+            )
+        ),
+        "categories": list_of(record({"id": integer(), "name": text()}, required=("id", "name"))),
+        "source_kind": text(),
         "planned_shards": COUNT,
     }
 )
@@ -209,6 +235,10 @@ def check_manifest(data: Any) -> None:
         if "splits" not in data["options"]:
             raise Invalid("options.splits", _MISSING, "the splits of a manifest of kind 'splits'")
         return
+    if data["kind"] == "fields":
+        names = [f["name"] for f in data["options"].get("fields", [])]
+        if not names or len(set(names)) != len(names):
+            raise Invalid("options.fields", names, "one or more fields with distinct names")
     for name in TABLE_NAMES:
         if name not in data["files"]:
             raise Invalid(f"files.{name}", _MISSING, "the table's xxh3_64 checksum")

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from packer.core.contained import check_relative
+from packer.core.fields import ABSENT, fields_of, kind_noun
 from packer.core.manifest import load_manifest
 from packer.core.sizes import format_size
 from packer.errors import FormatError
@@ -21,12 +22,27 @@ from packer.read.store import Packed, open_packed
 from packer.remote.opener import url_manifest
 from packer.remote.storage import is_url, join_url
 
-__all__ = ["describe", "inspect_dict", "per_class"]
+__all__ = ["describe", "field_stats", "inspect_dict", "per_class"]
 
 
 def per_class(packed: Packed) -> list[int]:
     """Samples per class (``open_packed`` checked every label lies in the class range)."""
+    if packed.manifest.kind == "fields":
+        return []
     return np.bincount(packed.labels, minlength=len(packed.manifest.classes)).tolist()
+
+
+def field_stats(packed: Packed) -> list[dict[str, Any]]:
+    """Each field of a dataset with fields: its name, kind, how many samples have it and its
+    stored bytes in all (none for a class-folder dataset)."""
+    out = []
+    for j, spec in enumerate(fields_of(packed.manifest.options)):
+        records = packed.first + j
+        absent = (packed.reader.length[records] == 0) & (packed.checksums[records] == ABSENT)
+        stored = int(packed.reader.length[records].sum(dtype=np.int64))
+        present = len(records) - int(absent.sum())
+        out.append({"name": spec.name, "kind": spec.kind, "samples": present, "bytes": stored})
+    return out
 
 
 def describe(
@@ -43,18 +59,25 @@ def describe(
     counts = per_class(packed)
     storage = m.options.get("storage", {})
     lines = [
-        f"{root}: packer {m.format} dataset (layout v{m.layout_version}, {m.kind}s)",
-        f"samples: {m.num_samples}    classes: {len(m.classes)}    "
-        f"stored bytes: {format_size(int(storage.get('record_bytes', 0)))}    created: {m.created}",
+        f"{root}: packer {m.format} dataset (layout v{m.layout_version}, {kind_noun(m.kind)})",
+        f"samples: {m.num_samples}    "
+        + (f"fields: {len(fields_of(m.options))}    " if m.kind == "fields" else "")
+        + (f"classes: {len(m.classes)}    " if m.kind != "fields" else "")
+        + f"stored bytes: {format_size(int(storage.get('record_bytes', 0)))}    created: {m.created}",
         f"source: {m.source.get('root')} ({m.source.get('files')} files, "
         f"{format_size(m.source.get('bytes', 0))})",
-        "classes: "
-        + ", ".join(f"{c} ({n})" for c, n in list(zip(m.classes, counts))[:8])
-        + (" ..." if len(m.classes) > 8 else ""),
     ]
+    if m.kind == "fields":
+        lines += [
+            f"field {f['name']} ({f['kind']}): {f['samples']} samples, {format_size(f['bytes'])}"
+            for f in field_stats(packed)
+        ]
+    else:
+        shown = ", ".join(f"{c} ({n})" for c, n in list(zip(m.classes, counts))[:8])
+        lines.append("classes: " + shown + (" ..." if len(m.classes) > 8 else ""))
     if m.shards:
         lines.append(f"shards: {len(m.shards)} ({format_size(m.data_bytes)})")
-        unit = "frames" if m.kind == "video" else "samples"  # a shard counts records
+        unit = {"video": "frames", "fields": "records"}.get(m.kind, "samples")  # records
         for shard in m.shards[:5]:
             lines.append(f"  {shard.name}: {shard.samples} {unit}, {format_size(shard.bytes)}")
         if len(m.shards) > 5:
@@ -136,6 +159,8 @@ def inspect_dict(
         }
         return out
     out["per_class"] = per_class(packed)
+    if m.kind == "fields":
+        out["fields"] = field_stats(packed)
     if m.kind == "video":
         out["frames"] = int(packed.counts.sum())
     return out

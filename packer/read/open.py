@@ -10,10 +10,12 @@ import os
 from pathlib import Path
 from typing import Any, Literal, overload
 
+from packer.core.fields import kind_noun
 from packer.core.manifest import MANIFEST_NAME, load_manifest
 from packer.errors import FormatError, PackerError
 from packer.formats import FORMATS
 from packer.read.datasets import _CLASSES, FolderDataset, ImageDataset
+from packer.read.fields import FieldDataset
 from packer.read.options import READ_OPTIONS, ReadOptions, check_keywords, keywords_of
 from packer.read.store import split_root
 from packer.read.video_datasets import _CLASSES as VIDEO_CLASSES
@@ -96,10 +98,10 @@ def open_dataset(
             any fsspec protocol).
         split: the split to open (``"train"``, ``"val"``, ...) of an output or folder that has
             splits.
-        kind: ``"image"`` or ``"video"`` to say what you expect (and get a precise static type:
+        kind: ``"image"``, ``"video"`` or ``"fields"`` to say what you expect (and get a precise static type:
             :class:`~packer.read.datasets.ImageDataset` or
-            :class:`~packer.read.video_datasets.VideoDataset`); ``None`` takes what the path
-            holds.
+            :class:`~packer.read.video_datasets.VideoDataset`; samples with fields:
+            :class:`~packer.read.fields.FieldDataset`); ``None`` takes what the path holds.
         readahead, max_open_files, storage_options, cache, cache_dir, cache_limit: the read
             options of a packed output (:class:`~packer.read.options.ReadOptions`; the last
             four for a URL only: LMDB shards are read through the node's shard cache, which
@@ -114,14 +116,15 @@ def open_dataset(
             missing or unknown, or a keyword is not one the dataset takes.
         FormatError: the path holds another kind than ``kind``.
     """
-    if kind not in (None, "image", "video"):
-        raise PackerError(f"unknown kind {kind!r}; expected 'image' or 'video'")
+    if kind not in (None, "image", "video", "fields"):
+        raise PackerError(f"unknown kind {kind!r}; expected 'image', 'video' or 'fields'")
     read = ReadOptions(
         None, readahead, max_open_files, storage_options, cache, cache_dir, cache_limit
     )
     # before any request or file: a keyword no dataset of the kind takes is a typo
-    kinds: list[type[Any]] = [*_CLASSES.values(), FolderDataset] if kind != "video" else []
-    kinds += [*VIDEO_CLASSES.values(), FolderVideoDataset] if kind != "image" else []
+    kinds: list[type[Any]] = [*_CLASSES.values(), FolderDataset] if kind in (None, "image") else []
+    kinds += [*VIDEO_CLASSES.values(), FolderVideoDataset] if kind in (None, "video") else []
+    kinds += [FieldDataset] if kind in (None, "fields") else []
     known = [n for n in keywords_of(*kinds) if n != "root"]
     check_keywords(dataset_options, {*known, *READ_OPTIONS, "kind"}, "open_dataset")
     if is_url(path):
@@ -132,8 +135,7 @@ def open_dataset(
     if (root / MANIFEST_NAME).is_file():
         root = split_root(root, split)
         manifest = load_manifest(root)
-        classes = VIDEO_CLASSES if _expect(kind, manifest.kind, root) == "video" else _CLASSES
-        return _make(classes[manifest.format], root, read, dataset_options)
+        return _make(_class_of(kind, manifest, root), root, read, dataset_options)
     if root.suffix.lower() in FORMATS and root.is_dir():
         raise FormatError(
             f"{str(root)!r} has no {MANIFEST_NAME}: it is not a complete packer output"
@@ -176,11 +178,12 @@ def _make(cls: type[Any], root: str | Path, read: ReadOptions, options: dict[str
 
 
 def _expect(kind: str | None, found: str, root: Path) -> str:
-    """``found`` ("image" or "video"), or a FormatError when the caller expected the other."""
+    """``found`` ("image", "video", "fields"), or a FormatError when the caller expected
+    another."""
     if kind is not None and kind != found:
         raise FormatError(
-            f"{str(root)!r} holds {found}s, not {kind}s: open it with kind={found!r} "
-            "(or without kind=)"
+            f"{str(root)!r} holds {kind_noun(found)}, not {kind_noun(kind)}: open it with "
+            f"kind={found!r} (or without kind=)"
         )
     return found
 
@@ -193,6 +196,15 @@ def _open_url(
     from packer.remote.opener import fetched_manifest
 
     with fetched_manifest(url, split, read.storage_options) as (url, manifest):
-        classes = VIDEO_CLASSES if _expect(kind, manifest.kind, Path(url)) == "video" else _CLASSES
-        dataset: ImageDataset | VideoDataset = _make(classes[manifest.format], url, read, options)
+        dataset: ImageDataset | VideoDataset = _make(
+            _class_of(kind, manifest, Path(url)), url, read, options
+        )
         return dataset
+
+
+def _class_of(kind: str | None, manifest: Any, root: Path) -> type[Any]:
+    """The dataset class of a packed output: by its kind and format."""
+    found = _expect(kind, manifest.kind, root)
+    if found == "fields":
+        return FieldDataset
+    return (VIDEO_CLASSES if found == "video" else _CLASSES)[manifest.format]

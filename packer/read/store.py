@@ -16,6 +16,7 @@ from typing import Any, cast
 import numpy as np
 
 from packer.core.contained import check_relative, open_beneath, open_folder
+from packer.core.fields import kind_noun
 from packer.core.keytable import KeyTable
 from packer.core.manifest import (
     KEYS_NAME,
@@ -113,7 +114,10 @@ def _check_block(
     """Check samples ``rows`` and their records (the runs tile the table: ``load_records``);
     add their records to ``held``, the records of each shard."""
     labels = index["label"][rows]
-    outside_classes = (labels < 0) | (labels >= len(manifest.classes))
+    if manifest.kind == "fields":  # samples with fields have no class index
+        outside_classes = labels != -1
+    else:
+        outside_classes = (labels < 0) | (labels >= len(manifest.classes))
     if outside_classes.any():
         what = f"a label outside the {len(manifest.classes)} classes"
         raise _bad(path, what, rows.start, outside_classes)
@@ -265,7 +269,7 @@ def _open_in(
             "use packer.open_dataset() to pick the right class"
         )
     if kind and manifest.kind != kind:
-        raise FormatError(f"{str(path)!r} holds {manifest.kind}s, not {kind}s")
+        raise FormatError(f"{str(path)!r} holds {kind_noun(manifest.kind)}, not {kind_noun(kind)}")
     index = load_index(path, manifest, mmap=True, dir_fd=fd)
     records = load_records(path, index, mmap=True, manifest=manifest, dir_fd=fd)
     validate_tables(path, manifest, index, records)

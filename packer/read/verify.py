@@ -10,7 +10,6 @@ import os
 import stat
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,71 +18,25 @@ from tqdm.auto import tqdm
 
 from packer.core.contained import check_relative, open_beneath, open_folder
 from packer.core.cpus import available_cpus
+from packer.core.fields import ABSENT, fields_of, record_matches
 from packer.core.manifest import (
     INDEX_NAME,
     KEYS_NAME,
     RECORDS_NAME,
     Manifest,
-    bytes_checksum,
     load_manifest,
 )
 from packer.core.tablefile import fd_checksum
 from packer.decode.outputs import decode
 from packer.decode.pixels import pixels_output
+from packer.decode.values import decode_value
 from packer.errors import PackerError
 from packer.read.store import Packed, open_packed
+from packer.read.verify_report import Problem, VerifyReport
 from packer.remote.opener import CacheOptions, Check, cache_check, url_manifest
 from packer.remote.storage import RemoteFolder, is_url, join_url
 
 __all__ = ["Problem", "VerifyReport", "verify"]
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong: where (file, and sample key when known) and what."""
-
-    where: str
-    what: str
-
-    def __str__(self) -> str:
-        return f"{self.where}: {self.what}"
-
-
-@dataclass
-class VerifyReport:
-    """What ``verify`` checked and found."""
-
-    root: Path
-    files_checked: int = 0
-    samples_checked: int = 0
-    decoded: int = 0
-    problems: list[Problem] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        """True when nothing is wrong."""
-        return not self.problems
-
-    def to_dict(self) -> dict[str, Any]:
-        """The machine-readable result (``packer verify --json``)."""
-        return {
-            "path": str(self.root),
-            "ok": self.ok,
-            "files_checked": self.files_checked,
-            "samples_checked": self.samples_checked,
-            "decoded": self.decoded,
-            "problems": [{"where": p.where, "what": p.what} for p in self.problems],
-        }
-
-    def summary(self) -> str:
-        """Human-readable result, one line per problem."""
-        head = (
-            f"{self.root}: checked {self.files_checked} file(s), {self.samples_checked} sample(s)"
-            + (f", decoded {self.decoded}" if self.decoded else "")
-        )
-        if self.ok:
-            return head + ": OK"
-        return "\n".join([head + f": {len(self.problems)} problem(s)", *map(str, self.problems)])
 
 
 def _check_named(
@@ -225,8 +178,10 @@ def _where(packed: Packed, sample: int, record: int, keys: Sequence[str]) -> str
 
 def _check_sample(
     packed: Packed, sample: int, keys: Sequence[str], checksums: np.ndarray, report: VerifyReport
-) -> list[tuple[str, bytes]]:
-    """Check one sample's records against their checksums; return the sound ones' bytes."""
+) -> list[tuple[str, bytes, str]]:
+    """Check one sample's records against their checksums; return the sound ones' bytes with
+    their kind (``image``, or a field's kind; absent fields left out)."""
+    fields = fields_of(packed.manifest.options)
     first, count = int(packed.first[sample]), int(packed.counts[sample])
     records = np.arange(first, first + count)
     try:
@@ -238,17 +193,25 @@ def _check_sample(
     sound = []
     for record, data in zip(records.tolist(), stored):
         where = _where(packed, sample, record, keys)
-        if bytes_checksum(data) != int(checksums[record]):
+        field = fields[record - first] if fields else None
+        if field is not None:
+            where = f"{where} field {field.name!r}"
+        digest = int(checksums[record])
+        if not record_matches(data, digest):
             report.problems.append(Problem(where, "stored bytes differ from their checksum"))
-        else:
-            sound.append((where, data))
+        elif field is None:
+            sound.append((where, data, "image"))
+        elif digest != ABSENT:
+            sound.append((where, data, field.kind))
     return sound
 
 
-def _decodes(item: tuple[str, bytes], pixels: tuple[int, ...] | None = None) -> Problem | None:
+def _decodes(item: tuple[str, bytes, str], pixels: tuple[int, ...] | None = None) -> Problem | None:
     try:
         if pixels is not None:
             pixels_output(item[1], pixels, "numpy")
+        elif item[2] != "image":
+            decode_value(item[1], item[2], "numpy")
         else:
             decode(item[1], "numpy")
     except Exception as exc:  # Pillow's DecompressionBombError is no OSError: catch them all

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, TypeVar
 import numpy as np
 
 from packer.core.contained import check_relative
+from packer.core.fields import kind_noun
 from packer.core.manifest import (
     INDEX_NAME,
     KEYS_NAME,
@@ -292,7 +293,7 @@ def open_remote(
     if format and manifest.format != format:
         raise FormatError(f"{where!r} holds format {manifest.format!r}, not {format!r}")
     if kind and manifest.kind != kind:
-        raise FormatError(f"{where!r} holds {manifest.kind}s, not {kind}s")
+        raise FormatError(f"{where!r} holds {kind_noun(manifest.kind)}, not {kind_noun(kind)}")
     module = by_name(manifest.format)
     shard_cache = (cache or CacheOptions()).wanted(manifest, where)
     tables = [INDEX_NAME, RECORDS_NAME, KEYS_NAME]

@@ -28,9 +28,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packer.errors import SourceError
+from packer.source.grouped import looks_grouped
 from packer.source.images import class_dirs, is_image_name, is_video_name
+from packer.source.tars import looks_tars
 
-__all__ = ["SPLIT_NAMES", "Detection", "class_shape", "detect", "detect_kind", "find_splits"]
+__all__ = [
+    "SPLIT_NAMES",
+    "Detection",
+    "class_shape",
+    "detect",
+    "detect_fields",
+    "detect_kind",
+    "find_splits",
+]
 
 SAMPLED_SUBFOLDERS = 3  # sub-folders listed per class to tell frame folders from nested images
 _DIGITS = re.compile(r"\d+")
@@ -186,3 +196,34 @@ def find_splits(root: str | os.PathLike[str]) -> list[str]:
             f"with --split {named[0]}, or move the others out"
         )
     return sorted(named, key=lambda f: (SPLIT_NAMES.index(f.lower()), f))
+
+
+def detect_fields(root: str | os.PathLike[str]) -> Detection | None:
+    """``tars`` when ``root`` names WebDataset tar shards, ``files`` when it directly holds
+    key-grouped files (``0001.jpg`` beside
+    ``0001.txt``), None when nothing says it holds samples with fields (a class tree).
+
+    Raises:
+        SourceError: the root is not grouped but its first sub-folders are (a class tree of
+            images with captions, or shards of grouped files: either could be meant).
+    """
+    root_path = Path(root)
+    if looks_tars(root):
+        return Detection("tars", "WebDataset tar shards")
+    if not root_path.is_dir():
+        return None
+    if looks_grouped(root_path):
+        return Detection("files", "files sharing a key (0001.jpg beside 0001.txt)")
+    folders = [e for e in _entries(root_path) if _is_dir(e)][:SAMPLED_SUBFOLDERS]
+    grouped = [
+        e.name
+        for e in sorted(folders, key=lambda e: e.name)
+        if looks_grouped(Path(e.path), beside_images=True)
+    ]
+    if grouped:
+        raise SourceError(
+            f"{str(root_path)!r} could be either kind: its sub-folder {grouped[0]!r} holds files "
+            "sharing a key (0001.jpg beside 0001.txt); pass --kind files (samples with fields, "
+            "keys keep their folder) or --kind image (class folders; other files ignored)"
+        )
+    return None

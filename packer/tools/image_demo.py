@@ -188,3 +188,80 @@ def time_targets(
         )
         for name, path in targets
     ]
+
+
+def make_caption_set(
+    root: str | os.PathLike[str],
+    samples: int = 40,
+    size: tuple[int, int] = (96, 72),
+    seed: int = 0,
+) -> dict[str, dict[str, bytes]]:
+    """Write key-grouped samples with fields, as WebDataset names them: ``root/NNNNNN.jpg``
+    (a photo-like JPEG), ``.txt`` (a caption, not all ASCII), ``.cls`` (an integer) and, for
+    every other sample, ``.json`` (metadata: optional fields). Returns each key's fields' bytes.
+    """
+    rng = np.random.default_rng(seed)
+    root_path = Path(root)
+    root_path.mkdir(parents=True, exist_ok=True)
+    words = ["a", "photo", "of", "the", "red", "café", "dog", "over", "a", "naïve", "hill"]
+    written: dict[str, dict[str, bytes]] = {}
+    for i in range(samples):
+        key = f"{i:06d}"
+        buffer = io.BytesIO()
+        photo_like(rng, *size).save(buffer, format="JPEG", quality=90)
+        fields = {
+            "jpg": buffer.getvalue(),
+            "txt": " ".join(rng.choice(words, size=int(rng.integers(3, 9)))).encode(),
+            "cls": str(int(rng.integers(0, 10))).encode(),
+        }
+        if i % 2 == 0:
+            fields["json"] = f'{{"id": {i}, "width": {size[0]}, "height": {size[1]}}}'.encode()
+        for name, data in fields.items():
+            (root_path / f"{key}.{name}").write_bytes(data)
+        written[key] = fields
+    return written
+
+
+def write_shards(
+    samples: dict[str, dict[str, bytes]], out: str | os.PathLike[str], per_shard: int = 16
+) -> list[Path]:
+    """Write ``samples`` (key -> field -> bytes) as WebDataset writes them: ``out/NNNNNN.tar``
+    shards of ``per_shard`` samples each, a sample's members side by side (``KEY.FIELD``)."""
+    import tarfile
+
+    out_path = Path(out)
+    out_path.mkdir(parents=True, exist_ok=True)
+    keys = sorted(samples)
+    shards = []
+    for n, start in enumerate(range(0, len(keys), per_shard)):
+        shard = out_path / f"{n:06d}.tar"
+        with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for key in keys[start : start + per_shard]:
+                for name, data in sorted(samples[key].items()):
+                    info = tarfile.TarInfo(f"{key}.{name}")
+                    info.size, info.mtime, info.mode = len(data), 0, 0o644
+                    tar.addfile(info, io.BytesIO(data))
+        shards.append(shard)
+    return shards
+
+
+def run_fields_demo(workdir: str | os.PathLike[str], samples: int, progress: bool) -> list[str]:
+    """Write an image-caption set of key-grouped files, convert it to LMDB, NPY and HDF5, and
+    read one sample back; the lines to show."""
+    from packer.read.fields import FieldDataset
+    from packer.write.convert import convert
+
+    source = Path(workdir) / "captions"
+    shards = write_shards(make_caption_set(source, samples), Path(workdir) / "captions-tars")
+    lines = [f"generated {samples} samples (jpg, txt, cls, json on every other) in {source}"]
+    lines.append(f"and the same samples as {len(shards)} WebDataset tars in {shards[0].parent}")
+    for suffix in (".lmdb", ".npy", ".h5"):
+        dst = Path(workdir) / f"captions{suffix}"
+        lines.append(convert(source, dst, overwrite=True, progress=progress).summary())
+    pattern = str(shards[0].parent / f"{{000000..{len(shards) - 1:06d}}}.tar")
+    tars_dst = Path(workdir) / "captions-tars.npy"
+    lines.append(convert(pattern, tars_dst, overwrite=True, progress=progress).summary())
+    sample = FieldDataset(Path(workdir) / "captions.lmdb")[0]
+    shown = {k: (f"<{type(v).__name__}>" if k == "jpg" else v) for k, v in sample.items()}
+    lines.append(f"\nopen_dataset({str(Path(workdir) / 'captions.lmdb')!r})[0] = {shown}")
+    return lines

@@ -208,6 +208,12 @@ def _finish_locked(plan: ConversionPlan) -> tuple[Manifest, Found | None, bool]:
 
 def _what_was_found(kind: str, how: str, source: Any) -> str:
     """The summary's line saying what the source was taken for, and why."""
+    if source.kind == "fields":
+        fields = ", ".join(f"{f.name} ({f.kind})" for f in source.fields)
+        return (
+            f"samples with fields ({how}, source {source.source_kind}): "
+            f"{len(source.samples)} sample(s); fields {fields}"
+        )
     if kind == "video":
         files = sum(1 for v in source.samples if v.is_file)
         return (

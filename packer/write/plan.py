@@ -25,7 +25,7 @@ from packer.core.sizes import parse_size
 from packer.decode.check import DEFAULT_CHECK, DEFAULT_MAX_PIXELS
 from packer.errors import InputFileError, PackerError
 from packer.formats import by_name, default_layout, format_for
-from packer.source.detect import detect, find_splits
+from packer.source.detect import detect, detect_fields, find_splits
 from packer.source.images import class_dirs
 from packer.source.labels import Labels, one_labels_file
 from packer.write.destination import check_destination, check_reach, partial_path
@@ -294,7 +294,7 @@ def _plan_folder(plan: ConversionPlan, labels: Labels | None) -> ConversionPlan:
     if not kind:
         how = "a labels file" if file is not None else "detected"
     if kind is None and file is None:
-        detection = detect(plan.src, class_dirs(plan.src))
+        detection = detect_fields(plan.src) or detect(plan.src, class_dirs(plan.src))
         kind, how = detection.kind, f"detected: {detection.reason}"
     kind = kind or "image"
     fmt = plan.fmt

@@ -18,6 +18,7 @@ from packer.decode.resize import RESIZE_OPTIONS, Resize
 from packer.errors import PackerError
 from packer.source.images import scan
 from packer.source.labels import read_labels, scan_flat
+from packer.write.fields import FIELD_OPTIONS, FIELD_SOURCES, prepare_fields, scan_fields
 from packer.write.loading import load_image
 from packer.write.pipeline import Prepared
 
@@ -86,6 +87,19 @@ def prepare(
     error naming a label the index does not know)."""
     if check not in CHECKS:
         raise PackerError(f"invalid check {check!r}; expected one of {', '.join(CHECKS)}")
+    if kind in FIELD_SOURCES:
+        if classes is not None or labels is not None:
+            raise PackerError(
+                "--labels, --classes and splits apply to class-folder images, not to samples "
+                f"with fields (--kind {kind})"
+            )
+        return prepare_fields(scan_fields(kind, src, options), fmt, check, limits, options)
+    given = sorted(k for k in FIELD_OPTIONS if options.get(k) is not None)
+    if given:
+        raise PackerError(
+            f"{', '.join('--' + g.replace('_', '-') for g in given)} applies to samples with "
+            f"fields (--kind {', '.join(FIELD_SOURCES)}), not to {kind} class folders"
+        )
     if kind == "image" or labels is not None:
         return prepare_images(
             src, fmt, check, limits, options, classes, labels, allow_empty, index_from
@@ -96,7 +110,9 @@ def prepare(
         from packer.write.video import prepare_video
 
         return prepare_video(src, fmt, options, check)
-    raise PackerError(f"unknown kind {kind!r}; expected image or video")
+    raise PackerError(
+        f"unknown kind {kind!r}; expected one of image, video, {', '.join(FIELD_SOURCES)}"
+    )
 
 
 def prepare_split(

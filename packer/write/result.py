@@ -60,10 +60,13 @@ class ConvertResult:
             if m.kind == "splits"
             else f"{len(m.shards) or m.num_samples} file(s)"
         )
+        held = (
+            f"{len(m.options.get('fields', []))} fields"
+            if m.kind == "fields"
+            else f"{len(m.classes)} class{'' if len(m.classes) == 1 else 'es'}"
+        )
         lines = [
-            f"wrote {self.dst} ({m.format}): {m.num_samples} {what}, {len(m.classes)} "
-            f"class{'' if len(m.classes) == 1 else 'es'}, "
-            f"{files}",
+            f"wrote {self.dst} ({m.format}): {m.num_samples} {what}, {held}, {files}",
             f"read {format_size(self.bytes_in)}, wrote {format_size(self.bytes_out)} "
             f"in {self.seconds:.1f} s ({format_size(rate)}/s)",
         ]

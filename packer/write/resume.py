@@ -58,12 +58,16 @@ _TABLES = ("samples.npy", "records.npy", "keys.txt")  # a checkpoint's files bes
 
 
 def _files(sample: Any) -> tuple[str, ...]:
-    """The source files of a sample: its frames (a frame folder), else its own path."""
-    return getattr(sample, "frames", None) or (sample.path,)
+    """The source files of a sample: its frames (a frame folder), its fields' files (a sample
+    with fields), else its own path."""
+    return getattr(sample, "frames", None) or getattr(sample, "files", None) or (sample.path,)
 
 
 def sample_folders(source: Any) -> set[str]:
-    """The folders the scan found samples in (a frame folder, or a file's folder)."""
+    """The folders the scan found samples in (a frame folder, or a file's folder); none for tar
+    shards (only the named tars are read, never their folder)."""
+    if getattr(source, "source_kind", "") == "tars":
+        return set()
     return {os.path.dirname(_files(s)[0]) for s in source.samples}
 
 

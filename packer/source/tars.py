@@ -1,0 +1,225 @@
+"""WebDataset tar shards as a source: each member a field of the sample its key names.
+
+A source is one ``.tar``, a folder of ``.tar`` files, or a brace pattern as WebDataset writes
+it (``shards/{000000..000099}.tar``, ``{train,val}-{0..3}.tar``). A member's key is its path
+without everything from the first dot of its file name, the rest (lower-cased) its field:
+``0001.jpg`` and ``0001.txt`` are sample ``0001``'s ``jpg`` and ``txt``. Members are found by
+their headers alone; the loader reads each one's bytes by range (no extraction, no copy).
+
+Skipped, each with its reason: a member that is absolute, climbs out of its tar (``../x``),
+is a link or not a regular file, has a name that is not UTF-8 or not a plain field; a
+sample with two members for one field; keys repeated across shards or differing only by case;
+the sample a truncated tar cuts (and the tar named as truncated). A compressed tar is refused:
+its members cannot be read by range.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tarfile
+from pathlib import Path
+
+from packer.errors import SourceError
+from packer.source.images import SkippedInput
+from packer.source.samples import (
+    FieldSample,
+    FieldScan,
+    Part,
+    declare_fields,
+    fold_case_duplicates,
+    keep_required,
+)
+
+__all__ = ["expand_braces", "looks_tars", "scan_tars", "tar_paths"]
+
+_BRACES = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"^(\d+)\.\.(\d+)$")
+MAX_SHARDS = 1_000_000
+COMPRESSED = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Every name a brace pattern stands for, in order: ``{0..3}`` (zero-padded to the width of
+    its first bound), ``{a,b}``; a pattern without braces is itself.
+
+    Raises:
+        SourceError: a range that runs backwards or expands to over a million names.
+    """
+    match = _BRACES.search(pattern)
+    if match is None:
+        return [pattern]
+    body = match.group(1)
+    bounds = _RANGE.match(body)
+    if bounds:
+        first, last = bounds.groups()
+        lo, hi = int(first), int(last)
+        if hi < lo or hi - lo >= MAX_SHARDS:
+            raise SourceError(f"{pattern!r}: range {{{body}}} is empty or over {MAX_SHARDS:,}")
+        width = len(first)
+        choices = [str(i).zfill(width) for i in range(lo, hi + 1)]
+    else:
+        choices = body.split(",")
+    head, tail = pattern[: match.start()], pattern[match.end() :]
+    out: list[str] = []
+    for choice in choices:
+        out += expand_braces(head + choice + tail)
+        if len(out) > MAX_SHARDS:
+            raise SourceError(f"{pattern!r} expands to over {MAX_SHARDS:,} names")
+    return out
+
+
+def looks_tars(src: str | os.PathLike[str]) -> bool:
+    """Whether ``src`` names tar shards: a ``.tar`` name (or pattern of them), or a folder whose
+    visible entries are all ``.tar`` files."""
+    text = os.fspath(src)
+    if text.lower().endswith(".tar") or text.lower().endswith(COMPRESSED):
+        return True
+    path = Path(text)
+    if not path.is_dir():
+        return False
+    try:
+        names = [n for n in os.listdir(path) if not n.startswith(".")]
+    except OSError:
+        return False
+    return bool(names) and all(n.lower().endswith(".tar") for n in names)
+
+
+def tar_paths(src: str | os.PathLike[str]) -> list[str]:
+    """The shard files of ``src`` (a tar, a brace pattern of them, a folder of them), in order.
+
+    Raises:
+        SourceError: a compressed tar, a named shard that is missing, or no shard at all.
+    """
+    text = os.fspath(src)
+    if Path(text).is_dir():
+        paths = sorted(os.path.join(text, n) for n in os.listdir(text) if n.endswith(".tar"))
+    else:
+        paths = expand_braces(text)
+    for path in paths:
+        if path.lower().endswith(COMPRESSED):
+            raise SourceError(
+                f"{path!r} is a compressed tar: its members cannot be read by range; decompress "
+                "it first (gunzip/unzstd) or convert from the extracted files"
+            )
+        if not os.path.isfile(path):
+            raise SourceError(f"shard {path!r} does not exist (from {text!r})")
+    if not paths:
+        raise SourceError(f"{text!r} holds no .tar shard")
+    return paths
+
+
+def _member_problem(member: tarfile.TarInfo) -> str | None:
+    """Why ``member`` cannot be a field, or None."""
+    name = member.name
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "member name is not UTF-8"
+    if name.startswith("/") or re.match(r"^[A-Za-z]:", name):
+        return "absolute member name"
+    if ".." in name.split("/"):
+        return "member outside its tar's folder (..)"
+    if member.issym() or member.islnk():
+        return "linked member (symlink or hard link)"
+    if not member.isfile():
+        return "not a regular file"
+    return None
+
+
+def _members(path: str, size: int, scan: FieldScan) -> tuple[list[tuple[str, str, Part]], str]:
+    """``[(key, field, part)]`` of one tar's usable members, and the key a truncation cut
+    (``""`` when the tar is whole)."""
+    found: list[tuple[str, str, Part]] = []
+    last_key = ""
+    try:
+        with tarfile.open(path, "r:") as tar:
+            for member in tar:
+                if member.isdir():
+                    continue
+                where = f"{path}:{member.name}"
+                folder, _, base = member.name.rpartition("/")
+                dot = base.find(".", 1)
+                key = (folder + "/" if folder else "") + (base[:dot] if dot > 0 else base)
+                last_key = key
+                problem = _member_problem(member)
+                if problem is None and dot < 0:
+                    scan.ignored += 1
+                    continue
+                if problem is None:
+                    field = base[dot + 1 :].lower()
+                    try:
+                        declare_fields([field], repr(where))
+                    except SourceError as exc:
+                        problem = str(exc)
+                if problem is not None:
+                    scan.skipped.append(SkippedInput(where, problem))
+                    continue
+                if member.offset_data + member.size > size:
+                    return found, key
+                part = Part(field, path, member.size, offset=member.offset_data)
+                found.append((key, field, part))
+    except tarfile.ReadError as exc:
+        if not found and not last_key:
+            scan.skipped.append(SkippedInput(path, f"not a readable tar: {exc}"))
+            return [], ""
+        return found, last_key
+    except OSError as exc:
+        scan.skipped.append(SkippedInput(path, f"cannot read: {exc.strerror or exc}"))
+        return [], ""
+    return found, ""
+
+
+def _samples(path: str, scan: FieldScan) -> list[FieldSample]:
+    """The samples of one tar, in the order of their first member."""
+    try:
+        size = os.stat(path).st_size
+    except OSError as exc:
+        scan.skipped.append(SkippedInput(path, f"cannot stat: {exc.strerror}"))
+        return []
+    members, cut = _members(path, size, scan)
+    if cut:
+        scan.skipped.append(
+            SkippedInput(path, f"truncated tar: sample {cut!r} and any member after it lost")
+        )
+    by_key: dict[str, list[Part]] = {}
+    for key, _, part in members:
+        if key != cut:
+            by_key.setdefault(key, []).append(part)
+    out = []
+    for key, parts in by_key.items():
+        where = f"{path}:{key}.*"
+        names = [p.field for p in parts]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            scan.skipped.append(SkippedInput(where, f"two members for field {twice[0]!r}"))
+            continue
+        total = sum(p.size for p in parts)
+        out.append(FieldSample(key, where, total, tuple(sorted(parts, key=lambda p: p.field))))
+    return out
+
+
+def scan_tars(src: str | os.PathLike[str], required: list[str] | None = None) -> FieldScan:
+    """Scan WebDataset tar shards into an ordered :class:`FieldScan` (headers only).
+
+    Raises:
+        SourceError: no shard, a missing or compressed shard, no sample in any shard, more than
+            ``MAX_FIELDS`` field names, or a ``required`` field no sample has.
+    """
+    paths = tar_paths(src)
+    text = os.fspath(src)
+    root = str(Path(paths[0]).parent.resolve())
+    scan = FieldScan(root=root, kind="fields", classes=[], samples=[])
+    scan.source_kind = "tars"
+    samples: list[FieldSample] = []
+    for path in paths:
+        samples += _samples(path, scan)
+    if not samples:
+        raise SourceError(
+            f"{text!r} holds no sample (tar members sharing a key: 0001.jpg, 0001.txt)"
+        )
+    samples = fold_case_duplicates(samples, scan.skipped)
+    scan.fields = declare_fields({p.field for s in samples for p in s.parts}, repr(text))
+    kept = keep_required(samples, list(required or []), scan.fields, scan.skipped, repr(text))
+    scan.samples = kept  # type: ignore[assignment]  # a Scan of FieldSamples
+    return scan
