@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make the benchmark-only venv that benchmarks/remote.py runs in: the project's venv (torch,
 # packer's dependencies, s3fs, moto) seen through a .pth file, plus the peers it compares with,
-# LitData 0.2.76 and MosaicML Streaming 0.13.0, and the few of their dependencies they import.
+# LitData 0.2.76, MosaicML Streaming 0.13.0 and WebDataset 1.0.2, and the few of their dependencies they import.
 # Kept apart from the project's venv: the peers pin and pull packages packer does not need.
 #
 #   benchmarks/peers_env.sh [VENV]        (default /work/benchvenv; PROJECT_VENV=.venv)
@@ -26,8 +26,8 @@ project_site=$("$PY" -c "$purelib")
 venv_site=$("$VENV/bin/python" -c "$purelib")
 echo "$project_site" > "$venv_site/main_venv.pth"
 
-"$VENV/bin/pip" install -q --no-deps litdata==0.2.76 mosaicml-streaming==0.13.0 \
-    lightning-utilities obstore tifffile catalogue zstd python-snappy Brotli \
+"$VENV/bin/pip" install -q --no-deps litdata==0.2.76 mosaicml-streaming==0.13.0 webdataset==1.0.2 \
+    braceexpand lightning-utilities obstore tifffile catalogue zstd python-snappy Brotli \
     transformers tokenizers safetensors huggingface-hub regex
 torch_version=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
 pin=$(mktemp)
@@ -60,7 +60,7 @@ def to_tensor(pic):
 EOF
 
 "$VENV/bin/python" -c '
-import litdata, streaming, torch, s3fs, moto
+import litdata, streaming, torch, s3fs, moto, webdataset
 from streaming import MDSWriter, StreamingDataset
-print("peers venv ready: litdata", litdata.__version__, "streaming", streaming.__version__,
+print("peers venv ready: litdata", litdata.__version__, "streaming", streaming.__version__, "webdataset", webdataset.__version__,
       "torch", torch.__version__)'

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 import packer
 from packer.cli import main
-from packer.tools.image_demo import make_caption_set
+from packer.tools.field_demo import make_caption_set
 
 BUCKET = "fields"
 
@@ -260,3 +260,19 @@ def test_inspect_shows_each_field_with_its_count_and_bytes(outputs: dict[str, Pa
         CliRunner().invoke(main, ["inspect", str(outputs[".h5"]), "--json"]).output
     )
     assert [f["name"] for f in as_json["fields"]] == ["cls", "jpg", "json", "txt"]
+
+
+def test_bench_and_doctor_measure_the_image_field(outputs: dict[str, Path]) -> None:
+    runner = CliRunner()
+    path = str(outputs[".lmdb"])
+    images = packer.FieldDataset(path, fields=("jpg",), output="bytes")
+    image_bytes = sum(len(images[i][0]) for i in range(len(images)))
+    for mode in ("bytes", "transform"):
+        out = runner.invoke(main, ["bench", path, "--workers", "0", "--mode", mode, "--json"])
+        assert out.exit_code == 0, out.output
+        (run,) = json.loads(out.stdout)["runs"]
+        assert run["images"] == 24 and run["bytes"] == image_bytes  # the image field's bytes
+    out = runner.invoke(main, ["doctor", path, "--json"])
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.output)
+    assert report["samples"] == 24 and report["recommendations"]

@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 import packer
-from packer.tools.image_demo import make_caption_set, make_image_tree
+from packer.tools.field_demo import make_caption_set, make_coco_set, write_shards, write_table
+from packer.tools.image_demo import make_image_tree
 from packer.tools.video_demo import make_video_tree
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,11 +70,14 @@ def test_readme_and_docs_have_python_blocks() -> None:
 @pytest.fixture
 def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The files the README's blocks name (train.lmdb, val.lmdb, imagenet.lmdb, extra.npy,
-    ucf.npy, pairs/, pairs.lmdb), in the working folder."""
+    ucf.npy, pairs/, pairs.lmdb, shards/, table/, coco/), in the working folder."""
     images = make_image_tree(tmp_path / "src", classes=2, per_class=3, size=(64, 48), bad=0)
     for name in ("train.lmdb", "val.lmdb", "imagenet.lmdb", "extra.npy"):
         packer.convert(images.root, tmp_path / name, workers=1, progress=False)
-    make_caption_set(tmp_path / "pairs", samples=6, size=(64, 48))
+    pairs = make_caption_set(tmp_path / "pairs", samples=6, size=(64, 48))
+    write_shards(pairs, tmp_path / "shards", per_shard=3)
+    write_table(pairs, tmp_path / "table" / "captions.csv")
+    make_coco_set(tmp_path / "coco", images=3)
     packer.convert(tmp_path / "pairs", tmp_path / "pairs.lmdb", workers=1, progress=False)
     videos = make_video_tree(tmp_path / "videos", classes=2, per_class=2, frames=(9, 12))
     packer.convert(videos.root, tmp_path / "ucf.npy", workers=1, progress=False)

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from packer import __version__
+from packer.cli.fields import field_kwargs, field_options
 from packer.cli.upload import OutputPath, converter, kept_in, upload_kwargs, upload_options
 from packer.cli.util import (
     CONTEXT,
@@ -104,19 +105,7 @@ def main() -> None:
     show_default=True,
     text="Skip (and list) an image with more pixels than this, before decompressing it.",
 )
-@click.option(
-    "--kind",
-    type=click.Choice(["image", "video", "files", "tars"]),
-    help="image: <class>/<image>; video: <class>/<video>/<frame> or <class>/<video>.mp4; files: "
-    "samples with fields, files sharing a key (0001.jpg, 0001.txt); tars: WebDataset shards "
-    "[default: detected, stated in the summary; a tree that could be either asks for --kind].",
-)
-@click.option(
-    "--require",
-    metavar="FIELD",
-    multiple=True,
-    help="Samples with fields: skip (and list) a sample without this field (repeatable).",
-)
+@field_options
 @click.option(
     "--quality",
     type=click.IntRange(1, 100),
@@ -185,6 +174,8 @@ def convert(
     max_pixels: int,
     kind: str | None,
     require: tuple[str, ...],
+    image_column: str | None,
+    annotations: tuple[Path, ...],
     quality: int | None,
     max_side: int | None,
     short_side: int | None,
@@ -248,8 +239,7 @@ def convert(
         video["skip_bad_frames"] = True
     if reencode:
         video["reencode"] = True
-    if require:
-        video["require"] = list(require)
+    video.update(field_kwargs(require, image_column, annotations))
     from packer.write.dask_client import dask_client
     from packer.write.tasks import parse_part
 
@@ -316,7 +306,7 @@ def demo(workdir: Path, classes: int, per_class: int, kind: str, quiet: bool) ->
     """
     results: list[Any]
     if kind == "fields":
-        from packer.tools.image_demo import run_fields_demo
+        from packer.tools.field_demo import run_fields_demo
 
         click.echo("\n".join(run_fields_demo(workdir, classes * per_class, not quiet)))
         return

@@ -105,6 +105,16 @@ class FieldDataset(PackedSamples, SampleDataset):
         """The names of the fields read, in the order a sample gives them."""
         return tuple(s.name for s in self.specs)
 
+    @property
+    def categories(self) -> dict[int, str]:
+        """A COCO source's categories, id to name (empty for other sources)."""
+        return {c["id"]: c["name"] for c in self.manifest.options.get("categories", [])}
+
+    def stored_bytes(self, indices: Sequence[int]) -> int:
+        """Bytes the chosen fields' records of the samples occupy (what reading them moves)."""
+        records = self._records(np.asarray(indices, dtype=np.int64))
+        return int(self.reader.length[records].sum())
+
     def _records(self, positions: np.ndarray) -> np.ndarray:
         """The chosen fields' record numbers of samples ``positions``, sample by sample."""
         return (self.first[positions][:, None] + self.columns[None, :]).reshape(-1)

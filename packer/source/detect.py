@@ -30,6 +30,7 @@ from pathlib import Path
 from packer.errors import SourceError
 from packer.source.grouped import looks_grouped
 from packer.source.images import class_dirs, is_image_name, is_video_name
+from packer.source.tables import looks_table
 from packer.source.tars import looks_tars
 
 __all__ = [
@@ -199,7 +200,8 @@ def find_splits(root: str | os.PathLike[str]) -> list[str]:
 
 
 def detect_fields(root: str | os.PathLike[str]) -> Detection | None:
-    """``tars`` when ``root`` names WebDataset tar shards, ``files`` when it directly holds
+    """``tars`` when ``root`` names WebDataset tar shards, ``table`` a table of samples (.csv,
+    .tsv, .jsonl, .parquet), ``files`` when it directly holds
     key-grouped files (``0001.jpg`` beside
     ``0001.txt``), None when nothing says it holds samples with fields (a class tree).
 
@@ -210,6 +212,8 @@ def detect_fields(root: str | os.PathLike[str]) -> Detection | None:
     root_path = Path(root)
     if looks_tars(root):
         return Detection("tars", "WebDataset tar shards")
+    if looks_table(root):
+        return Detection("table", f"a table of samples ({root_path.suffix.lower()})")
     if not root_path.is_dir():
         return None
     if looks_grouped(root_path):

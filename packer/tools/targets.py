@@ -117,12 +117,34 @@ def open_for_mode(
         raise PackerError(f"{str(path)!r} does not exist")
     if mode == "bytes":  # batches go to collate_bytes: packed images read straight into one
         dataset = open_dataset(path, output="bytes", **remote)
+        image = _image_field(dataset, path)
+        if image is not None:  # samples with fields: their image field alone, as a 1-tuple
+            return open_dataset(path, output="bytes", fields=(image,), **remote)
         if hasattr(dataset, "batch_buffer"):
             dataset.batch_buffer = True
         return dataset
+    image = _image_field(open_dataset(path, output="bytes", **remote), path)
+    if image is not None:
+        remote["fields"] = (image,)
     if mode == "decode":
         return open_dataset(path, output="numpy", decoder=decoder, **remote)
-    return open_dataset(path, output="pil", transform=train_transform(), decoder=decoder, **remote)
+    crop = train_transform() if image is None else {image: train_transform()}
+    return open_dataset(path, output="pil", transform=crop, decoder=decoder, **remote)
+
+
+def _image_field(dataset: Dataset, path: str | os.PathLike[str]) -> str | None:
+    """The image field a dataset with fields is measured by (its first), None for any other.
+
+    Raises:
+        PackerError: a dataset with fields but no image field.
+    """
+    specs = getattr(dataset, "specs", None)
+    if specs is None:
+        return None
+    images = [s.name for s in specs if s.kind == "image"]
+    if not images:
+        raise PackerError(f"{str(path)!r} has no image field to measure (fields: {dataset})")
+    return str(images[0])
 
 
 def bench_collate(batch: Sequence[Any]) -> Any:
@@ -131,7 +153,7 @@ def bench_collate(batch: Sequence[Any]) -> Any:
     clips) → the list as is."""
     first: Any = batch[0][0] if batch and isinstance(batch[0], (tuple, list)) else None
     if isinstance(first, (bytes, bytearray, memoryview)):
-        return collate_bytes(batch)
+        return collate_bytes(batch) if len(batch[0]) > 1 else [b[0] for b in batch]
     shape = getattr(first, "shape", None)
     if shape is not None and all(getattr(b[0], "shape", None) == shape for b in batch):
         return default_collate(list(batch))

@@ -24,8 +24,10 @@ from packer.core.manifest import bytes_checksum
 from packer.decode.resize import RESIZE_OPTIONS, Resize
 from packer.decode.values import check_value
 from packer.errors import InputFileError, PackerError
+from packer.source.coco import scan_coco
 from packer.source.grouped import scan_grouped
 from packer.source.samples import FieldSample, FieldScan, Part
+from packer.source.tables import scan_table
 from packer.source.tars import scan_tars
 from packer.write.loading import DEFAULT_MAX_FILE_SIZE, Loaded, read_input
 from packer.write.pipeline import Prepared
@@ -40,7 +42,7 @@ __all__ = [
 ]
 
 FIELD_OPTIONS = ("require", "image_column", "annotations")  # the sources' own options
-FIELD_SOURCES = ("files", "tars")  # the kinds of source whose samples have fields
+FIELD_SOURCES = ("files", "tars", "table", "coco")  # the kinds of source whose samples have fields
 
 
 def scan_fields(kind: str, src: Path, options: dict[str, Any]) -> FieldScan:
@@ -57,6 +59,10 @@ def scan_fields(kind: str, src: Path, options: dict[str, Any]) -> FieldScan:
         return scan_grouped(src, required)
     if kind == "tars":
         return scan_tars(src, required)
+    if kind == "table":
+        return scan_table(src, options.get("image_column"), required)
+    if kind == "coco":
+        return scan_coco(src, options.get("annotations") or [], required)
     raise PackerError(f"unknown kind {kind!r}; expected one of {', '.join(FIELD_SOURCES)}")
 
 

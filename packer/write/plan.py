@@ -293,6 +293,8 @@ def _plan_folder(plan: ConversionPlan, labels: Labels | None) -> ConversionPlan:
     kind, how = plan.kind or None, plan.how
     if not kind:
         how = "a labels file" if file is not None else "detected"
+    if kind is None and plan.extra_options.get("annotations"):
+        kind, how = "coco", "given: --annotations"
     if kind is None and file is None:
         detection = detect_fields(plan.src) or detect(plan.src, class_dirs(plan.src))
         kind, how = detection.kind, f"detected: {detection.reason}"

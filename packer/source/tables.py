@@ -1,0 +1,248 @@
+"""A table of samples as a source: CSV, TSV, JSONL or Parquet, a row per sample.
+
+One column holds image paths, relative to the table's folder (``--image-column``; found by
+name when not given: ``image``, ``image_path``, ``path``, ``file``, ``filename``,
+``file_name``, ``jpg``, ``png``); every other column is a field of the same name. A column's
+kind follows from its name as a key-grouped file's does (``caption`` and ``txt`` are text,
+``label`` and ``cls`` integers, ``json`` JSON); other columns take their values' kind: text in
+a CSV; in JSONL and Parquet integers, text, or JSON for anything else (floats, lists, objects).
+A row's key is its ``key`` column when there is one, else its row number (``000000000``).
+
+Skipped, each with its reason: a row whose image path is empty, absolute or climbs out of the
+table's folder, or names no file; a JSONL line that does not parse; a value its column's
+kind refuses (checked when the sample is loaded). An empty cell (CSV), a ``null`` or a missing
+key (JSONL, Parquet) is an absent field. Refused in one line: a table that cannot be read, a
+column name that is not a plain field name, an image column that is missing or (Parquet) does
+not hold strings.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from packer.core.fields import MAX_FIELDS, field_kind
+from packer.errors import SourceError
+from packer.source.images import SkippedInput
+from packer.source.samples import (
+    FieldSample,
+    FieldScan,
+    Part,
+    declare_fields,
+    fold_case_duplicates,
+    keep_required,
+)
+
+__all__ = ["TABLE_SUFFIXES", "looks_table", "scan_table"]
+
+TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".parquet")
+IMAGE_COLUMNS = ("image", "image_path", "path", "file", "filename", "file_name", "jpg", "png")
+Row = dict[str, Any]
+
+
+def looks_table(src: str | os.PathLike[str]) -> bool:
+    """Whether ``src`` is a file named as a table of samples."""
+    return os.fspath(src).lower().endswith(TABLE_SUFFIXES) and os.path.isfile(src)
+
+
+def _csv_rows(path: Path, delimiter: str) -> tuple[list[str], Iterator[tuple[int, Row]]]:
+    handle = open(path, newline="", encoding="utf-8-sig")  # noqa: SIM115 (closed by the rows)
+    reader = csv.DictReader(handle, delimiter=delimiter)
+    try:
+        columns = list(reader.fieldnames or [])
+    except (UnicodeDecodeError, csv.Error) as exc:
+        handle.close()
+        raise SourceError(f"{str(path)!r} cannot be read as CSV: {exc}") from exc
+
+    def rows() -> Iterator[tuple[int, Row]]:
+        with handle:
+            try:
+                for n, row in enumerate(reader):
+                    yield n, {k: v for k, v in row.items() if k is not None and v != ""}
+            except (UnicodeDecodeError, csv.Error) as exc:
+                raise SourceError(
+                    f"{str(path)!r} line {reader.line_num}: cannot be read as CSV: {exc}"
+                ) from exc
+
+    return columns, rows()
+
+
+def _jsonl_rows(path: Path, skipped: list[SkippedInput]) -> tuple[list[str], list[tuple[int, Row]]]:
+    rows: list[tuple[int, Row]] = []
+    columns: dict[str, None] = {}
+    try:
+        with open(path, "rb") as handle:
+            for n, line in enumerate(handle):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except (UnicodeDecodeError, ValueError) as exc:
+                    skipped.append(SkippedInput(f"{path}:{n + 1}", f"not a JSON line: {exc}"))
+                    continue
+                if not isinstance(row, dict):
+                    skipped.append(SkippedInput(f"{path}:{n + 1}", "not a JSON object"))
+                    continue
+                columns.update(dict.fromkeys(row))
+                rows.append((n, {k: v for k, v in row.items() if v is not None}))
+    except OSError as exc:
+        raise SourceError(f"{str(path)!r} cannot be read: {exc.strerror or exc}") from exc
+    return list(columns), rows
+
+
+def _parquet_rows(path: Path, image_column: str | None) -> tuple[list[str], list[tuple[int, Row]]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise SourceError(
+            "reading a Parquet table needs pyarrow: pip install 'packer-datasets[table]'"
+        ) from exc
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises its own ArrowInvalid / OSError family
+        raise SourceError(f"{str(path)!r} cannot be read as Parquet: {exc}") from exc
+    columns = list(table.column_names)
+    column = image_column or next((c for c in IMAGE_COLUMNS if c in columns), None)
+    if column in columns:
+        import pyarrow as pa
+
+        dtype = table.schema.field(column).type
+        if not (pa.types.is_string(dtype) or pa.types.is_large_string(dtype)):
+            raise SourceError(
+                f"{str(path)!r}: image column {column!r} holds {dtype}, not paths (strings)"
+            )
+    rows = [
+        (n, {k: v for k, v in row.items() if v is not None})
+        for n, row in enumerate(table.to_pylist())
+    ]
+    return columns, rows
+
+
+def _image_column(columns: list[str], given: str | None, where: str) -> str:
+    if given is not None:
+        if given not in columns:
+            raise SourceError(
+                f"{where} has no column {given!r} (--image-column); its columns are "
+                f"{', '.join(map(repr, columns)) or '(none)'}"
+            )
+        return given
+    for name in IMAGE_COLUMNS:
+        if name in columns:
+            return name
+    raise SourceError(
+        f"{where} has no image column ({', '.join(IMAGE_COLUMNS)}); name it with --image-column "
+        f"(its columns are {', '.join(map(repr, columns)) or '(none)'})"
+    )
+
+
+def _value_kind(values: list[Any], csv_table: bool) -> str:
+    """The kind of a column named like no kind, from its values."""
+    if csv_table:
+        return "text"
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return "int"
+    if all(isinstance(v, str) for v in values):
+        return "text"
+    if all(isinstance(v, bytes) for v in values):
+        return "bytes"
+    return "json"
+
+
+def _encode(value: Any, kind: str, text_is_raw: bool) -> bytes:
+    """A cell's value as the bytes its field stores (checked by kind when loaded); a string is
+    stored as it is when ``text_is_raw`` (a CSV cell, a string in a column named ``json``)."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str) and text_is_raw:
+        return value.encode()
+    if kind == "json" or not isinstance(value, (str, int)) or isinstance(value, bool):
+        return json.dumps(value, ensure_ascii=False).encode()
+    return str(value).encode()
+
+
+def _image_part(table_dir: str, field: str, value: Any) -> tuple[Part | None, str]:
+    """The image column's part of a row, or why the row cannot be used."""
+    if not isinstance(value, str) or not value.strip():
+        return None, "no image path"
+    if os.path.isabs(value) or ".." in Path(value).parts:
+        return None, f"image path {value!r} is outside the table's folder"
+    path = os.path.join(table_dir, value)
+    try:
+        size = os.stat(path).st_size
+    except OSError as exc:
+        return None, f"image {value!r}: {exc.strerror}"
+    if not os.path.isfile(path):
+        return None, f"image {value!r} is not a file"
+    return Part(field, path, size), ""
+
+
+def scan_table(
+    src: str | os.PathLike[str],
+    image_column: str | None = None,
+    required: list[str] | None = None,
+) -> FieldScan:
+    """Scan a table of samples into an ordered :class:`FieldScan` (the images only stat-ed).
+
+    Raises:
+        SourceError: the table cannot be read, has no image column, or a column whose name is
+            not a plain field name; no usable row; a ``required`` field no sample has.
+    """
+    path = Path(src)
+    where = repr(str(path))
+    if not path.is_file():
+        raise SourceError(f"table {where} does not exist or is not a file")
+    scan = FieldScan(root=str(path.parent.resolve()), kind="fields", classes=[], samples=[])
+    scan.source_kind = "table"
+    suffix = path.suffix.lower()
+    rows: Any
+    if suffix in (".csv", ".tsv"):
+        columns, rows = _csv_rows(path, "\t" if suffix == ".tsv" else ",")
+    elif suffix == ".jsonl":
+        columns, rows = _jsonl_rows(path, scan.skipped)
+    else:
+        columns, rows = _parquet_rows(path, image_column)
+    image = _image_column(columns, image_column, where)
+    if len(columns) > MAX_FIELDS + 1:
+        declare_fields(set(columns), where)  # raises: more than MAX_FIELDS
+    key_column = "key" if "key" in columns and image != "key" else None
+    names = [c for c in columns if c != key_column]
+    declare_fields(set(names), where)  # every column a plain name, or refused here
+    rows = list(rows)
+    kinds = {image: "image"}
+    raw = {image: True}
+    for name in names:
+        if name != image:
+            kinds[name] = field_kind(name)
+            raw[name] = suffix in (".csv", ".tsv") or kinds[name] != "bytes"
+            if kinds[name] == "bytes":
+                found = [r[name] for _, r in rows if name in r]
+                kinds[name] = _value_kind(found, suffix in (".csv", ".tsv"))
+    table_dir = str(path.parent)
+    samples = []
+    for n, row in rows:
+        at = f"{path}:{n + 2 if suffix in ('.csv', '.tsv') else n + 1}"
+        part, why = _image_part(table_dir, image, row.get(image))
+        if part is None:
+            scan.skipped.append(SkippedInput(at, why))
+            continue
+        key = str(row[key_column]) if key_column and key_column in row else f"{n:09d}"
+        parts = [part] + [
+            Part(name, str(path), len(data), data=data)
+            for name in names
+            if name != image and name in row
+            for data in [_encode(row[name], kinds[name], raw[name])]
+        ]
+        size = sum(p.size for p in parts)
+        samples.append(FieldSample(key, at, size, tuple(sorted(parts, key=lambda p: p.field))))
+    if not samples:
+        raise SourceError(f"{where} holds no usable row (an image path relative to the table)")
+    samples = fold_case_duplicates(samples, scan.skipped)
+    used = {p.field for s in samples for p in s.parts} | {image}
+    scan.fields = declare_fields(used, where, {n: kinds[n] for n in used})
+    kept = keep_required(samples, list(required or []), scan.fields, scan.skipped, where)
+    scan.samples = kept  # type: ignore[assignment]  # a Scan of FieldSamples
+    return scan
