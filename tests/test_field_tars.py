@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from s3_server import S3Server
 from torch.utils.data import DataLoader
 
 import packer
@@ -19,6 +20,7 @@ from packer.source.tars import expand_braces
 from packer.tools.field_demo import make_caption_set, write_shards
 
 Samples = dict[str, dict[str, bytes]]
+BUCKET = "tars"
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +179,35 @@ def test_cli_converts_a_pattern_with_require(shards: tuple[Path, Samples], tmp_p
     assert got.exit_code == 0, got.output
     ds = packer.open_dataset(dst, fields=("json",))
     assert len(ds) == 10 and all(ds[i][0]["id"] == 2 * i for i in range(10))
+
+
+def test_tars_at_a_url_fetched_once_then_converted(
+    shards: tuple[Path, Samples], server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
+    url = server.upload(shards[0], "shards")
+    pattern = url + "/{000000..000003}.tar"
+    dst = tmp_path / "o.lmdb"
+    option = f"endpoint_url={server.endpoint}"
+    got = CliRunner().invoke(main, ["convert", pattern, str(dst), "--storage-option", option])
+    assert got.exit_code == 0, got.output
+    assert "tar shards" in got.output
+    local = packer.open_dataset(
+        packer.convert(shards[0], tmp_path / "l.lmdb", progress=False).dst, output="bytes"
+    )
+    remote = packer.open_dataset(dst, output="bytes")
+    assert [remote[i] for i in range(len(remote))] == [local[i] for i in range(len(local))]
+    fetched = sorted((tmp_path / "cache" / "sources").glob("*/*.tar"))
+    assert [p.name for p in fetched] == [f"{i:06d}-{i:06d}.tar" for i in range(4)]
+    stamps = [p.stat().st_mtime_ns for p in fetched]
+    again = packer.convert(
+        pattern, tmp_path / "p.npy", source_options=server.options, progress=False
+    )
+    assert again.manifest.num_samples == len(shards[1])
+    assert [p.stat().st_mtime_ns for p in fetched] == stamps  # not fetched a second time
+    missing = CliRunner().invoke(
+        main, ["convert", url + "/{000000..000009}.tar", str(tmp_path / "q.lmdb"),
+               "--storage-option", option],
+    )  # fmt: skip
+    assert missing.exit_code != 0 and "000004.tar' does not exist" in missing.output
+    assert "Traceback" not in missing.output

@@ -12,7 +12,15 @@ import click
 
 from packer import __version__
 from packer.cli.fields import field_kwargs, field_options
-from packer.cli.upload import OutputPath, converter, kept_in, upload_kwargs, upload_options
+from packer.cli.upload import (
+    OutputPath,
+    SourcePath,
+    converter,
+    kept_in,
+    source_kwargs,
+    upload_kwargs,
+    upload_options,
+)
 from packer.cli.util import (
     CONTEXT,
     DatasetPath,
@@ -36,7 +44,7 @@ def main() -> None:
 
 
 @main.command(context_settings=CONTEXT)
-@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("src", type=SourcePath())
 @click.argument("dst", type=OutputPath())
 @click.option(
     "--format",
@@ -156,7 +164,7 @@ def main() -> None:
 @quiet_flag()
 @friendly
 def convert(
-    src: Path,
+    src: Path | str,
     dst: Path,
     fmt: str | None,
     shard_size: str,
@@ -199,8 +207,9 @@ def convert(
     (ImageNet's val/) takes its labels file with --labels. Every split is checked before any
     is converted.
 
-    Samples with fields too: files sharing a key (0001.jpg, 0001.txt), a field per suffix, as
-    a folder or as WebDataset tar shards (a .tar, a folder of them, 'shards/{000000..000099}.tar').
+    Samples with fields too: files sharing a key (0001.jpg, 0001.txt), a field per suffix;
+    WebDataset tars ('shards/{000000..000099}.tar', or at a URL: fetched first); a table
+    (.csv/.tsv/.jsonl/.parquet) with an image column; COCO (--annotations).
 
     Video sources work the same way: <class>/<video>/<frame>.jpg frame folders (kept as they
     are) or <class>/<video>.mp4|.avi|.webm|.mkv files (decoded once with PyAV, stored as JPEG).
@@ -267,7 +276,8 @@ def convert(
             executor=executor,
             part=part_of,
             **video,
-            **upload_kwargs(dst, staging, keep_staging, storage_options, staging_limit),
+            **source_kwargs(src, dst, storage_options),
+            **upload_kwargs(dst, staging, keep_staging, storage_options, staging_limit, src),
         )
     except KeyboardInterrupt:
         kept = kept_in(dst, part_of, staging, storage_options)

@@ -40,6 +40,15 @@ class OutputPath(click.ParamType):
         return click.Path(path_type=Path).convert(value, param, ctx)
 
 
+class SourcePath(OutputPath):
+    """A conversion's source: a URL of WebDataset tars (kept as text) or a local path."""
+
+
+def source_kwargs(src: Any, dst: Any, storage_options: dict[str, Any]) -> dict[str, Any]:
+    """A URL source's keyword arguments: ``--storage-option`` reaches its store too."""
+    return {"source_options": storage_options} if isinstance(src, str) else {}
+
+
 def upload_options(streams: bool = False) -> Decorator:
     """``--staging DIR``, ``--keep-staging`` and ``--storage-option KEY=VALUE`` (and for a
     command that sends shards while converting, ``--staging-limit SIZE``)."""
@@ -63,9 +72,11 @@ def upload_kwargs(
     keep_staging: bool,
     storage_options: dict[str, Any],
     staging_limit: str | None = None,
+    src: Any = None,
 ) -> dict[str, Any]:
     """The keyword arguments of a conversion into ``dst``: the upload's for a URL; none for a
-    local path, where the upload options are refused."""
+    local path, where the upload options are refused (``--storage-option`` is a URL
+    ``src``'s then)."""
     if isinstance(dst, str):
         given_limit = {"staging_limit": staging_limit} if staging_limit is not None else {}
         return {
@@ -76,7 +87,7 @@ def upload_kwargs(
         }
     named = (("--staging", staging), ("--keep-staging", keep_staging))
     given = [n for n, v in (*named, ("--staging-limit", staging_limit)) if v]
-    given += ["--storage-option"] * bool(storage_options)
+    given += ["--storage-option"] * bool(storage_options and not isinstance(src, str))
     if given:
         raise click.UsageError(
             f"{given[0]} applies to a URL destination (s3://bucket/out.lmdb), not the local "

@@ -130,6 +130,19 @@ def _weights(names: list[str], sizes: list[int], weights: Any) -> list[Fraction]
     return found
 
 
+def _check_fields(sources: dict[Any, Any]) -> None:
+    """Refuse a mixture of samples with fields unless every source reads the same fields."""
+    read = {str(n): getattr(ds, "fields", None) for n, ds in sources.items()}
+    if any(f is not None for f in read.values()) and len({str(f) for f in read.values()}) > 1:
+        shown = "; ".join(
+            f"{n!r} reads {f if f is not None else 'no fields'}" for n, f in read.items()
+        )
+        raise PackerError(
+            f"a Mixture of samples with fields needs the same fields in every source: {shown} "
+            "(open each with the same fields=)"
+        )
+
+
 def _median_shard(source: Any) -> int | None:
     shards = getattr(source, "shard_of_sample", None)
     layout = shards() if callable(shards) else None
@@ -183,6 +196,7 @@ class Mixture:
             )
         self.sources = dict(sources)
         self.names = [str(name) for name in self.sources]
+        _check_fields(self.sources)
         sizes = [len(ds) for ds in self.sources.values()]
         self.sizes = dict(zip(self.names, sizes))
         self.seed = _integer("seed", seed, 0)

@@ -85,6 +85,7 @@ def convert(
     executor: Any = None,
     part: tuple[int, int] | None = None,
     after_shard: ShardHook | None = None,
+    source_options: dict[str, Any] | None = None,
     **video_options: Any,
 ) -> ConvertResult:
     """Convert the folder ``src`` into a packed dataset at ``dst``.
@@ -127,6 +128,8 @@ def convert(
         after_shard: called as ``after_shard(job, shard, checkpoint)`` once each planned
             shard is durable and checkpointed, in the converting process (not with
             ``executor`` or ``part``); :func:`packer.upload.staging.convert_to_url` uploads it then.
+        source_options: fsspec options (``endpoint_url``, ...) of a URL ``src``: WebDataset
+            tars at a URL are fetched into a local folder first (:mod:`packer.remote.fetch`).
         video_options: for images and video, ``quality``, ``max_side``, ``short_side`` and
             ``reencode`` (write-time resize, :mod:`packer.decode.resize`); for images into ``.npy``,
             ``size`` (decoded size×size pixels, :mod:`packer.decode.pixels`); for video, ``fps``,

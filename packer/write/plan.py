@@ -25,6 +25,8 @@ from packer.core.sizes import parse_size
 from packer.decode.check import DEFAULT_CHECK, DEFAULT_MAX_PIXELS
 from packer.errors import InputFileError, PackerError
 from packer.formats import by_name, default_layout, format_for
+from packer.remote.fetch import fetch_tars
+from packer.remote.storage import is_url
 from packer.source.detect import detect, detect_fields, find_splits
 from packer.source.images import class_dirs
 from packer.source.labels import Labels, one_labels_file
@@ -205,6 +207,7 @@ def plan_conversion(
     executor: Any = None,
     part: tuple[int, int] | None = None,
     after_shard: ShardHook | None = None,
+    source_options: dict[str, Any] | None = None,
     **video_options: Any,
 ) -> ConversionPlan:
     """Validate :func:`packer.write.convert.convert`'s arguments (same names, same meaning), scan the
@@ -213,6 +216,10 @@ def plan_conversion(
     Raises:
         PackerError: bad arguments, a bad source or destination, or (with ``strict``) a bad file.
     """
+    if is_url(src):
+        src = fetch_tars(str(src), source_options)
+    elif source_options:
+        raise PackerError(f"source_options apply to a URL source, not the path {str(src)!r}")
     src_path, dst_path = Path(src), Path(os.fspath(dst).rstrip("/") or "/")
     fmt = by_name(format) if format else format_for(dst_path)
     if workers is not None and workers < 1:

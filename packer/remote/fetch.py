@@ -1,0 +1,83 @@
+"""WebDataset tars at a URL as a conversion's source: the shards fetched into a local folder first.
+
+A source URL is a tar or a brace pattern of them (``s3://bucket/shards/{000000..000099}.tar``,
+``https://host/data/{a,b}.tar``). Each shard is downloaded by ranged GETs (retried as every
+request is: :class:`packer.remote.storage.RemoteFolder`) into
+``$PACKER_CACHE_DIR/sources/<hash of the URL>/`` as ``NNNNNN-<name>`` (the pattern's order), then
+the conversion reads that folder as local tars. A shard already there with the object's size is
+not fetched again, so an interrupted conversion's ``--resume`` does not download it twice; a
+shard is written under a temporary name and renamed once complete, never read half-fetched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+from packer.core.cpus import packer_home
+from packer.errors import PackerError, SourceError
+from packer.remote.storage import RemoteFolder
+from packer.source.tars import COMPRESSED, expand_braces
+
+__all__ = ["fetch_tars", "source_folder"]
+
+
+def source_folder(url: str) -> Path:
+    """Where the shards of source ``url`` are fetched to."""
+    digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+    return packer_home() / "sources" / digest
+
+
+def fetch_tars(
+    url: str, storage_options: dict[str, Any] | None = None, folder: Path | None = None
+) -> Path:
+    """Fetch the tar shards ``url`` names into a local folder (:func:`source_folder` by
+    default) and return it.
+
+    Raises:
+        SourceError: the URL names no ``.tar`` (or a compressed one), or a shard is missing.
+        PackerError: the store cannot be reached (after retries).
+    """
+    urls = expand_braces(url)
+    bad = [u for u in urls if not u.lower().endswith(".tar") or u.lower().endswith(COMPRESSED)]
+    if bad:
+        raise SourceError(
+            f"a source URL must name WebDataset .tar shards (uncompressed); {bad[0]!r} is not one"
+        )
+    target = folder or source_folder(url)
+    target.mkdir(parents=True, exist_ok=True)
+    width = max(6, len(str(len(urls))))
+    by_folder: dict[str, list[tuple[int, str]]] = {}
+    for i, shard in enumerate(urls):
+        parent, _, name = shard.rpartition("/")
+        by_folder.setdefault(parent, []).append((i, name))
+    for parent, shards in by_folder.items():
+        remote = RemoteFolder(parent, storage_options)
+        sizes = remote.sizes([name for _, name in shards])
+        missing = [name for _, name in shards if name not in sizes]
+        if missing:
+            raise SourceError(f"shard {parent + '/' + missing[0]!r} does not exist (from {url!r})")
+        for i, name in shards:
+            _fetch(remote, name, sizes[name], target / f"{i:0{width}d}-{name}")
+    return target
+
+
+def _fetch(remote: RemoteFolder, name: str, size: int, path: Path) -> None:
+    """Download object ``name`` (``size`` bytes) to ``path`` unless it is there already."""
+    try:
+        if path.stat().st_size == size:
+            return
+    except FileNotFoundError:
+        pass
+    partial = path.with_name(f".{path.name}.fetching")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        remote.download(name, fd, size)
+        os.fsync(fd)
+    except OSError as exc:
+        raise PackerError(f"cannot write {str(partial)!r}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+    os.replace(partial, path)
