@@ -206,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-convert", action="store_true")
+    parser.add_argument("--skip-read", action="store_true")
     parser.add_argument("--one-pass", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one_pass:
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         _log("timing conversions ...")
         report["convert_s"] = time_conversions(paths, work, args.repeats, shard)
     runs: dict[str, list[dict[str, Any]]] = {}
-    for repeat in range(args.repeats):
+    for repeat in range(0 if args.skip_read else args.repeats):
         for cache in ("cold", "warm"):
             for reader, path in targets.items():
                 cfg = {

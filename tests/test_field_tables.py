@@ -36,7 +36,10 @@ def _expected(fields: dict[str, bytes], with_json: bool) -> dict[str, object]:
 
 @pytest.mark.parametrize(
     "table, out",
-    [("t.csv", ".lmdb"), ("t.tsv", ".npy"), ("t.jsonl", ".h5"), ("t.parquet", ".lmdb")],
+    [
+        *(("t.csv", suffix) for suffix in (".lmdb", ".npy", ".h5")),
+        *(("t.tsv", ".npy"), ("t.jsonl", ".h5"), ("t.parquet", ".lmdb")),
+    ],
 )
 def test_table_reads_back_row_for_row_through_workers(
     table: str, out: str, written: Samples, tmp_path: Path

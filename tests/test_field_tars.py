@@ -211,3 +211,36 @@ def test_tars_at_a_url_fetched_once_then_converted(
     )  # fmt: skip
     assert missing.exit_code != 0 and "000004.tar' does not exist" in missing.output
     assert "Traceback" not in missing.output
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_long_and_non_ascii_member_names_keep_their_keys(fmt: int, tmp_path: Path) -> None:
+    deep = "/".join(["folder"] * 14)  # 97 characters: ustar puts it in the prefix field
+    keys = [f"{deep}/0001", "k" * 120 if fmt != tarfile.USTAR_FORMAT else "short", "café"]
+    shard = tmp_path / "names.tar"
+    with tarfile.open(shard, "w", format=fmt) as tar:
+        for key in keys:
+            _add(tar, f"{key}.txt", key.encode())
+            _add(tar, f"{key}.cls", b"7")
+    result = packer.convert(shard, tmp_path / "o.npy", progress=False)
+    assert not result.skipped
+    ds = packer.FieldDataset(result.dst)
+    assert sorted(ds[i]["txt"] for i in range(len(ds))) == sorted(keys)
+    assert sorted(ds.keys) == sorted(keys) and {ds[i]["cls"] for i in range(3)} == {7}
+
+
+def test_a_damaged_header_ends_the_listing_with_its_reason(
+    shards: tuple[Path, Samples], tmp_path: Path
+) -> None:
+    data = bytearray((shards[0] / "000000.tar").read_bytes())
+    with tarfile.open(shards[0] / "000000.tar") as tar:
+        third = tar.getmembers()[7]  # the first member of the third sample (000002.cls)
+    header = third.offset_data - 512
+    data[header + 10] ^= 0xFF  # a flipped byte in its name: the checksum no longer matches
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(bytes(data))
+    result = packer.convert(bad, tmp_path / "o.lmdb", progress=False)
+    assert list(packer.FieldDataset(result.dst).keys) == ["000000"]  # 000001 cut: its last member
+    assert [s.reason for s in result.skipped] == [
+        "truncated tar: sample '000001' and any member after it lost"
+    ]

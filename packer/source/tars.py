@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import tarfile
 from pathlib import Path
 
 from packer.errors import SourceError
@@ -30,6 +29,7 @@ from packer.source.samples import (
     fold_case_duplicates,
     keep_required,
 )
+from packer.source.tar_headers import Member, read_members
 
 __all__ = ["expand_braces", "looks_tars", "scan_tars", "tar_paths"]
 
@@ -109,7 +109,7 @@ def tar_paths(src: str | os.PathLike[str]) -> list[str]:
     return paths
 
 
-def _member_problem(member: tarfile.TarInfo) -> str | None:
+def _member_problem(member: Member) -> str | None:
     """Why ``member`` cannot be a field, or None."""
     name = member.name
     try:
@@ -120,9 +120,9 @@ def _member_problem(member: tarfile.TarInfo) -> str | None:
         return "absolute member name"
     if ".." in name.split("/"):
         return "member outside its tar's folder (..)"
-    if member.issym() or member.islnk():
+    if member.kind in ("sym", "link"):
         return "linked member (symlink or hard link)"
-    if not member.isfile():
+    if member.kind != "file":
         return "not a regular file"
     return None
 
@@ -130,44 +130,43 @@ def _member_problem(member: tarfile.TarInfo) -> str | None:
 def _members(path: str, size: int, scan: FieldScan) -> tuple[list[tuple[str, str, Part]], str]:
     """``[(key, field, part)]`` of one tar's usable members, and the key a truncation cut
     (``""`` when the tar is whole)."""
-    found: list[tuple[str, str, Part]] = []
-    last_key = ""
     try:
-        with tarfile.open(path, "r:") as tar:
-            for member in tar:
-                if member.isdir():
-                    continue
-                where = f"{path}:{member.name}"
-                folder, _, base = member.name.rpartition("/")
-                dot = base.find(".", 1)
-                key = (folder + "/" if folder else "") + (base[:dot] if dot > 0 else base)
-                last_key = key
-                problem = _member_problem(member)
-                if problem is None and dot < 0:
-                    scan.ignored += 1
-                    continue
-                if problem is None:
-                    field = base[dot + 1 :].lower()
-                    try:
-                        declare_fields([field], repr(where))
-                    except SourceError as exc:
-                        problem = str(exc)
-                if problem is not None:
-                    scan.skipped.append(SkippedInput(where, problem))
-                    continue
-                if member.offset_data + member.size > size:
-                    return found, key
-                part = Part(field, path, member.size, offset=member.offset_data)
-                found.append((key, field, part))
-    except tarfile.ReadError as exc:
-        if not found and not last_key:
-            scan.skipped.append(SkippedInput(path, f"not a readable tar: {exc}"))
-            return [], ""
-        return found, last_key
+        members, stopped = read_members(path)
     except OSError as exc:
         scan.skipped.append(SkippedInput(path, f"cannot read: {exc.strerror or exc}"))
         return [], ""
-    return found, ""
+    if stopped is not None and not members:
+        scan.skipped.append(SkippedInput(path, f"not a readable tar: {stopped}"))
+        return [], ""
+    found: list[tuple[str, str, Part]] = []
+    fields: set[str] = set()  # the field names already checked
+    last_key = ""
+    for member in members:
+        if member.kind == "dir":
+            continue
+        where = f"{path}:{member.name}"
+        folder, _, base = member.name.rpartition("/")
+        dot = base.find(".", 1)
+        key = (folder + "/" if folder else "") + (base[:dot] if dot > 0 else base)
+        last_key = key
+        problem = _member_problem(member)
+        if problem is None and dot < 0:
+            scan.ignored += 1
+            continue
+        field = base[dot + 1 :].lower()
+        if problem is None and field not in fields:
+            try:
+                declare_fields([field], repr(where))
+                fields.add(field)
+            except SourceError as exc:
+                problem = str(exc)
+        if problem is not None:
+            scan.skipped.append(SkippedInput(where, problem))
+            continue
+        if member.offset + member.size > size:
+            return found, key
+        found.append((key, field, Part(field, path, member.size, offset=member.offset)))
+    return found, last_key if stopped is not None else ""
 
 
 def _samples(path: str, scan: FieldScan) -> list[FieldSample]:
