@@ -24,14 +24,7 @@ from typing import Any
 
 from packer.errors import SourceError
 from packer.source.images import SkippedInput, check_source_folder
-from packer.source.samples import (
-    FieldSample,
-    FieldScan,
-    Part,
-    declare_fields,
-    fold_case_duplicates,
-    keep_required,
-)
+from packer.source.samples import FieldSample, FieldScan, Part, finish_scan
 
 __all__ = ["scan_coco"]
 
@@ -176,15 +169,10 @@ def scan_coco(
             samples.append(got)
     if not samples:
         raise SourceError(f"no image the annotations list was found in {str(root)!r}")
-    samples = fold_case_duplicates(samples, scan.skipped)
-    used = {p.field for s in samples for p in s.parts}
-    scan.fields = declare_fields(used, repr(str(root)), KINDS)
     scan.recorded = {
         "categories": [
             {k: c.get(k) for k in ("id", "name", "supercategory") if k in c}
             for _, c in sorted(merged.categories.items())
         ]
     }
-    kept = keep_required(samples, list(required or []), scan.fields, scan.skipped, repr(str(root)))
-    scan.samples = kept  # type: ignore[assignment]  # a Scan of FieldSamples
-    return scan
+    return finish_scan(scan, samples, required, repr(str(root)), KINDS)

@@ -24,8 +24,8 @@ from packer.source.samples import (
     FieldScan,
     Part,
     declare_fields,
-    fold_case_duplicates,
-    keep_required,
+    finish_scan,
+    sample_of,
 )
 
 __all__ = ["looks_grouped", "scan_grouped"]
@@ -111,16 +111,10 @@ def _group(root: str, rel: str, files: list[tuple[str, int]], scan: FieldScan) -
         by_key.setdefault(stem, []).append(Part(field, path, size))
     out = []
     for stem in sorted(by_key):
-        parts = by_key[stem]
         key = os.path.join(rel, stem) if rel else stem
-        where = os.path.join(root, key) + ".*"
-        names = [p.field for p in parts]
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            scan.skipped.append(SkippedInput(where, f"two files for field {twice[0]!r}"))
-            continue
-        size = sum(p.size for p in parts)
-        out.append(FieldSample(key, where, size, tuple(sorted(parts, key=lambda p: p.field))))
+        sample = sample_of(key, os.path.join(root, key) + ".*", by_key[stem], scan.skipped)
+        if sample is not None:
+            out.append(sample)
     return out
 
 
@@ -143,8 +137,4 @@ def scan_grouped(root: str | os.PathLike[str], required: list[str] | None = None
         raise SourceError(
             f"{top!r} holds no key-grouped files (files sharing a key: 0001.jpg, 0001.txt)"
         )
-    samples = fold_case_duplicates(samples, scan.skipped)
-    scan.fields = declare_fields({p.field for s in samples for p in s.parts}, repr(top))
-    kept = keep_required(samples, list(required or []), scan.fields, scan.skipped, repr(top))
-    scan.samples = kept  # type: ignore[assignment]  # a Scan of FieldSamples
-    return scan
+    return finish_scan(scan, samples, required, repr(top))

@@ -21,8 +21,10 @@ __all__ = [
     "FieldScan",
     "Part",
     "declare_fields",
+    "finish_scan",
     "fold_case_duplicates",
     "keep_required",
+    "sample_of",
 ]
 
 
@@ -143,3 +145,40 @@ def fold_case_duplicates(
         what = "the same key" if same else "a key that differs only by case"
         skipped.append(SkippedInput(sample.path, f"{what} as {others[0]!r}: keys must be unique"))
     return out
+
+
+def sample_of(
+    key: str, where: str, parts: list[Part], skipped: list[SkippedInput], what: str = "files"
+) -> FieldSample | None:
+    """The sample of ``parts`` (in field order), or None, skipped with its reason, when two of
+    them are one field (``0001.jpg`` and ``0001.JPG``)."""
+    names = [p.field for p in parts]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        skipped.append(SkippedInput(where, f"two {what} for field {twice[0]!r}"))
+        return None
+    total = sum(p.size for p in parts)
+    return FieldSample(key, where, total, tuple(sorted(parts, key=lambda p: p.field)))
+
+
+def finish_scan(
+    scan: FieldScan,
+    samples: list[FieldSample],
+    required: list[str] | None,
+    where: str,
+    kinds: dict[str, str] | None = None,
+) -> FieldScan:
+    """``scan`` with its samples: keys that repeat or differ only by case skipped, the fields
+    declared (kinds from their names unless ``kinds`` says), samples without a ``required``
+    field skipped.
+
+    Raises:
+        SourceError: more than MAX_FIELDS fields, a field name that is not plain, or a
+            ``required`` field no sample has.
+    """
+    samples = fold_case_duplicates(samples, scan.skipped)
+    used = {p.field for s in samples for p in s.parts}
+    scan.fields = declare_fields(used, where, kinds)
+    kept = keep_required(samples, list(required or []), scan.fields, scan.skipped, where)
+    scan.samples = kept  # type: ignore[assignment]  # a Scan of FieldSamples
+    return scan

@@ -28,14 +28,7 @@ from typing import Any
 from packer.core.fields import MAX_FIELDS, field_kind
 from packer.errors import SourceError
 from packer.source.images import SkippedInput
-from packer.source.samples import (
-    FieldSample,
-    FieldScan,
-    Part,
-    declare_fields,
-    fold_case_duplicates,
-    keep_required,
-)
+from packer.source.samples import FieldSample, FieldScan, Part, declare_fields, finish_scan
 
 __all__ = ["TABLE_SUFFIXES", "looks_table", "scan_table"]
 
@@ -240,9 +233,4 @@ def scan_table(
         samples.append(FieldSample(key, at, size, tuple(sorted(parts, key=lambda p: p.field))))
     if not samples:
         raise SourceError(f"{where} holds no usable row (an image path relative to the table)")
-    samples = fold_case_duplicates(samples, scan.skipped)
-    used = {p.field for s in samples for p in s.parts} | {image}
-    scan.fields = declare_fields(used, where, {n: kinds[n] for n in used})
-    kept = keep_required(samples, list(required or []), scan.fields, scan.skipped, where)
-    scan.samples = kept  # type: ignore[assignment]  # a Scan of FieldSamples
-    return scan
+    return finish_scan(scan, samples, required, where, kinds)

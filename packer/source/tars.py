@@ -26,8 +26,8 @@ from packer.source.samples import (
     FieldScan,
     Part,
     declare_fields,
-    fold_case_duplicates,
-    keep_required,
+    finish_scan,
+    sample_of,
 )
 from packer.source.tar_headers import Member, read_members
 
@@ -185,17 +185,10 @@ def _samples(path: str, scan: FieldScan) -> list[FieldSample]:
     for key, _, part in members:
         if key != cut:
             by_key.setdefault(key, []).append(part)
-    out = []
-    for key, parts in by_key.items():
-        where = f"{path}:{key}.*"
-        names = [p.field for p in parts]
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            scan.skipped.append(SkippedInput(where, f"two members for field {twice[0]!r}"))
-            continue
-        total = sum(p.size for p in parts)
-        out.append(FieldSample(key, where, total, tuple(sorted(parts, key=lambda p: p.field))))
-    return out
+    found = (
+        sample_of(k, f"{path}:{k}.*", parts, scan.skipped, "members") for k, parts in by_key.items()
+    )
+    return [sample for sample in found if sample is not None]
 
 
 def scan_tars(src: str | os.PathLike[str], required: list[str] | None = None) -> FieldScan:
@@ -217,8 +210,4 @@ def scan_tars(src: str | os.PathLike[str], required: list[str] | None = None) ->
         raise SourceError(
             f"{text!r} holds no sample (tar members sharing a key: 0001.jpg, 0001.txt)"
         )
-    samples = fold_case_duplicates(samples, scan.skipped)
-    scan.fields = declare_fields({p.field for s in samples for p in s.parts}, repr(text))
-    kept = keep_required(samples, list(required or []), scan.fields, scan.skipped, repr(text))
-    scan.samples = kept  # type: ignore[assignment]  # a Scan of FieldSamples
-    return scan
+    return finish_scan(scan, samples, required, repr(text))
