@@ -44,7 +44,7 @@ def test_coco_reads_back_equal_to_its_files_through_workers(
         batch_size=3,
         num_workers=2,
         collate_fn=packer.collate_fields,
-        multiprocessing_context="forkserver",
+        multiprocessing_context="forkserver" if suffix == ".h5" else "fork",
     )
     seen = 0
     for metas, notes, captions in loader:

@@ -67,7 +67,7 @@ def test_stateful_loader_resumes_exactly(made: tuple[Path, Samples], tmp_path: P
         sampler = packer.ShardedSampler(ds, seed=5)
         return StatefulDataLoader(
             ds, batch_size=4, sampler=sampler, num_workers=2, collate_fn=packer.collate_fields,
-            multiprocessing_context="spawn",
+            multiprocessing_context="fork",
         )  # fmt: skip
 
     whole = [(tuple(t), c.tolist()) for t, c in loader()]
