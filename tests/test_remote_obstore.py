@@ -306,6 +306,20 @@ def test_s3fs_options_map_to_obstore_or_are_refused() -> None:
         store_obstore.obstore_config({"session_kwargs": {}})
 
 
+def test_a_port_or_name_with_404_in_it_is_no_missing_object() -> None:
+    """A refused connection to port 40404 is retried, not read as a 404 (it was, whenever the
+    tests' random port held those digits); a real 404 or 403 still is not retried."""
+    from botocore.exceptions import ClientError, EndpointConnectionError
+
+    for port in (40404, 14030, 403, 404):
+        assert passing(EndpointConnectionError(endpoint_url=f"http://127.0.0.1:{port}/b/k"))
+    assert passing(ConnectionError("reset while reading s3://b/shard-00404.npy"))
+    for code in ("404", "403"):
+        missing = ClientError({"Error": {"Code": code, "Message": "x"}}, "HeadObject")
+        assert not passing(missing)
+    assert not passing(ConnectionError("HTTP 404 Not Found"))
+
+
 def test_obstore_errors_read_as_fsspec_errors() -> None:
     """The status decides, never a number elsewhere in obstore's text (a timing, a port)."""
     cut = GenericError("Generic S3 error: HTTP error: request or response body error")

@@ -58,11 +58,14 @@ def _import_fsspec() -> Any:
     return fsspec
 
 
+# 403/404 as a status, not as digits of a port or a name ("http://127.0.0.1:40404/x" is no 404)
+_MISSING_TEXT = re.compile(r"(?<![\w:/.-])(403|404)(?![\w.])|NoSuchKey|NoSuchBucket|Forbidden")
+
+
 def _missing(exc: BaseException) -> bool:
     if isinstance(exc, (FileNotFoundError, PermissionError)):
         return True
-    text = str(exc)
-    return any(code in text for code in ("404", "403", "NoSuchKey", "NoSuchBucket", "Forbidden"))
+    return _MISSING_TEXT.search(str(exc)) is not None
 
 
 RETRY = Retry()  # read at each request: a process may set packer.remote.storage.RETRY = Retry(...)
