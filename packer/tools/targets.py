@@ -7,14 +7,16 @@ no printing.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset, default_collate
 
-from packer.core.manifest import MANIFEST_NAME, load_manifest
+from packer.core.fields import fields_of
+from packer.core.manifest import MANIFEST_NAME, Manifest, load_manifest
 from packer.errors import PackerError
 from packer.read.collate import collate_bytes
 from packer.remote.storage import is_url
@@ -115,36 +117,50 @@ def open_for_mode(
         remote["storage_options"] = dict(storage_options or {})
     elif not Path(path).exists():
         raise PackerError(f"{str(path)!r} does not exist")
-    if mode == "bytes":  # batches go to collate_bytes: packed images read straight into one
-        dataset = open_dataset(path, output="bytes", **remote)
-        image = _image_field(dataset, path)
+    with _manifest(path, remote) as manifest:  # a URL's manifest: fetched once, for the open too
+        image = _image_field(manifest, path)
         if image is not None:  # samples with fields: their image field alone, as a 1-tuple
-            return open_dataset(path, output="bytes", fields=(image,), **remote)
-        if hasattr(dataset, "batch_buffer"):
-            dataset.batch_buffer = True
-        return dataset
-    image = _image_field(open_dataset(path, output="bytes", **remote), path)
-    if image is not None:
-        remote["fields"] = (image,)
-    if mode == "decode":
-        return open_dataset(path, output="numpy", decoder=decoder, **remote)
-    crop = train_transform() if image is None else {image: train_transform()}
-    return open_dataset(path, output="pil", transform=crop, decoder=decoder, **remote)
+            remote["fields"] = (image,)
+        if mode == "bytes":  # batches go to collate_bytes: packed images read straight into one
+            dataset = open_dataset(path, output="bytes", **remote)
+            if image is None and hasattr(dataset, "batch_buffer"):
+                dataset.batch_buffer = True
+            return dataset
+        if mode == "decode":
+            return open_dataset(path, output="numpy", decoder=decoder, **remote)
+        crop = train_transform() if image is None else {image: train_transform()}
+        return open_dataset(path, output="pil", transform=crop, decoder=decoder, **remote)
 
 
-def _image_field(dataset: Dataset, path: str | os.PathLike[str]) -> str | None:
+@contextmanager
+def _manifest(path: str | os.PathLike[str], remote: dict[str, Any]) -> Iterator[Manifest | None]:
+    """The manifest of the packer output at ``path`` (None for an image folder); for a URL,
+    handed to an open of the same URL inside the block instead of being fetched again."""
+    if is_url(path):
+        from packer.remote.opener import fetched_manifest
+
+        with fetched_manifest(str(path), None, remote.get("storage_options")) as (_, manifest):
+            yield manifest
+    elif (Path(path) / MANIFEST_NAME).is_file():
+        yield load_manifest(path)
+    else:
+        yield None
+
+
+def _image_field(manifest: Manifest | None, path: str | os.PathLike[str]) -> str | None:
     """The image field a dataset with fields is measured by (its first), None for any other.
 
     Raises:
         PackerError: a dataset with fields but no image field.
     """
-    specs = getattr(dataset, "specs", None)
-    if specs is None:
+    if manifest is None or manifest.kind != "fields":
         return None
+    specs = fields_of(manifest.options)
     images = [s.name for s in specs if s.kind == "image"]
     if not images:
-        raise PackerError(f"{str(path)!r} has no image field to measure (fields: {dataset})")
-    return str(images[0])
+        fields = ", ".join(s.name for s in specs)
+        raise PackerError(f"{str(path)!r} has no image field to measure (fields: {fields})")
+    return images[0]
 
 
 def bench_collate(batch: Sequence[Any]) -> Any:
