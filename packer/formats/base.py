@@ -29,6 +29,7 @@ from packer.core.keytable import KeyTable
 from packer.core.manifest import KEYS_NAME, Manifest, ShardInfo
 from packer.errors import FormatError
 from packer.formats.files import (
+    EXACT,
     Folder,
     Identity,
     MappedFile,
@@ -158,6 +159,12 @@ class ReaderBase:
         if keys is not None:
             self._keys = keys
 
+    def read_exactly(self) -> None:
+        """From now on, read only the pages of the records asked for, no readahead around
+        them (a pass over a small share of each sample: captions stored beside images). The
+        handles opened after this call follow it; a reader whose reads are exact already (a
+        URL's ranged GETs) has nothing to change."""
+
     def folder(self) -> Folder:
         """This process's descriptor of the dataset folder."""
         return self.pinned.get(0, lambda: Folder(self.root, self.root_id))
@@ -277,6 +284,10 @@ class FileReader(ReaderBase):
         super().__init__(root, manifest, records, max_open_files)
         data_bytes = sum(s.bytes for s in manifest.shards)
         self.readahead = shard_readahead(readahead, self.kind, data_bytes, memory_available())
+
+    def read_exactly(self) -> None:
+        """Map shards advised random (``MADV_RANDOM``): only the pages touched are read."""
+        self.readahead = EXACT
 
     def sample_path(self, sample: int) -> Path:
         """The per-sample file of sample ``sample``."""

@@ -245,6 +245,10 @@ class Reader(ReaderBase):
         self.shard_counts = np.array([s.samples for s in manifest.shards], dtype=np.int64)
         self.shard_first = np.concatenate(([0], np.cumsum(self.shard_counts)[:-1])).astype(np.int64)
 
+    def read_exactly(self) -> None:
+        """Open the environments without the kernel's readahead (``MDB_NORDAHEAD``)."""
+        self.readahead = False
+
     def _shard(self, shard: int) -> Handle:
         return self.handles.get(shard, lambda: self._open_handle(shard))
 

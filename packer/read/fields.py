@@ -22,7 +22,6 @@ import torch
 from packer.core.fields import ABSENT, FieldSpec, fields_of
 from packer.decode.values import decode_value
 from packer.errors import InputFileError, PackerError
-from packer.formats.files import EXACT
 from packer.read.dataset_base import PackedSamples, SampleDataset
 from packer.read.options import ReadOptions
 from packer.read.store import open_packed
@@ -101,7 +100,7 @@ class FieldDataset(PackedSamples, SampleDataset):
         self._attach(packed)
         self.checksums = packed.checksums
         if readahead is None and self._chosen_fraction() < 0.5:
-            self._read_exactly()
+            self.reader.read_exactly()  # a caption pass must not read the images beside them
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -119,15 +118,6 @@ class FieldDataset(PackedSamples, SampleDataset):
             return 1.0
         total = int(self.reader.length.sum())
         return self.stored_bytes(range(len(self))) / total if total else 1.0
-
-    def _read_exactly(self) -> None:
-        """Read only the chosen fields' pages: a mapped shard is not asked for whole nor around
-        each fault (a caption pass would read the images beside the captions)."""
-        now = getattr(self.reader, "readahead", None)
-        if isinstance(now, str):  # a mapped reader (NPY, HDF5): only the pages touched
-            setattr(self.reader, "readahead", EXACT)  # noqa: B010 (not every reader has it)
-        elif now is True:  # LMDB: its environments opened without the kernel's readahead
-            setattr(self.reader, "readahead", False)  # noqa: B010
 
     def stored_bytes(self, indices: Sequence[int]) -> int:
         """Bytes the chosen fields' records of the samples occupy (what reading them moves)."""
