@@ -205,6 +205,29 @@ def test_tars_at_a_url_fetched_once_then_converted(
     )
     assert again.manifest.num_samples == len(shards[1])
     assert [p.stat().st_mtime_ns for p in fetched] == stamps  # not fetched a second time
+    # the source object replaced by one of the same size: fetched anew, its caption read
+    with tarfile.open(shards[0] / "000003.tar") as tar:
+        txt = next(m for m in tar.getmembers() if m.name.endswith(".txt"))
+    data = bytearray((shards[0] / "000003.tar").read_bytes())
+    data[txt.offset_data : txt.offset_data + txt.size] = b"NEW!".ljust(txt.size, b".")
+    with server.filesystem().open(f"{url}/000003.tar", "wb") as handle:
+        handle.write(bytes(data))
+    fresh = packer.convert(
+        pattern, tmp_path / "r.npy", source_options=server.options, progress=False
+    )
+    key = txt.name.split(".")[0]
+    assert not fresh.skipped, fresh.skipped
+    got = packer.FieldDataset(fresh.dst, fields=("txt",))
+    assert got[list(got.keys).index(key)][0].startswith("NEW!")
+    # a fetched copy damaged here (same size): fetched again, never converted as it is
+    damaged = bytearray(fetched[0].read_bytes())
+    damaged[600] ^= 0xFF
+    fetched[0].write_bytes(bytes(damaged))
+    again = packer.convert(
+        pattern, tmp_path / "s.npy", source_options=server.options, progress=False
+    )
+    assert fetched[0].read_bytes() == (shards[0] / "000000.tar").read_bytes()
+    assert again.manifest.num_samples == len(shards[1])
     missing = CliRunner().invoke(
         main, ["convert", url + "/{000000..000009}.tar", str(tmp_path / "q.lmdb"),
                "--storage-option", option],

@@ -4,14 +4,17 @@ A source URL is a tar or a brace pattern of them (``s3://bucket/shards/{000000..
 ``https://host/data/{a,b}.tar``). Each shard is downloaded by ranged GETs (retried as every
 request is: :class:`packer.remote.storage.RemoteFolder`) into
 ``$PACKER_CACHE_DIR/sources/<hash of the URL>/`` as ``NNNNNN-<name>`` (the pattern's order), then
-the conversion reads that folder as local tars. A shard already there with the object's size is
-not fetched again, so an interrupted conversion's ``--resume`` does not download it twice; a
-shard is written under a temporary name and renamed once complete, never read half-fetched.
+the conversion reads that folder as local tars. A shard already there is not fetched again when
+it is of the same object (size and ETag, when the store gives one) and still holds the bytes it
+was fetched with (its xxh3, recorded beside it): an interrupted conversion's ``--resume`` does
+not download twice, and an object replaced at the source or a copy damaged here is fetched
+anew. A shard is written under a temporary name and renamed once complete.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -65,19 +68,41 @@ def fetch_tars(
 
 
 def _fetch(remote: RemoteFolder, name: str, size: int, path: Path) -> None:
-    """Download object ``name`` (``size`` bytes) to ``path`` unless it is there already."""
+    """Download object ``name`` (``size`` bytes) to ``path`` unless the copy there is of this
+    same object (size and ETag, when the store gives one) and still holds the bytes it was
+    fetched with (xxh3, recorded beside it)."""
+    tag = remote.identity.get(name, (size, None))[1]
+    record = path.with_name(f".{path.name}.fetched.json")
     try:
-        if path.stat().st_size == size:
+        kept = json.loads(record.read_text())
+        if (
+            isinstance(kept, dict)
+            and kept == {"size": size, "tag": tag, "xxh3": kept.get("xxh3")}
+            and _digest(path) == kept["xxh3"]
+        ):
             return
-    except FileNotFoundError:
-        pass
+    except (OSError, ValueError):
+        pass  # not fetched yet, or its record is damaged: fetch it
+    record.unlink(missing_ok=True)
     partial = path.with_name(f".{path.name}.fetching")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        remote.download(name, fd, size)
+        digest = remote.download(name, fd, size)
         os.fsync(fd)
     except OSError as exc:
         raise PackerError(f"cannot write {str(partial)!r}: {exc.strerror or exc}") from exc
     finally:
         os.close(fd)
     os.replace(partial, path)
+    record.write_text(json.dumps({"size": size, "tag": tag, "xxh3": digest}))
+
+
+def _digest(path: Path) -> str:
+    """The xxh3_64 hex digest of a file's bytes (as :meth:`RemoteFolder.download` gives it)."""
+    import xxhash
+
+    digest = xxhash.xxh3_64()
+    with open(path, "rb") as handle:
+        while block := handle.read(8 << 20):
+            digest.update(block)
+    return digest.hexdigest()
