@@ -305,3 +305,20 @@ def test_bench_and_doctor_measure_the_image_field(outputs: dict[str, Path]) -> N
     assert out.exit_code == 0, out.output
     report = json.loads(out.output)
     assert report["samples"] == 24 and report["recommendations"]
+
+
+def test_a_file_name_that_is_not_utf8_keeps_its_key(tmp_path: Path) -> None:
+    written = make_caption_set(tmp_path / "src", samples=3)
+    for field in ("txt", "jpg"):
+        os.rename(
+            tmp_path / "src" / f"000001.{field}",
+            os.fsencode(tmp_path / "src") + b"/caf\xe9." + field.encode(),
+        )
+    result = packer.convert(tmp_path / "src", tmp_path / "o.lmdb", progress=False)
+    assert not result.skipped
+    ds = packer.FieldDataset(result.dst, output="bytes")
+    by_key = {ds[i]["__key__"]: ds[i] for i in range(len(ds))}
+    odd = os.fsdecode(b"caf\xe9")
+    assert by_key[odd]["txt"] == written["000001"]["txt"]
+    assert by_key[odd]["jpg"] == written["000001"]["jpg"]
+    assert by_key["000001"]["cls"] == written["000001"]["cls"] and by_key["000001"]["txt"] is None
