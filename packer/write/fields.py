@@ -66,8 +66,12 @@ def scan_fields(kind: str, src: Path, options: dict[str, Any]) -> FieldScan:
     raise PackerError(f"unknown kind {kind!r}; expected one of {', '.join(FIELD_SOURCES)}")
 
 
-def read_part(part: Part, max_bytes: int = DEFAULT_MAX_FILE_SIZE) -> bytes:
-    """The bytes of one part: its value, its whole file, or its byte range of a file.
+def read_part(
+    part: Part, max_bytes: int = DEFAULT_MAX_FILE_SIZE, opened: dict[str, int] | None = None
+) -> bytes:
+    """The bytes of one part: its value, its whole file, or its byte range of a file (a
+    descriptor of that file kept in ``opened``, when given, for the sample's other parts: the
+    caller closes them).
 
     Raises:
         InputFileError: the file cannot be read, is over ``max_bytes``, or changed size since
@@ -80,24 +84,33 @@ def read_part(part: Part, max_bytes: int = DEFAULT_MAX_FILE_SIZE) -> bytes:
     else:
         if part.size > max_bytes:
             raise InputFileError(f"{part.size / 1e6:.1f} MB, over the limit (--max-file-size)")
+        keep = opened if opened is not None else {}
         try:
-            fd = os.open(part.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError as exc:
-            raise InputFileError(f"cannot read: {exc.strerror or exc}") from exc
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise InputFileError("not a regular file")
+            fd = keep.get(part.path)
+            if fd is None:
+                fd = keep[part.path] = os.open(
+                    part.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+                )
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise InputFileError("not a regular file")
             data = os.pread(fd, part.size, part.offset)
         except OSError as exc:
             raise InputFileError(f"cannot read: {exc.strerror or exc}") from exc
         finally:
-            os.close(fd)
+            if opened is None:
+                _close(keep)
     if len(data) != part.size:
         raise InputFileError(
             f"changed during the conversion ({part.size} bytes scanned, {len(data)} read); "
             "convert again once it is complete"
         )
     return data
+
+
+def _close(opened: dict[str, int]) -> None:
+    for fd in opened.values():
+        os.close(fd)
+    opened.clear()
 
 
 def load_fields(
@@ -114,21 +127,25 @@ def load_fields(
     by_field = {p.field: p for p in sample.parts}
     records: list[bytes] = []
     sums: list[int] = []
-    for name, kind in zip(names, kinds):
-        part = by_field.get(name)
-        if part is None:
-            records.append(b"")
-            sums.append(ABSENT)
-            continue
-        try:
-            data = read_part(part, max_file_size)
-            check_value(data, kind, check, max_pixels)
-            if kind == "image" and resize is not None:
-                data = resize.apply(data)
-        except InputFileError as exc:
-            return Loaded(None, f"field {name!r}: {exc}")
-        records.append(data)
-        sums.append(bytes_checksum(data))
+    opened: dict[str, int] = {}  # a tar's members read through one descriptor
+    try:
+        for name, kind in zip(names, kinds):
+            part = by_field.get(name)
+            if part is None:
+                records.append(b"")
+                sums.append(ABSENT)
+                continue
+            try:
+                data = read_part(part, max_file_size, opened)
+                check_value(data, kind, check, max_pixels)
+                if kind == "image" and resize is not None:
+                    data = resize.apply(data)
+            except InputFileError as exc:
+                return Loaded(None, f"field {name!r}: {exc}")
+            records.append(data)
+            sums.append(bytes_checksum(data))
+    finally:
+        _close(opened)
     return Loaded(records, checksums=sums)
 
 
