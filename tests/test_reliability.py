@@ -128,6 +128,30 @@ def test_disk_full_keeps_a_resumable_partial(
     assert tree_files(dst) == tree_files(reference)
 
 
+@pytest.mark.parametrize("part", [None, (0, 1)], ids=["whole", "part"])
+def test_a_failed_conversion_stops_its_loading_pool_before_it_raises(
+    tree: DemoTree, tmp_path: Path, part: tuple[int, int] | None
+) -> None:
+    """The pool that loads ahead was shut down only when the garbage collector freed the
+    failed run's generator: a later run's new thread ran that shutdown in its start and the
+    suite hung (this test's disk-full neighbour, under xdist). Now it is stopped before the
+    error leaves convert, while the traceback still holds every frame."""
+    import multiprocessing
+
+    gc.disable()
+    try:
+        with pytest.raises(packer.PackerError) as caught:
+            packer.convert(
+                tree.root, tmp_path / "o.lmdb", workers=2, strict=True, part=part, progress=False
+            )
+        assert caught.value.__traceback__ is not None  # the failed frames are still alive
+        assert multiprocessing.active_children() == []
+    finally:
+        gc.enable()
+    with pytest.raises(packer.PackerError, match="pair"):  # the CLI's "1/4" in Python
+        packer.convert(tree.root, tmp_path / "p.lmdb", part="1/4", progress=False)  # type: ignore[arg-type]
+
+
 def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 

@@ -9,6 +9,7 @@ manifest are written from the checkpoints. The output is byte-for-byte the same 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
@@ -240,8 +241,13 @@ def write_shards(job: Job, done: list[Checkpoint], progress: Progress) -> list[C
     keep_heap_for_writes()
     todo = samples[first:]
     bar = _Bar(job, len(samples), first)
-    loaded = zip(range(first, len(samples)), todo, _loaded(job, todo))
-    with ShardFinisher(background=job.workers > 1) as finisher:
+    # closing(): a failure (disk full, ...) shuts the loading pool down here and now; left to
+    # the garbage collector, its shutdown ran inside a later thread's start and deadlocked it.
+    with (
+        contextlib.closing(_loaded(job, todo)) as results,
+        ShardFinisher(background=job.workers > 1) as finisher,
+    ):
+        loaded = zip(range(first, len(samples)), todo, results)
         for shard in range(len(done), len(planned)):
             writer = job.fmt.Writer(job.partial, planned, job.layout, job.source.kind)
             with _until_handed(writer):

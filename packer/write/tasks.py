@@ -29,6 +29,7 @@ import shutil
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,7 @@ def write_shard(task: ShardTask) -> Checkpoint:
     done: list[Checkpoint] = []
     current = Rows()
     loaded = load_in_order(task.loader, task.samples, task.workers, task.cpu_bound)
-    with fmt.Writer(attempt, task.planned, task.layout, task.kind) as writer:
+    with closing(loaded), fmt.Writer(attempt, task.planned, task.layout, task.kind) as writer:
         for i, (sample, result) in enumerate(zip(task.samples, loaded), start=task.first):
             store_sample(job, writer, current, sample, result, task.shard)
             job.emit("sample", i)
@@ -154,8 +155,11 @@ def parse_part(text: str) -> tuple[int, int]:
 
 
 def check_part(part: tuple[int, int]) -> None:
-    """Refuse a part that is not ``0 <= I < N``."""
-    i, n = part
+    """Refuse a part that is not a pair ``(I, N)`` of ints with ``0 <= I < N``."""
+    pair = tuple(part) if isinstance(part, (tuple, list)) else ()
+    if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair):
+        raise PackerError(f"part must be a pair (I, N) of ints, such as (0, 4); got {part!r}")
+    i, n = pair
     if not 0 <= i < n:
         raise PackerError(f"invalid part {i}/{n}; expected I/N with 0 <= I < N, such as 0/4")
 
