@@ -3,6 +3,7 @@ API server and the fault proxy for the remote tests (one per module, its ``BUCKE
 
 from __future__ import annotations
 
+import compileall
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +21,18 @@ _FIRST: dict[str, str] = {}
 for _suffix, _module in FORMATS.items():
     _FIRST.setdefault(_module.NAME, _suffix)
 SUFFIXES = sorted(_FIRST.values())  # one suffix per format: .bmp .h5 .lmdb .npy
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile packer's modules to bytecode once, before any test starts a process.
+
+    The suite starts hundreds of Python processes (CLI runs, kill tests, spawned workers), and
+    with ``PYTHONDONTWRITEBYTECODE`` set (the kill tests set it so that no ``.pyc`` write shows up
+    as a kill point; some machines set it globally) each one compiled ~90 modules from source:
+    0.22 s of a 0.75 s conversion. Bytecode already on disk is read even so.
+    """
+    if not hasattr(config, "workerinput"):  # the xdist controller, or a plain run
+        compileall.compile_dir(Path(packer.__file__).parent, quiet=1, workers=1)
 
 
 @pytest.fixture(scope="session")
