@@ -3,7 +3,7 @@ reference of torchvision's algorithm (two-sample Kolmogorov–Smirnov), the DCT 
 pixel error against decode-then-crop-then-resize, and DataLoader workers.
 
 Pixel error (0–255 scale, mean absolute difference per image, packer's grainy photo-like JPEGs):
-about 0.05 when the crop is decoded at full scale, about 2–3 when libjpeg decodes at 1/2 or 1/4
+about 0.04 when the crop is decoded at full scale (every pixel within 1), about 2–3 when libjpeg decodes at 1/2 or 1/4
 (its scaled IDCT low-passes the grain differently from bilinear antialiasing). Bound checked:
 the mean over the draws < 3, every image < 6. The centre crop at full scale equals torchvision's
 Resize + CenterCrop up to Pillow's fixed-point rounding (no pixel off by more than 1)."""
@@ -187,6 +187,32 @@ def test_fused_matches_decode_crop_resize(decoder: str) -> None:
             denoms.add(pick_denom(box[2] - box[0], box[3] - box[1], 224, 224))
     assert denoms > {1}  # scaled decodes were exercised
     assert np.mean(errors) < 3 and max(errors) < 6
+
+
+@pytest.mark.parametrize("decoder", ["pillow", "simplejpeg", "opencv"])
+def test_a_full_scale_crop_is_crop_then_resize_within_one(decoder: str) -> None:
+    """Issue 31: at full scale the box is resampled by torch's uint8 antialiased kernel, crop
+    first as torchvision (Pillow's box resize read pixels outside the box at its edges: up to
+    30 off there). Every pixel within 1 of Pillow's crop + resize."""
+    rng = np.random.default_rng(3)
+    for k in range(4):
+        data = encode(photo_like(rng, 400, 350), quality=90)
+        full = Image.open(io.BytesIO(data)).convert("RGB")
+        transform = RandomResizedCrop(224, decoder=decoder, output="numpy", seed=k)
+        tensors = RandomResizedCrop(224, decoder=decoder, output="tensor", seed=k)
+        for _ in range(4):
+            state = transform.generator().get_state()  # type: ignore[union-attr]
+            box = transform.box(400, 350)
+            transform.generator().set_state(state)  # type: ignore[union-attr]
+            fused = transform(data)
+            assert (
+                fused.flags.writeable and fused.flags.c_contiguous and fused.shape == (224, 224, 3)
+            )
+            assert torch.equal(tensors(data), torch.from_numpy(fused).permute(2, 0, 1))
+            crop = full.crop(tuple(int(v) for v in box))
+            reference = np.asarray(crop.resize((224, 224), Image.Resampling.BILINEAR))
+            diff = np.abs(fused.astype(np.int16) - reference.astype(np.int16))
+            assert diff.max() <= 1 and diff.mean() < 0.3, (k, box, diff.max(), diff.mean())
 
 
 @pytest.mark.parametrize("decoder", ["pillow", "simplejpeg"])
