@@ -211,3 +211,17 @@ def test_layout_regression(packed: dict[str, Path], capsys: pytest.CaptureFixtur
     )
     out = capsys.readouterr().out
     assert "old: " in out and "images/s, open" in out and "new/old: reads" in out
+
+
+def test_training_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _script("training_path")
+    root = str(BENCHMARKS.parent)
+    args = ["--images", "20", "--data", str(tmp_path), "--baseline", root, "--rounds", "1"]
+    args += ["--workers", "1", "--start-delay", "1.5", "--out", str(tmp_path)]
+    assert script.main(script.parse_args(args)) == 0
+    out = capsys.readouterr().out
+    assert "| checkout | one process | 1 processes at once | DataLoader(1) |" in out
+    assert "loader / (workers × one): " in out and "(target ≥ 0.9: " in out
+    report = json.loads((tmp_path / "training_path.json").read_text())
+    assert {v["measure"] for v in report["verdicts"]} >= {"one / baseline one"}
+    assert all(rate > 0 for rates in report["rates"].values() for rate in rates.values())
