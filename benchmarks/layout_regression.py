@@ -26,7 +26,7 @@ for _ in range(5):
         ds.__getitems__(order[s:s + 64].tolist())
     best = max(best, n / (time.perf_counter() - t))
 t = time.perf_counter(); packer.open_dataset(sys.argv[1]); opened = time.perf_counter() - t
-print(best, opened)
+print(best, opened, packer.__file__)
 """
 
 
@@ -41,9 +41,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def one_pass(checkout: str, dataset: str) -> tuple[float, float]:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(checkout))
-    out = subprocess.run(
-        [sys.executable, "-c", PASS, dataset], env=env, check=True, capture_output=True, text=True
+    out = subprocess.run(  # -P: sys.path starts with the checkout, not the working folder
+        [sys.executable, "-P", "-c", PASS, dataset],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.split()
+    if not os.path.realpath(out[2]).startswith(os.path.realpath(checkout) + os.sep):
+        raise SystemExit(f"the pass imported {out[2]}, not the checkout {checkout}")
     return float(out[0]), float(out[1])
 
 

@@ -62,7 +62,7 @@ if mode == "one":
     t = time.time()
     for i in order:
         ds[i]
-    print(len(order), t, time.time())
+    print(len(order), t, time.time(), packer.__file__)
 else:
     loader = torch.utils.data.DataLoader(
         ds, batch_size=64, shuffle=True, num_workers=workers, persistent_workers=True
@@ -73,7 +73,7 @@ else:
     for images, _labels in loader:
         assert images.dtype == torch.uint8 and images.shape[1:] == (3, 224, 224)
         n += len(images)
-    print(n, t, time.time())
+    print(n, t, time.time(), packer.__file__)
 """
 
 
@@ -130,10 +130,10 @@ def checkout_of(baseline: str):  # type: ignore[no-untyped-def]
 
 def _start(checkout: Path, mode: str, data: Path, workers: int, start_at: float, part: int,
            parts: int) -> subprocess.Popen[str]:  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=f"{checkout}")
+    env = dict(os.environ, PYTHONPATH=f"{checkout}")  # -P: not the working folder's packer
     args = [mode, str(data), str(workers), str(start_at), str(part), str(parts)]
     return subprocess.Popen(
-        [sys.executable, "-c", PASS, *args], env=env, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-P", "-c", PASS, *args], env=env, stdout=subprocess.PIPE, text=True
     )
 
 
@@ -148,7 +148,10 @@ def measure(checkout: Path, row: str, data: Path, workers: int, delay: float = 4
         out, _ = proc.communicate()
         if proc.returncode != 0:
             raise SystemExit(f"{row} in {checkout} failed (exit {proc.returncode})")
-        outs.append([float(v) for v in out.split()])
+        *numbers, module = out.split()
+        if not Path(module).resolve().is_relative_to(checkout.resolve()):
+            raise SystemExit(f"{row} imported {module}, not the checkout {checkout}")
+        outs.append([float(v) for v in numbers])
     count = sum(o[0] for o in outs)
     return count / (max(o[2] for o in outs) - min(o[1] for o in outs))
 

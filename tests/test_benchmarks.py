@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 from types import ModuleType
 
@@ -215,8 +216,9 @@ def test_layout_regression(packed: dict[str, Path], capsys: pytest.CaptureFixtur
 
 def test_training_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = _script("training_path")
-    root = str(BENCHMARKS.parent)
-    args = ["--images", "20", "--data", str(tmp_path), "--baseline", root, "--rounds", "1"]
+    base = tmp_path / "baseline"  # another checkout: its rows must import it, not ./packer
+    shutil.copytree(BENCHMARKS.parent / "packer", base / "packer")
+    args = ["--images", "20", "--data", str(tmp_path), "--baseline", str(base), "--rounds", "1"]
     args += ["--workers", "1", "--start-delay", "1.5", "--out", str(tmp_path)]
     assert script.main(script.parse_args(args)) == 0
     out = capsys.readouterr().out
