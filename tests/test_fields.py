@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 from s3_server import S3Server
 from torch.utils.data import DataLoader
@@ -18,6 +19,7 @@ from torch.utils.data import DataLoader
 import packer
 from packer.cli import main
 from packer.tools.field_demo import make_caption_set
+from packer.transforms import RandomResizedCrop
 
 BUCKET = "fields"
 
@@ -322,3 +324,24 @@ def test_a_file_name_that_is_not_utf8_keeps_its_key(tmp_path: Path) -> None:
     assert by_key[odd]["txt"] == written["000001"]["txt"]
     assert by_key[odd]["jpg"] == written["000001"]["jpg"]
     assert by_key["000001"]["cls"] == written["000001"]["cls"] and by_key["000001"]["txt"] is None
+
+
+@pytest.mark.parametrize("suffix", [".lmdb", ".npy"])
+def test_a_fused_crop_gets_the_stored_bytes_and_the_caption_stays_text(
+    suffix: str, source: tuple[Path, dict[str, dict[str, bytes]]], outputs: dict[str, Path]
+) -> None:
+    """Issue 31's side-by-side found {"jpg": RandomResizedCrop(224)} failing on a decoded image
+    unless output="bytes", which then made the caption bytes too."""
+    crop = RandomResizedCrop(16, seed=0)
+    ds = packer.open_dataset(outputs[suffix], fields=("jpg", "txt"), transform={"jpg": crop})
+    loader = DataLoader(ds, batch_size=6, num_workers=2, collate_fn=packer.collate_fields)
+    seen = 0
+    for images, captions in loader:
+        assert images.dtype == torch.uint8 and images.shape[1:] == (3, 16, 16)
+        assert all(isinstance(c, str) for c in captions)
+        seen += len(captions)
+    assert seen == len(ds)
+    image, caption = ds[0]  # this process's first draw of the crop's own generator
+    key = ds.keys[0]
+    assert caption == source[1][key]["txt"].decode()
+    assert torch.equal(image, RandomResizedCrop(16, seed=0)(source[1][key]["jpg"]))

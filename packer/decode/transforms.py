@@ -158,6 +158,10 @@ def _size(size: int | tuple[int, int]) -> tuple[int, int]:
 class _FusedCrop:
     """Header -> crop box -> scaled decode -> resize of the box -> output."""
 
+    # Takes the stored (encoded) bytes: a dataset with fields hands them over undecoded when
+    # this is a field's transform, whatever its ``output``.
+    takes_encoded = True
+
     def __init__(self, size: int | tuple[int, int], decoder: str, output: str) -> None:
         self.size = _size(size)
         if output not in TRANSFORM_OUTPUTS:

@@ -40,8 +40,9 @@ class FieldDataset(PackedSamples, SampleDataset):
             in that order, and only those fields' bytes are read. ``None`` (default): every
             field, each sample a dict of ``__key__`` and its fields.
         transform: a callable applied to the whole sample (the dict or tuple), or a mapping of
-            field name to a callable applied to that field's value
-            (``{"jpg": RandomResizedCrop(224)}``; a field absent in a sample is not passed).
+            field name to a callable applied to that field's value (a field absent in a
+            sample is not passed). A fused crop (``{"jpg": RandomResizedCrop(224)}``) gets the
+            field's stored bytes, whatever ``output`` is: it decodes only what it needs.
         output: how image fields are returned: ``"pil"``, ``"numpy"``, ``"tensor"``;
             ``"bytes"`` returns every field as its stored bytes (no decode, no parse).
         on_error: ``"raise"`` or ``"skip"`` (serve the next sound sample in place of one that
@@ -145,10 +146,13 @@ class FieldDataset(PackedSamples, SampleDataset):
             if data is None:
                 out[spec.name] = None
                 continue
+            fn = self.field_transforms.get(spec.name)
             try:
-                value = decode_value(data, spec.kind, self.output, self.decoder)
-                if spec.name in self.field_transforms:
-                    value = self.field_transforms[spec.name](value)
+                if fn is not None and getattr(fn, "takes_encoded", False):
+                    value = fn(data)  # a fused crop: it decodes what it needs itself
+                else:
+                    value = decode_value(data, spec.kind, self.output, self.decoder)
+                    value = value if fn is None else fn(value)
             except InputFileError as exc:
                 raise InputFileError(f"{self._describe(i)} field {spec.name!r} {exc}") from exc
             except (OSError, ValueError, SyntaxError) as exc:
