@@ -18,7 +18,7 @@ import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -193,7 +193,7 @@ def load_in_order(
     workers: int,
     cpu_bound: bool,
     batch_bytes: int = 0,
-) -> Iterator[Loaded]:
+) -> Generator[Loaded, None, None]:
     """Yield ``loader(sample)`` for every sample, in the order given.
 
     With ``workers > 1`` a thread pool (``cpu_bound=False``) or a process pool loads ahead; at

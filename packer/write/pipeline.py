@@ -15,7 +15,7 @@ import itertools
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -169,7 +169,7 @@ def _bar(job: Job, total: int, initial: int) -> Any:
     return tqdm(total=total, initial=initial, unit=job.unit, desc=desc, disable=not job.progress)
 
 
-def _loaded(job: Job, todo: list[Any]) -> Iterator[Loaded]:
+def _loaded(job: Job, todo: list[Any]) -> Generator[Loaded, None, None]:
     return load_in_order(job.loader, todo, job.workers, job.cpu_bound, _LOAD_BATCH_BYTES)
 
 
