@@ -10,6 +10,7 @@ from types import ModuleType
 
 import numpy as np
 import pytest
+import torch
 from harness.plain_lmdb import PlainLMDBDataset
 from torch.utils.data import DataLoader
 
@@ -227,3 +228,20 @@ def test_training_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     report = json.loads((tmp_path / "training_path.json").read_text())
     assert {v["measure"] for v in report["verdicts"]} >= {"one / baseline one"}
     assert all(rate > 0 for rates in report["rates"].values() for rate in rates.values())
+
+
+def test_training_peers_packer_pass(tmp_path: Path) -> None:
+    """The packer rows of training_peers.py, and the peers' PIL transform (the peers themselves
+    run in the benchmark venv of benchmarks/peers_env.sh)."""
+    from PIL import Image
+
+    from packer.tools.field_demo import make_caption_set
+
+    script = _script("training_peers")
+    make_caption_set(tmp_path / "files", 20, size=(300, 250), seed=0)
+    out = packer.convert(tmp_path / "files", tmp_path / "p.lmdb", progress=False).dst
+    got = script.one_pass({"reader": "packer.lmdb", "path": str(out), "seed": 0, "workers": 0})
+    assert got["samples"] == 20 and got["seconds"] > 0
+    image = script.crop_flip(Image.new("RGB", (300, 250), (10, 20, 30)))
+    assert image.dtype == torch.uint8 and image.shape == (3, 224, 224)
+    assert image[:, 0, 0].tolist() == [10, 20, 30]

@@ -1,0 +1,209 @@
+#!/usr/bin/env python
+"""The training path against the peers (issue 31, item 5): decode + RandomResizedCrop(224) + flip,
+uint8 batches out of ``DataLoader(num_workers=--workers, batch_size=64)``, in one run.
+
+Data: the image–caption set of ``fields_read.py`` (``--samples`` photo-like 400×350 JPEGs with
+captions, made once under ``--root``): packer's LMDB and NPY of the key-grouped files, the same
+samples as WebDataset tars, as LitData chunks and as MosaicML Streaming MDS shards. Every reader
+returns ``(uint8 3×224×224 image, caption)`` and the default collate stacks the images, written
+as each tool's users write it:
+
+- packer: ``open_dataset(..., fields=("jpg", "txt"), transform={"jpg": RandomResizedCrop(224)})``
+  (the crop fused with the decode) and ``packer.transforms.RandomHorizontalFlip`` on the batch in
+  the training process (its documented path);
+- WebDataset: ``.shuffle(1000).decode("pil").to_tuple("jpg", "txt").map_tuple(crop_flip, ...)``;
+- LitData / Streaming: a ``StreamingDataset`` subclass whose ``__getitem__`` opens the JPEG with
+  Pillow and applies ``crop_flip``;
+- ``crop_flip`` is torchvision's PIL path written out (torchvision's wheel does not import beside
+  this torch): ``RandomResizedCrop.get_params`` (packer's re-implementation), ``crop`` +
+  ``resize(BILINEAR)``, a flip with probability 0.5, ``PILToTensor``.
+
+Page cache warm (read once before each pass), shuffled, one epoch per pass in a fresh process,
+readers interleaved, medians of ``--repeats``. Target: packer ≥ 1.3 × the best peer.
+
+    PYTHONPATH=$PWD /work/benchvenv/bin/python benchmarks/training_peers.py --samples 5000
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fields_read import _files, _log, prepare
+
+READERS = ("packer.lmdb", "packer.npy", "webdataset", "litdata", "streaming")
+
+
+def crop_flip(image: Any) -> Any:
+    """torchvision's RandomResizedCrop(224) + RandomHorizontalFlip + PILToTensor, on a PIL image."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from packer.transforms import crop_params
+
+    top, left, h, w = crop_params(image.width, image.height, (0.08, 1.0), (3 / 4, 4 / 3))
+    out = image.crop((left, top, left + w, top + h)).resize((224, 224), Image.Resampling.BILINEAR)
+    if torch.rand(1).item() < 0.5:
+        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return torch.from_numpy(np.asarray(out).copy()).permute(2, 0, 1).contiguous()
+
+
+def _pil(data: bytes) -> Any:
+    from PIL import Image
+
+    return Image.open(io.BytesIO(data)).convert("RGB")
+
+
+def make_mds(files: Path, out: Path) -> Path:
+    """The samples as MosaicML Streaming MDS shards (made once)."""
+    if (out / "index.json").is_file():
+        return out
+    from streaming import MDSWriter
+
+    with MDSWriter(out=str(out), columns={"jpg": "bytes", "txt": "str"}, size_limit="16mb") as w:
+        for jpg in sorted(files.glob("*.jpg")):
+            w.write({"jpg": jpg.read_bytes(), "txt": jpg.with_suffix(".txt").read_text()})
+    return out
+
+
+def _loader(reader: str, source: Path, workers: int, seed: int) -> Any:
+    import torch
+    from torch.utils.data import DataLoader
+
+    if reader.startswith("packer"):
+        import packer
+        from packer.transforms import RandomResizedCrop
+
+        dataset = packer.open_dataset(
+            source, fields=("jpg", "txt"), transform={"jpg": RandomResizedCrop(224)}
+        )
+        return DataLoader(dataset, batch_size=64, shuffle=True, num_workers=workers)
+    if reader == "webdataset":
+        import webdataset as wds
+
+        urls = [str(p) for p in _files(source)]
+        dataset = wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False)
+        dataset = dataset.shuffle(1000).decode("pil").to_tuple("jpg", "txt")
+        dataset = dataset.map_tuple(crop_flip, lambda text: text)
+        return DataLoader(dataset, batch_size=64, num_workers=workers)
+    if reader == "litdata":
+        import litdata
+
+        class LitImages(litdata.StreamingDataset):  # type: ignore[misc]
+            def __getitem__(self, index: Any) -> Any:
+                item = super().__getitem__(index)
+                return crop_flip(_pil(item["jpg"])), item["txt"]
+
+        return litdata.StreamingDataLoader(
+            LitImages(str(source), shuffle=True, seed=seed), batch_size=64, num_workers=workers
+        )
+    import streaming
+
+    class MDSImages(streaming.StreamingDataset):  # type: ignore[misc]
+        def __getitem__(self, index: int) -> Any:
+            item = super().__getitem__(index)
+            return crop_flip(_pil(item["jpg"])), item["txt"]
+
+    streaming.base.util.clean_stale_shared_memory()
+    dataset = MDSImages(local=str(source), shuffle=True, shuffle_seed=seed, batch_size=64)
+    return torch.utils.data.DataLoader(dataset, batch_size=64, num_workers=workers)
+
+
+def one_pass(cfg: dict[str, Any]) -> dict[str, Any]:
+    """One warm epoch of one reader in this (fresh) process: samples and seconds."""
+    import torch
+
+    torch.manual_seed(cfg["seed"])
+    source = Path(cfg["path"])
+    for path in _files(source):
+        path.read_bytes()
+    loader = _loader(cfg["reader"], source, cfg["workers"], cfg["seed"])
+    flip = None
+    if cfg["reader"].startswith("packer"):
+        from packer.transforms import RandomHorizontalFlip
+
+        flip = RandomHorizontalFlip()
+    start, count = time.perf_counter(), 0
+    for images, captions in loader:
+        if flip is not None:
+            images = flip(images)
+        assert images.dtype == torch.uint8 and images.shape[1:] == (3, 224, 224), images.shape
+        assert len(captions) == len(images)
+        count += len(images)
+    return {"samples": count, "seconds": time.perf_counter() - start}
+
+
+def _run_pass(cfg: dict[str, Any]) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--one-pass", json.dumps(cfg)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=5000)
+    parser.add_argument("--root", type=Path, default=Path("/work/bench-fields"))
+    parser.add_argument("--per-shard", type=int, default=500)
+    parser.add_argument("--chunk-mb", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--readers", nargs="+", default=list(READERS), choices=READERS)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--one-pass", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one_pass:
+        print(json.dumps(one_pass(json.loads(args.one_pass))))
+        return 0
+    import packer
+
+    paths = prepare(args.root, args.samples, args.per_shard, args.chunk_mb)
+    work = args.root / f"n{args.samples}"
+    targets = {"webdataset": paths["tars"], "litdata": paths["litdata"]}
+    for fmt in ("npy", "lmdb"):
+        out = work / f"packer.{fmt}"
+        if not (out / "packer.json").is_file():
+            packer.convert(paths["files"], out, shard_size=f"{args.chunk_mb}MB", progress=False)
+        targets[f"packer.{fmt}"] = out
+    if "streaming" in args.readers:
+        targets["streaming"] = make_mds(paths["files"], work / "mds")
+    rates: dict[str, list[float]] = {reader: [] for reader in args.readers}
+    for repeat in range(args.repeats):
+        for reader in args.readers:
+            cfg = {"reader": reader, "path": str(targets[reader]), "seed": repeat,
+                   "workers": args.workers}  # fmt: skip
+            got = _run_pass(cfg)
+            assert got["samples"] == args.samples, (reader, got)
+            rates[reader].append(got["samples"] / got["seconds"])
+            _log(f"round {repeat + 1} {reader:12} {rates[reader][-1]:7,.0f} images/s")
+    medians = {reader: statistics.median(v) for reader, v in rates.items()}
+    peers = {r: v for r, v in medians.items() if not r.startswith("packer")}
+    best_peer = max(peers, key=peers.__getitem__) if peers else None
+    best_packer = max((r for r in medians if r.startswith("packer")), key=medians.__getitem__)
+    print(f"\n| reader | images/s (median of {args.repeats}) | × best peer |\n|---|--:|--:|")
+    for reader, rate in medians.items():
+        ratio = f"{rate / peers[best_peer]:.2f}" if best_peer else "—"
+        print(f"| {reader} | {rate:,.0f} | {ratio} |")
+    if best_peer:
+        ratio = medians[best_packer] / peers[best_peer]
+        verdict = "met" if ratio >= 1.3 else "missed"
+        print(f"\n{best_packer} / {best_peer}: {ratio:.2f} (target ≥ 1.3: {verdict})")
+    if args.out is not None:
+        report = {"samples": args.samples, "workers": args.workers, "runs": rates,
+                  "medians": medians}  # fmt: skip
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "training_peers.json").write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
