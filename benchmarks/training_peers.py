@@ -14,6 +14,8 @@ as each tool's users write it:
 - WebDataset: ``.shuffle(1000).decode("pil").to_tuple("jpg", "txt").map_tuple(crop_flip, ...)``;
 - LitData / Streaming: a ``StreamingDataset`` subclass whose ``__getitem__`` opens the JPEG with
   Pillow and applies ``crop_flip``;
+- HF datasets: ``save_to_disk`` of an ``Image()`` + ``Value("string")`` dataset, read back with
+  ``load_from_disk(...).with_transform(...)`` applying ``crop_flip`` to the decoded images;
 - ``crop_flip`` is torchvision's PIL path written out (torchvision's wheel does not import beside
   this torch): ``RandomResizedCrop.get_params`` (packer's re-implementation), ``crop`` +
   ``resize(BILINEAR)``, a flip with probability 0.5, ``PILToTensor``.
@@ -38,7 +40,7 @@ from typing import Any
 
 from fields_read import _files, _log, prepare
 
-READERS = ("packer.lmdb", "packer.npy", "webdataset", "litdata", "streaming")
+READERS = ("packer.lmdb", "packer.npy", "webdataset", "litdata", "streaming", "hf")
 
 
 def crop_flip(image: Any) -> Any:
@@ -74,6 +76,26 @@ def make_mds(files: Path, out: Path) -> Path:
     return out
 
 
+def make_hf(files: Path, out: Path) -> Path:
+    """The samples as a Hugging Face dataset on disk (Arrow; made once)."""
+    if (out / "dataset_info.json").is_file():
+        return out
+    import datasets
+
+    jpgs = sorted(files.glob("*.jpg"))
+    features = datasets.Features({"jpg": datasets.Image(), "txt": datasets.Value("string")})
+    table = {
+        "jpg": [{"bytes": p.read_bytes(), "path": None} for p in jpgs],
+        "txt": [p.with_suffix(".txt").read_text() for p in jpgs],
+    }
+    datasets.Dataset.from_dict(table, features=features).save_to_disk(str(out))
+    return out
+
+
+def _hf_transform(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    return {"jpg": [crop_flip(image) for image in batch["jpg"]], "txt": batch["txt"]}
+
+
 def _loader(reader: str, source: Path, workers: int, seed: int) -> Any:
     import torch
     from torch.utils.data import DataLoader
@@ -105,6 +127,11 @@ def _loader(reader: str, source: Path, workers: int, seed: int) -> Any:
         return litdata.StreamingDataLoader(
             LitImages(str(source), shuffle=True, seed=seed), batch_size=64, num_workers=workers
         )
+    if reader == "hf":
+        import datasets
+
+        dataset = datasets.load_from_disk(str(source)).with_transform(_hf_transform)
+        return DataLoader(dataset, batch_size=64, shuffle=True, num_workers=workers)
     import streaming
 
     class MDSImages(streaming.StreamingDataset):  # type: ignore[misc]
@@ -132,7 +159,8 @@ def one_pass(cfg: dict[str, Any]) -> dict[str, Any]:
 
         flip = RandomHorizontalFlip()
     start, count = time.perf_counter(), 0
-    for images, captions in loader:
+    for batch in loader:
+        images, captions = (batch["jpg"], batch["txt"]) if isinstance(batch, dict) else batch
         if flip is not None:
             images = flip(images)
         assert images.dtype == torch.uint8 and images.shape[1:] == (3, 224, 224), images.shape
@@ -176,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         targets[f"packer.{fmt}"] = out
     if "streaming" in args.readers:
         targets["streaming"] = make_mds(paths["files"], work / "mds")
+    if "hf" in args.readers:
+        targets["hf"] = make_hf(paths["files"], work / "hf")
     rates: dict[str, list[float]] = {reader: [] for reader in args.readers}
     for repeat in range(args.repeats):
         for reader in args.readers:
