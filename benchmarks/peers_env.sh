@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make the benchmark-only venv that benchmarks/remote.py runs in: the project's venv (torch,
 # packer's dependencies, s3fs, moto) seen through a .pth file, plus the peers it compares with,
-# LitData 0.2.76, MosaicML Streaming 0.13.0 and WebDataset 1.0.2, and the few of their dependencies they import.
+# LitData 0.2.76, MosaicML Streaming 0.13.0, WebDataset 1.0.2 and HF datasets 5.2.0, and the few of their
+# dependencies they import.
 # Kept apart from the project's venv: the peers pin and pull packages packer does not need.
 #
 #   benchmarks/peers_env.sh [VENV]        (default /work/benchvenv; PROJECT_VENV=.venv)
@@ -28,7 +29,8 @@ echo "$project_site" > "$venv_site/main_venv.pth"
 
 "$VENV/bin/pip" install -q --no-deps litdata==0.2.76 mosaicml-streaming==0.13.0 webdataset==1.0.2 \
     braceexpand lightning-utilities obstore tifffile catalogue zstd python-snappy Brotli \
-    transformers tokenizers safetensors huggingface-hub regex
+    transformers tokenizers safetensors huggingface-hub regex \
+    datasets==5.2.0 dill multiprocess pandas python-dateutil pytz tzdata
 torch_version=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
 pin=$(mktemp)
 echo "torch==$torch_version" > "$pin"
@@ -60,7 +62,7 @@ def to_tensor(pic):
 EOF
 
 "$VENV/bin/python" -c '
-import litdata, streaming, torch, s3fs, moto, webdataset
+import datasets, litdata, streaming, torch, s3fs, moto, webdataset
 from streaming import MDSWriter, StreamingDataset
 print("peers venv ready: litdata", litdata.__version__, "streaming", streaming.__version__, "webdataset", webdataset.__version__,
-      "torch", torch.__version__)'
+      "datasets", datasets.__version__, "torch", torch.__version__)'
