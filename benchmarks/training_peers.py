@@ -8,9 +8,10 @@ samples as WebDataset tars, as LitData chunks and as MosaicML Streaming MDS shar
 returns ``(uint8 3×224×224 image, caption)`` and the default collate stacks the images, written
 as each tool's users write it:
 
-- packer: ``open_dataset(..., fields=("jpg", "txt"), transform={"jpg": RandomResizedCrop(224)})``
-  (the crop fused with the decode) and ``packer.transforms.RandomHorizontalFlip`` on the batch in
-  the training process (its documented path);
+- packer: ``open_dataset(..., fields=("jpg", "txt"), transform={"jpg": RandomResizedCrop(224,
+  hflip=0.5)})``: the crop fused with the decode, the flip with the crop's copy, in the workers
+  like every peer's flip (on a GPU box the batch flip of ``packer.transforms`` runs on the GPU; on
+  this CPU-only machine it would take the workers' cores);
 - WebDataset: ``.shuffle(1000).decode("pil").to_tuple("jpg", "txt").map_tuple(crop_flip, ...)``;
 - LitData / Streaming: a ``StreamingDataset`` subclass whose ``__getitem__`` opens the JPEG with
   Pillow and applies ``crop_flip``;
@@ -104,9 +105,8 @@ def _loader(reader: str, source: Path, workers: int, seed: int) -> Any:
         import packer
         from packer.transforms import RandomResizedCrop
 
-        dataset = packer.open_dataset(
-            source, fields=("jpg", "txt"), transform={"jpg": RandomResizedCrop(224)}
-        )
+        crop = RandomResizedCrop(224, hflip=0.5)
+        dataset = packer.open_dataset(source, fields=("jpg", "txt"), transform={"jpg": crop})
         return DataLoader(dataset, batch_size=64, shuffle=True, num_workers=workers)
     if reader == "webdataset":
         import webdataset as wds
@@ -153,16 +153,9 @@ def one_pass(cfg: dict[str, Any]) -> dict[str, Any]:
     for path in _files(source):
         path.read_bytes()
     loader = _loader(cfg["reader"], source, cfg["workers"], cfg["seed"])
-    flip = None
-    if cfg["reader"].startswith("packer"):
-        from packer.transforms import RandomHorizontalFlip
-
-        flip = RandomHorizontalFlip()
     start, count = time.perf_counter(), 0
     for batch in loader:
         images, captions = (batch["jpg"], batch["txt"]) if isinstance(batch, dict) else batch
-        if flip is not None:
-            images = flip(images)
         assert images.dtype == torch.uint8 and images.shape[1:] == (3, 224, 224), images.shape
         assert len(captions) == len(images)
         count += len(images)

@@ -272,3 +272,40 @@ def test_decoded_crop_draws_the_fused_crops_box_and_shares_it_across_a_clip() ->
             want = frame.resize((48, 48), Image.Resampling.BILINEAR, box=box, reducing_gap=None)
             assert got.size == (48, 48)
             assert np.array_equal(np.asarray(got), np.asarray(want))
+
+
+def _gradient_jpeg(width: int, height: int) -> bytes:
+    """Dark on the left, bright on the right: a flip shows as the sign of the slope."""
+    row = np.linspace(0, 255, width).astype(np.uint8)
+    return encode(Image.fromarray(np.repeat(np.tile(row, (height, 1))[:, :, None], 3, axis=2)))
+
+
+def _left_darker(out: object) -> bool:
+    array = np.asarray(out) if not isinstance(out, torch.Tensor) else out.permute(1, 2, 0).numpy()
+    return int(array[:, :4].astype(int).sum()) < int(array[:, -4:].astype(int).sum())
+
+
+@pytest.mark.parametrize("output", ["tensor", "numpy", "pil"])
+@pytest.mark.parametrize("width", [400, 1600])  # torch's resize, and a DCT-scaled decode
+def test_hflip_mirrors_the_crop_with_its_probability(output: str, width: int) -> None:
+    data = _gradient_jpeg(width, width * 3 // 4)
+    plain = RandomResizedCrop(32, output=output, seed=5, scale=(0.5, 1.0))(data)
+    flipped = RandomResizedCrop(32, output=output, seed=5, scale=(0.5, 1.0), hflip=1.0)(data)
+    a = np.asarray(plain) if output != "tensor" else plain.numpy()
+    b = np.asarray(flipped) if output != "tensor" else flipped.numpy()
+    assert np.array_equal(a[..., ::-1] if output == "tensor" else a[:, ::-1], b)  # same crop
+    if output == "numpy":
+        assert b.flags.writeable and b.flags.c_contiguous
+    if output == "tensor":
+        assert flipped.is_contiguous()
+    half = RandomResizedCrop(16, output=output, seed=1, hflip=0.5)
+    mirrored = sum(not _left_darker(half(data)) for _ in range(300))
+    assert 110 <= mirrored <= 190  # 150 +- 4.9 sigma
+    never = RandomResizedCrop(16, output=output, seed=1)
+    assert all(_left_darker(never(data)) for _ in range(40))
+
+
+def test_hflip_is_checked() -> None:
+    with pytest.raises(PackerError, match="hflip"):
+        RandomResizedCrop(32, hflip=2)
+    assert "hflip=0.5" in repr(RandomResizedCrop(32, hflip=0.5))

@@ -194,20 +194,27 @@ class _FusedCrop:
             width, height = _shape(pixels)
             scaled = (box[0] / denom, box[1] / denom, box[2] / denom, box[3] / denom)
             scaled = (*scaled[:2], min(scaled[2], width), min(scaled[3], height))
+            mirror = self.mirrored()
             if self.crop_first and self.output != "pil" and all(v.is_integer() for v in scaled):
-                return self._torch_resized(pixels, tuple(int(v) for v in scaled))
+                return self._torch_resized(pixels, tuple(int(v) for v in scaled), mirror)
             image = _as_image(pixels)
             result = image.resize((out_w, out_h), Image.Resampling.BILINEAR, box=scaled)
         if self.output == "pil":
-            return result
+            return result.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if mirror else result
         array = np.asarray(result)
+        array = array[:, ::-1] if mirror else array
         if self.output == "numpy":
             return array.copy()  # writable, unlike np.asarray of a PIL image
         return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))  # numpy copies
 
-    def _torch_resized(self, pixels: decoders.Pixels, box: tuple[int, ...]) -> Any:
+    def mirrored(self) -> bool:
+        """Whether this output is flipped left-right (drawn after the crop; never here)."""
+        return False
+
+    def _torch_resized(self, pixels: decoders.Pixels, box: tuple[int, ...], mirror: bool) -> Any:
         """The whole-pixel box of an H×W×3 array resized by torch's antialiased bilinear
-        kernel for uint8 (channels-last, vectorised; within 1 of Pillow's, as torchvision v2)."""
+        kernel for uint8 (channels-last, vectorised; within 1 of Pillow's, as torchvision v2),
+        flipped on the copy that lays the output out anyway when ``mirror``."""
         array = np.asarray(pixels.convert("RGB") if isinstance(pixels, Image.Image) else pixels)
         if not array.flags.writeable:  # np.asarray of an image: torch wants writable memory
             array = array.copy()
@@ -217,8 +224,9 @@ class _FusedCrop:
             view, size=self.size, mode="bilinear", antialias=True, align_corners=False
         )[0]
         if self.output == "numpy":
-            return np.ascontiguousarray(resized.permute(1, 2, 0).numpy())  # no copy: H×W×3
-        return resized.contiguous()
+            hwc = resized.permute(1, 2, 0)
+            return hwc.flip(1).numpy() if mirror else np.ascontiguousarray(hwc.numpy())
+        return resized.flip(-1).contiguous() if mirror else resized.contiguous()
 
     def _fields(self) -> str:
         return f"size={self.size}, decoder={self.decoder!r}, output={self.output!r}"
@@ -237,6 +245,9 @@ class RandomResizedCrop(_FusedCrop):
         decoder: ``"auto"`` or a decoder name (see :mod:`packer.decode.registry`).
         output: ``"tensor"`` (3×H×W uint8), ``"numpy"`` (H×W×3 uint8) or ``"pil"``.
         seed: the transform's own generator (see the module docstring); None: torch's.
+        hflip: probability of flipping the output left-right (torchvision's
+            ``RandomHorizontalFlip(hflip)`` after the crop), done by the copy that lays the output
+            out anyway; drawn after the crop, from the same generator. 0 (default): never.
     """
 
     def __init__(
@@ -247,12 +258,16 @@ class RandomResizedCrop(_FusedCrop):
         decoder: str = "auto",
         output: str = "tensor",
         seed: int | None = None,
+        hflip: float = 0.0,
     ) -> None:
         super().__init__(size, decoder, output)
         if not (0 < scale[0] <= scale[1]) or not (0 < ratio[0] <= ratio[1]):
             raise PackerError(
                 f"scale and ratio must be increasing positive ranges, got {scale} and {ratio}"
             )
+        if not 0.0 <= float(hflip) <= 1.0:
+            raise PackerError(f"hflip must be a probability in [0, 1], got {hflip!r}")
+        self.hflip = float(hflip)
         self.scale = (float(scale[0]), float(scale[1]))
         self.ratio = (float(ratio[0]), float(ratio[1]))
         self.seed = seed
@@ -273,11 +288,16 @@ class RandomResizedCrop(_FusedCrop):
         top, left, h, w = crop_params(width, height, self.scale, self.ratio, self.generator())
         return float(left), float(top), float(left + w), float(top + h)
 
+    def mirrored(self) -> bool:
+        if self.hflip <= 0.0:
+            return False  # no draw: the generator's stream is the crops' alone, as before
+        return bool(torch.rand(1, generator=self.generator()).item() < self.hflip)
+
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_generator": None}  # each process seeds its own
 
     def _fields(self) -> str:
-        return f"{super()._fields()}, scale={self.scale}, ratio={self.ratio}"
+        return f"{super()._fields()}, scale={self.scale}, ratio={self.ratio}, hflip={self.hflip}"
 
 
 class ResizedCenterCrop(_FusedCrop):
