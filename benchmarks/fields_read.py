@@ -189,38 +189,60 @@ def one_pass(cfg: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _run_pass(cfg: dict[str, Any]) -> dict[str, Any]:
+def run_pass(script: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """``script --one-pass CFG`` in a fresh process: the JSON it prints last."""
     out = subprocess.run(
-        [sys.executable, __file__, "--one-pass", json.dumps(cfg)],
+        [sys.executable, script, "--one-pass", json.dumps(cfg)],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _run_pass(cfg: dict[str, Any]) -> dict[str, Any]:
+    return run_pass(__file__, cfg)
+
+
+def data_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of the image-caption set and its passes (shared with training_peers.py)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=5000)
     parser.add_argument("--root", type=Path, default=Path("/work/bench-fields"))
     parser.add_argument("--per-shard", type=int, default=500)
     parser.add_argument("--chunk-mb", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--skip-convert", action="store_true")
-    parser.add_argument("--skip-read", action="store_true")
     parser.add_argument("--one-pass", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def answered_one_pass(args: argparse.Namespace, one: Any) -> bool:
+    """Run the ``--one-pass`` asked for (print its JSON) and say so; False when none was."""
     if args.one_pass:
-        print(json.dumps(one_pass(json.loads(args.one_pass))))
-        return 0
+        print(json.dumps(one(json.loads(args.one_pass))))
+    return bool(args.one_pass)
+
+
+def packed_set(args: argparse.Namespace) -> dict[str, Path]:
+    """:func:`prepare`'s sources plus packer's ``npy`` and ``lmdb`` of the files (made once)."""
     import packer
 
     paths = prepare(args.root, args.samples, args.per_shard, args.chunk_mb)
-    work = args.root / f"n{args.samples}"
-    shard = f"{args.chunk_mb}MB"
     for fmt in ("npy", "lmdb"):
-        out = work / f"packer.{fmt}"
+        out = args.root / f"n{args.samples}" / f"packer.{fmt}"
         if not (out / "packer.json").is_file():
-            packer.convert(paths["files"], out, shard_size=shard, progress=False)
+            packer.convert(paths["files"], out, shard_size=f"{args.chunk_mb}MB", progress=False)
+        paths[fmt] = out
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = data_parser(__doc__ or "")
+    parser.add_argument("--skip-convert", action="store_true")
+    parser.add_argument("--skip-read", action="store_true")
+    args = parser.parse_args(argv)
+    if answered_one_pass(args, one_pass):
+        return 0
+    paths, work, shard = packed_set(args), args.root / f"n{args.samples}", f"{args.chunk_mb}MB"
     targets = {
         "packer.npy": work / "packer.npy", "packer.lmdb": work / "packer.lmdb",
         "packer.npy sharded": work / "packer.npy", "packer.lmdb sharded": work / "packer.lmdb",

@@ -29,17 +29,15 @@ readers interleaved, medians of ``--repeats``. Target: packer ≥ 1.3 × the bes
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from fields_read import _files, _log, prepare
+from fields_read import _files, _log, answered_one_pass, data_parser, packed_set, run_pass
 
 READERS = ("packer.lmdb", "packer.npy", "webdataset", "litdata", "streaming", "hf")
 
@@ -162,39 +160,16 @@ def one_pass(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"samples": count, "seconds": time.perf_counter() - start}
 
 
-def _run_pass(cfg: dict[str, Any]) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, __file__, "--one-pass", json.dumps(cfg)],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--samples", type=int, default=5000)
-    parser.add_argument("--root", type=Path, default=Path("/work/bench-fields"))
-    parser.add_argument("--per-shard", type=int, default=500)
-    parser.add_argument("--chunk-mb", type=int, default=16)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = data_parser(__doc__ or "")
     parser.add_argument("--readers", nargs="+", default=list(READERS), choices=READERS)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--one-pass", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.one_pass:
-        print(json.dumps(one_pass(json.loads(args.one_pass))))
+    if answered_one_pass(args, one_pass):
         return 0
-    import packer
-
-    paths = prepare(args.root, args.samples, args.per_shard, args.chunk_mb)
-    work = args.root / f"n{args.samples}"
+    paths, work = packed_set(args), args.root / f"n{args.samples}"
     targets = {"webdataset": paths["tars"], "litdata": paths["litdata"]}
-    for fmt in ("npy", "lmdb"):
-        out = work / f"packer.{fmt}"
-        if not (out / "packer.json").is_file():
-            packer.convert(paths["files"], out, shard_size=f"{args.chunk_mb}MB", progress=False)
-        targets[f"packer.{fmt}"] = out
+    targets.update({"packer.npy": paths["npy"], "packer.lmdb": paths["lmdb"]})
     if "streaming" in args.readers:
         targets["streaming"] = make_mds(paths["files"], work / "mds")
     if "hf" in args.readers:
@@ -204,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         for reader in args.readers:
             cfg = {"reader": reader, "path": str(targets[reader]), "seed": repeat,
                    "workers": args.workers}  # fmt: skip
-            got = _run_pass(cfg)
+            got = run_pass(__file__, cfg)
             assert got["samples"] == args.samples, (reader, got)
             rates[reader].append(got["samples"] / got["seconds"])
             _log(f"round {repeat + 1} {reader:12} {rates[reader][-1]:7,.0f} images/s")
