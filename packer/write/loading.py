@@ -147,9 +147,15 @@ def _die_with_parent(parent: int) -> None:
     """
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+        if libc.prctl(1, signal.SIGKILL) == 0:  # PR_SET_PDEATHSIG (Linux): no thread needed
+            if os.getppid() != parent:  # the parent died before the signal was asked for
+                os._exit(1)
+            return
     except (OSError, AttributeError):
         pass
+    # Elsewhere, a watching thread. Not on Linux: a thread started in a child forked from a
+    # process with threads can hang in its start (a lock held at the fork), and the pool's
+    # shutdown then waits for that worker for ever (seen in the suite, disk-full test).
 
     def watch() -> None:
         while os.getppid() == parent:
