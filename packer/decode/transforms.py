@@ -308,6 +308,8 @@ class ResizedCenterCrop(_FusedCrop):
     region is resampled, from the smallest DCT scale at least as large as the resized image.
     """
 
+    crop_first = False  # Resize(resize) then CenterCrop: the window of a resized image
+
     def __init__(
         self,
         size: int | tuple[int, int] = 224,
@@ -316,7 +318,6 @@ class ResizedCenterCrop(_FusedCrop):
         output: str = "tensor",
     ) -> None:
         super().__init__(size, decoder, output)
-        self.crop_first = False  # Resize(resize) then CenterCrop: the window of a resized image
         if not isinstance(resize, int) or resize < max(self.size):
             raise PackerError(f"resize must be an int >= the crop size {self.size}, got {resize!r}")
         self.resize = resize
