@@ -8,6 +8,7 @@ import io
 import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -256,3 +257,38 @@ def test_disk_full_during_finalization_states_the_tables_need(
     filler.unlink()
     packer.convert(tree.root, dst, shard_size="1MB", workers=1, resume=True, progress=False)
     assert tree_files(dst) == tree_files(reference)
+
+
+def test_pool_workers_die_with_a_killed_parent(tmp_path: Path) -> None:
+    """A conversion killed by SIGKILL leaves no pool worker behind (PR_SET_PDEATHSIG, no
+    watching thread on Linux)."""
+    code = (
+        "import os, time\n"
+        "from packer.write.loading import _executor\n"
+        "pool = _executor(2, cpu_bound=True)\n"
+        "futures = [pool.submit(time.sleep, 0.2) for _ in range(4)]\n"
+        "[f.result() for f in futures]\n"
+        "print(' '.join(str(p) for p in pool._processes), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )  # fmt: skip
+    assert child.stdout is not None
+    workers = [int(p) for p in child.stdout.readline().split()]
+    assert len(workers) == 2 and all(Path(f"/proc/{p}").exists() for p in workers)
+    child.kill()
+    child.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in workers), workers
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
