@@ -282,3 +282,35 @@ def test_url_detection_and_remote_coalescing() -> None:
         (0, 300, 0, 2),
         (GAP + 300, GAP + 310, 2, 3),
     ]
+
+
+def test_sharded_epoch_fetches_runs_of_records_per_get(
+    server: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An uncached URL under ShardedSampler: batches hold runs of consecutive records, so each
+    ranged GET brings >= 8 records (one sample shuffled at a time: ~1-2), every sample once."""
+    tree = make_image_tree(tmp_path / "src", classes=2, per_class=100, size=(64, 48), bad=0)
+    packer.convert(tree.root, tmp_path / "runs.npy", shard_size="200kB", workers=1, progress=False)
+    url = server.upload(tmp_path / "runs.npy", "runs.npy")
+    local = packer.open_dataset(tmp_path / "runs.npy", output="bytes")
+    every = sorted(data for data, _ in local)
+    per_get = {}
+    for run in (None, 1):
+        remote = packer.open_dataset(url, output="bytes", storage_options=server.options)
+        assert remote.preferred_run == 16
+        remote.reader.gap = 1  # only records side by side share a GET (as records > GAP do)
+        sampler = packer.ShardedSampler(remote, seed=3, run=run)
+        loader = DataLoader(
+            remote, batch_size=32, sampler=sampler, num_workers=2, collate_fn=list_collate
+        )
+        with caplog.at_level(logging.INFO, logger="werkzeug"):
+            caplog.clear()
+            read = sorted(data for batch in loader for data, _ in batch)
+            per_get[run] = len(remote) / _gets(caplog, "runs.npy")
+        assert read == every
+    assert per_get[None] >= 8 > 3 > per_get[1], per_get
+    assert local.preferred_run == 1
+    cached = packer.open_dataset(
+        url, output="bytes", storage_options=server.options, cache_dir=tmp_path / "cache"
+    )
+    assert cached.preferred_run == 1  # whole shards from the cache

@@ -236,6 +236,7 @@ def test_arguments_are_checked() -> None:
         ({"num_replicas": 2, "rank": -1}, "rank must be at least 0"),
         ({"block": 0}, "block must be at least 1"),
         ({"mix": 0}, "mix must be at least 1"),
+        ({"run": 0}, "run must be at least 1"),
         ({"seed": 1.5}, "seed must be an integer"),
         ({"num_replicas": True, "rank": 0}, "num_replicas must be an integer"),
     ]
@@ -244,6 +245,46 @@ def test_arguments_are_checked() -> None:
             ShardedSampler(Sized(3), **kwargs)  # type: ignore[arg-type]
     with pytest.raises(PackerError, match="epoch must be an integer"):
         ShardedSampler(Sized(3)).set_epoch("1")  # type: ignore[arg-type]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    n=st.integers(0, 300),
+    block=st.integers(1, 64),
+    run=st.integers(1, 20),
+    mix=st.integers(1, 3),
+    epoch=st.integers(0, 3),
+)
+def test_runs_stay_together(n: int, block: int, run: int, mix: int, epoch: int) -> None:
+    """With ``run=k`` each block's runs of k consecutive samples come whole, one after another
+    (a URL read without the cache fetches each by one GET), and the epoch is every sample once."""
+    starts = block_starts(n, block)
+    order = epoch_order(n, starts, 3, epoch, mix=mix, run=run)
+    assert sorted(order.tolist()) == list(range(n))
+    block_of = np.searchsorted(starts, order, side="right") - 1
+    run_of = block_of * (block + run) + (order - starts[block_of]) // run  # unique per run
+    changes = int((np.diff(run_of) != 0).sum())
+    assert changes == len(set(run_of.tolist())) - 1 if n else changes == 0
+
+
+def test_a_run_of_one_is_the_order_of_before() -> None:
+    """run=1 (every local dataset's default) keeps the order, and so the states, of before."""
+    import zlib
+
+    order = epoch_order(1000, block_starts(1000, 37), 5, 3, mix=2)
+    assert zlib.crc32(order.tobytes()) == 1641045896  # computed by the sampler before runs
+    assert (epoch_order(1000, block_starts(1000, 37), 5, 3, mix=2, run=1) == order).all()
+    ordered = epoch_order(100, block_starts(100, 30), 1, 0, run=4)
+    assert (ordered != epoch_order(100, block_starts(100, 30), 1, 0)).any()
+    state = ShardedSampler(Sized(20), 1, 0, block=4).state_dict()
+    assert "run" not in state  # a state saved before runs existed still loads
+    with pytest.raises(PackerError, match="has no run"):
+        ShardedSampler(Sized(20), 1, 0, block=4, run=3).load_state_dict(state)
+    runs = ShardedSampler(Sized(20), 1, 0, block=4, run=3).state_dict()
+    with pytest.raises(PackerError, match="saved with run=3, this sampler has run=2"):
+        ShardedSampler(Sized(20), 1, 0, block=4, run=2).load_state_dict(runs)
+    with pytest.raises(PackerError, match="saved with run=3, this sampler has run=1"):
+        ShardedSampler(Sized(20), 1, 0, block=4).load_state_dict(runs)
 
 
 def test_packer_exports_it() -> None:

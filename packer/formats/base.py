@@ -120,6 +120,7 @@ class ReaderBase:
     CACHE = 4096  # most handles one process keeps open (least recently used closed first)
     PER_SAMPLE_CACHE = 256  # the same for per-sample files (descriptors: one per video)
     CLOSE_BEFORE_FORK = False
+    RANGED = False  # each request's records are fetched by ranged GETs (a URL, no cache)
 
     def __init__(
         self,

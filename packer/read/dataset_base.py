@@ -19,6 +19,11 @@ from packer.errors import InputFileError, PackerError
 from packer.formats.base import ReaderBase
 from packer.read.store import Packed
 
+# The run of consecutive samples a dataset read from a URL by ranged GETs (no cache) asks
+# ShardedSampler to keep together: a batch of 64 then holds 4-5 runs, each one GET (side by side
+# in its shard), instead of ~45 scattered records.
+RANGED_RUN = 16
+
 __all__ = ["PackedSamples", "SampleDataset", "Transform"]
 
 Transform = Callable[[Any], Any] | None
@@ -191,6 +196,14 @@ class PackedSamples:
         if self.reader.layout != "shards":
             return None
         return self.reader.file[self.first]
+
+    @property
+    def preferred_run(self) -> int:
+        """The run of consecutive samples :class:`packer.ShardedSampler` keeps together by
+        default: :data:`RANGED_RUN` for a dataset of shards at a URL read without the cache (a
+        run's records side by side in a shard: one ranged GET), else 1."""
+        ranged = self.reader.RANGED and self.reader.layout == "shards"
+        return RANGED_RUN if ranged else 1
 
     @property
     def prefetches(self) -> bool:

@@ -9,7 +9,7 @@ default a dataset's shards, from ``dataset.shard_of_sample()``; otherwise ``bloc
 256 when not given), then the samples inside each block. At any moment every rank reads from the
 same one block (or ``mix`` blocks), so the page cache and the disk's readahead serve a small
 region instead of the whole dataset. ``shuffle=False`` is the plain order ``0 .. n-1``. The order
-is a pure function of ``(len(dataset), blocks, seed, epoch, mix)``: never of the rank or the
+is a pure function of ``(len(dataset), blocks, seed, epoch, mix, run)``: never of the rank or the
 number of ranks. A caveat: samples are converted in class order, so a block of one shard is
 mostly one class; ``mix=k`` shuffles the samples of ``k`` consecutive shuffled blocks together
 (``k`` open regions at a time instead of one), which gives batches of ``k`` shards' classes.
@@ -99,17 +99,32 @@ def block_starts(n: int, block: int | None = None, shards: np.ndarray | None = N
 
 
 def epoch_order(
-    n: int, starts: np.ndarray, seed: int, epoch: int, shuffle: bool = True, mix: int = 1
+    n: int,
+    starts: np.ndarray,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    mix: int = 1,
+    run: int = 1,
 ) -> np.ndarray:
     """The epoch's global order of the samples ``0 .. n-1``: blocks (``starts``) shuffled, then
-    the samples within each group of ``mix`` consecutive shuffled blocks."""
+    the samples within each group of ``mix`` consecutive shuffled blocks; with ``run > 1``, the
+    runs of ``run`` consecutive samples of each block are shuffled instead, each run's samples
+    kept together in their order."""
     if not shuffle or n == 0:
         return np.arange(n, dtype=np.int64)
     rng = np.random.default_rng([seed % 2**64, epoch % 2**64])
     sizes = np.diff(np.append(starts, n))
     block_of = np.repeat(np.arange(len(starts)), sizes)
     group = rng.permutation(len(starts)) // mix  # a block's group in the shuffled block order
-    return np.lexsort((rng.random(n), group[block_of])).astype(np.int64)
+    if run == 1:
+        return np.lexsort((rng.random(n), group[block_of])).astype(np.int64)
+    runs = -(-sizes // run)  # runs per block, the last one short
+    first_run = np.concatenate(([0], np.cumsum(runs)[:-1]))
+    run_of = first_run[block_of] + (np.arange(n) - starts[block_of]) // run
+    run_key = rng.random(int(runs.sum()))[run_of]
+    # a run's samples in their order: one cut by a batch's end leaves two spans, not scatter
+    return np.lexsort((np.arange(n), run_key, group[block_of])).astype(np.int64)
 
 
 def per_rank(remaining: int, num_replicas: int, drop_last: bool) -> int:
@@ -169,6 +184,12 @@ class ShardedSampler(Sampler[int]):
             ``prefetch(samples)`` (a remote dataset read through the node-local shard cache:
             their shards are downloaded on background threads while the current block is
             read); 0 turns it off. Nothing is fetched for a local dataset.
+        run: shuffle each block's runs of ``run`` consecutive samples (each run in its order)
+            instead of its single samples, so a batch holds whole runs: a dataset at a URL read
+            without the cache then fetches a run's records in one ranged GET.
+            ``None``: the dataset's ``preferred_run`` (16 for such a dataset, else 1: every
+            sample shuffled on its own). A run of ``k`` gives each of ``R``
+            ranks about ``k / R`` consecutive samples.
 
     Raises:
         PackerError: an argument of the wrong type or out of range.
@@ -195,6 +216,7 @@ class ShardedSampler(Sampler[int]):
         block: int | None = None,
         mix: int = 1,
         prefetch: int = 2,
+        run: int | None = None,
     ) -> None:
         self.num_replicas, self.rank = _world(num_replicas, rank)
         self.seed = _integer("seed", seed)
@@ -206,6 +228,10 @@ class ShardedSampler(Sampler[int]):
         layout = shards() if callable(shards) and self.block is None else None
         self.starts = block_starts(self.n, self.block, layout)
         self.prefetch = _integer("prefetch", prefetch, 0)
+        if run is None:  # the dataset's own preference: a URL read by ranged GETs asks for runs
+            preferred = getattr(dataset, "preferred_run", 1)
+            run = preferred if isinstance(preferred, int) else 1
+        self.run = _integer("run", run, 1)
         fetch = (
             getattr(dataset, "prefetch", None) if getattr(dataset, "prefetches", False) else None
         )
@@ -229,7 +255,9 @@ class ShardedSampler(Sampler[int]):
     def order(self) -> np.ndarray:
         """The current epoch's global order (the same on every rank)."""
         if self._order is None or self._order[0] != self.epoch:
-            order = epoch_order(self.n, self.starts, self.seed, self.epoch, self.shuffle, self.mix)
+            order = epoch_order(
+                self.n, self.starts, self.seed, self.epoch, self.shuffle, self.mix, self.run
+            )
             self._order = (self.epoch, order)
         return self._order[1]
 
@@ -292,6 +320,8 @@ class ShardedSampler(Sampler[int]):
             "seed": self.seed if self.shuffle else 0,
             "mix": self.mix if self.shuffle else 1,
             "blocks": self._blocks_crc,
+            # recorded only where it changes the order (states saved before it existed load)
+            **({"run": self.run} if self.shuffle and self.run != 1 else {}),
             **self._dataset_fingerprint,
         }
 
@@ -349,6 +379,13 @@ class ShardedSampler(Sampler[int]):
                     f"has {key}={ours!r}: resuming would repeat and skip samples. Build the "
                     "sampler as it was built when the state was saved"
                 )
+        run = self.run if self.shuffle else 1
+        if state.get("run", 1) != run:  # saved with runs, loaded by a sampler of single samples
+            raise PackerError(
+                f"the sampler state was saved with run={state.get('run')!r}, this sampler has "
+                f"run={run}: resuming would repeat and skip samples. Build the sampler as it "
+                "was built when the state was saved"
+            )
         epoch = epoch_number(state.get("epoch"))
         position = _integer("consumed", state.get("consumed"), 0)
         if position > self.n:

@@ -250,6 +250,8 @@ class CachedShardReader(_CachedShards, RemoteReader):
     waits for its shard. So the first batches of a cold epoch wait for their records, not for
     every shard they lie in, and the bytes fetched twice stay a few % of the dataset."""
 
+    RANGED = False  # read from the cache but for a first few % of the bytes
+
     def __init__(
         self,
         folder: RemoteFolder,

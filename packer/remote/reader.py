@@ -81,6 +81,8 @@ class RemoteReader(ReaderBase):
         sample_suffix: the format's per-sample file suffix (``.npy``, ``.h5``).
     """
 
+    RANGED = True
+
     def __init__(
         self,
         folder: RemoteFolder,
