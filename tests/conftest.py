@@ -106,3 +106,14 @@ def proxy(server: S3Server) -> Iterator[FaultProxy]:
     """The fault-injecting proxy in front of the module's server."""
     with fault_proxy(server.endpoint) as running:
         yield running
+
+
+@pytest.fixture
+def whole_shards(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads through the shard cache wait for their shards' downloads (no record served by a
+    ranged GET first): the tests that attack the cache's downloads, its locks and its limit.
+    Held in this process and forked workers (a spawned one starts with the defaults)."""
+    from packer.remote import cached_reader
+
+    monkeypatch.setattr(cached_reader, "RANGED_SHARE", 0.0)
+    monkeypatch.setattr(cached_reader, "RANGED_FLOOR", 0)

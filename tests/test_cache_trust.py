@@ -33,6 +33,8 @@ from packer.remote.cache import wait_for_downloads
 from packer.tools.image_demo import make_image_tree
 
 BUCKET = "trust"
+# these tests attack the cache's whole-shard downloads: no first batch by ranged GETs
+pytestmark = pytest.mark.usefixtures("whole_shards")
 CACHED = ["images.lmdb", "images.npy", "images.h5"]
 
 

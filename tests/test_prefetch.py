@@ -76,6 +76,7 @@ def test_dataset_prefetch_fetches_the_shards_of_given_samples(
     ds.close()
 
 
+@pytest.mark.usefixtures("whole_shards")  # each shard's one whole download is counted
 def test_sampler_fetches_the_next_blocks_while_one_is_read(
     url: str, proxy: FaultProxy, tmp_path: Path
 ) -> None:

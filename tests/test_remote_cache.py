@@ -36,6 +36,8 @@ from packer.write.convert import convert_video
 
 ROOT = Path(__file__).resolve().parents[1]
 BUCKET = "cache"
+# these tests attack the cache's whole-shard downloads: no first batch by ranged GETs
+pytestmark = pytest.mark.usefixtures("whole_shards")
 
 
 @pytest.fixture(autouse=True)
@@ -91,6 +93,19 @@ def _shard_gets(proxy: FaultProxy, name: str) -> Counter[str]:
     return Counter({k: n for k, n in _gets(proxy, name).items() if "/shard-" in k})
 
 
+def _downloads(proxy: FaultProxy, name: str) -> Counter[str]:
+    """Whole-shard downloads per shard of the dataset ``name`` (its range starts at byte 0; a
+    record's ranged GET never does: a shard starts with its header); ranged reads left out."""
+    prefix = f"GET /{BUCKET}/{name}/"
+    return Counter(
+        request.split(" ", 2)[1].split("?")[0]
+        for request, ranged, _ in list(proxy.sent)
+        if request.startswith(prefix)
+        and "/shard-" in request
+        and (ranged is None or ranged.startswith("bytes=0-"))
+    )
+
+
 def _list(batch: list) -> list:
     return batch
 
@@ -129,9 +144,10 @@ def test_lmdb_and_bmp_through_workers_equal_local(
     mine = [packer.open_dataset(local[name], output="bytes") for name in names]
     assert [d[0] for d in remote] == [d[0] for d in mine]  # the parent reads first
     assert _loaded(ConcatDataset(remote), context) == _loaded(ConcatDataset(mine), None)
-    # LMDB: every shard downloaded once for the parent and both workers, into the cache
+    # LMDB: every shard downloaded once for the parent and both workers, into the cache (a
+    # spawned worker serves its first records by range meanwhile: the module's defaults)
     shards = [s.name for s in load_manifest(local["images.lmdb"]).shards]
-    assert _shard_gets(proxy, f"{context}-images.lmdb") == Counter(
+    assert _downloads(proxy, f"{context}-images.lmdb") == Counter(
         {f"/{BUCKET}/{context}-images.lmdb/{s}": 1 for s in shards}
     )
     assert sorted(p.read_bytes() for p in cache.glob("*.data")) == sorted(
@@ -185,6 +201,9 @@ _READER = """
 import hashlib, sys
 from packer.read.store import open_packed  # no torch: the subprocess starts in well under a second
 url, endpoint, cache = sys.argv[1:4]
+if sys.argv[4:] == ["whole"]:  # every read waits for its shard's download (no ranged first)
+    from packer.remote import cached_reader
+    cached_reader.RANGED_SHARE = cached_reader.RANGED_FLOOR = 0
 packed = open_packed(url, storage_options={"endpoint_url": endpoint}, cache_dir=cache)
 digest = hashlib.sha256()
 for first in packed.first.tolist():  # sample by sample, in order
@@ -193,9 +212,9 @@ print(digest.hexdigest())
 """
 
 
-def _reader(url: str, proxy: FaultProxy, cache: Path) -> subprocess.Popen[str]:
+def _reader(url: str, proxy: FaultProxy, cache: Path, *mode: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    command = [sys.executable, "-c", _READER, url, proxy.endpoint, str(cache)]
+    command = [sys.executable, "-c", _READER, url, proxy.endpoint, str(cache), *mode]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
 
 
@@ -219,8 +238,9 @@ def test_two_processes_share_one_cache(
     expected = _digest(packer.open_dataset(local["images.lmdb"], output="bytes"))
     assert outputs == [expected, expected]
     shards = load_manifest(local["images.lmdb"]).shards
-    assert set(_shard_gets(proxy, "shared.lmdb").values()) == {1}
-    assert len(_shard_gets(proxy, "shared.lmdb")) == len(shards)
+    # two processes of their own (the defaults: records by range while shards download)
+    assert set(_downloads(proxy, "shared.lmdb").values()) == {1}
+    assert len(_downloads(proxy, "shared.lmdb")) == len(shards)
     assert len(list(cache.glob("*.data"))) == len(shards)
 
 
@@ -231,7 +251,7 @@ def test_reader_killed_mid_download_blocks_nothing(
     cache = tmp_path / "cache"
     first = load_manifest(local["images.lmdb"]).shards[0].name
     proxy.inject(["stall"], match=f"GET /{BUCKET}/killed.lmdb/{first}")
-    reader = _reader(url, proxy, cache)
+    reader = _reader(url, proxy, cache, "whole")
     deadline = time.monotonic() + 30
     while proxy.faults and time.monotonic() < deadline:  # the download has begun, and stalls
         time.sleep(0.05)

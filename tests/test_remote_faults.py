@@ -115,6 +115,7 @@ def test_replaced_object_is_refused(proxy: FaultProxy, server: S3Server, local: 
     assert sum(f"GET /faults/replaced.h5/{shard}" in s for s in proxy.served) == 1
 
 
+@pytest.mark.usefixtures("whole_shards")  # the cache's download of the shard is what fails
 def test_an_object_replaced_by_one_of_its_size_is_refused_by_its_etag(
     proxy: FaultProxy, server: S3Server, local: Path, tmp_path: Path
 ) -> None:

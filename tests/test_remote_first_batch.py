@@ -1,6 +1,6 @@
-"""The first batch through the node-local cache (issue 21): a record of an NPY or HDF5 shard not
-yet cached is served by a checked ranged GET while the shard downloads in the background, then
-read from the cache. Against a real S3 API server (moto) behind the real fault proxy, whose log
+"""The first batch through the node-local cache (issues 21, 31): a record of an NPY, HDF5 or LMDB
+shard not yet cached is served by a checked ranged GET while the shard downloads in the
+background, then read from the cache. Against a real S3 API server (moto) behind the real fault proxy, whose log
 shows every request, its Range and the bytes it carried."""
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from packer.remote.cache import ShardCache, wait_for_downloads
 from packer.tools.image_demo import make_image_tree
 
 BUCKET = "first"
-NAMES = ["images.npy", "images.h5"]
+NAMES = ["images.npy", "images.h5", "images.lmdb"]
+RANGED = ["images.npy", "images.lmdb"]  # an LMDB record by range: its recorded byte offset
 
 
 @pytest.fixture(autouse=True)
@@ -111,13 +112,13 @@ def test_first_read_is_served_while_its_shard_downloads(
     remote.close()
 
 
+@pytest.mark.parametrize("name", RANGED)
 def test_a_cold_shuffled_epoch_downloads_each_shard_once(
-    proxy: FaultProxy, urls: dict[str, str], local: dict[str, Path], tmp_path: Path
+    proxy: FaultProxy, urls: dict[str, str], local: dict[str, Path], tmp_path: Path, name: str
 ) -> None:
     """A RandomSampler epoch in batches: every shard downloaded whole once; a record fetched by
     a ranged GET only while its shard was not in the cache, so the epoch's traffic stays under
     1.05x the dataset plus those records; the next epoch reads the cache only."""
-    name = "images.npy"
     manifest = load_manifest(local[name])
     sizes = {s.name: s.bytes for s in manifest.shards}
     expected = packer.open_dataset(local[name], output="bytes")
@@ -154,12 +155,12 @@ def _whole_of(sizes: dict[str, int], shard: str) -> str:
     return f"bytes=0-{sizes[shard] - 1}"
 
 
+@pytest.mark.parametrize("name", RANGED)
 def test_a_corrupt_ranged_record_is_never_served(
-    proxy: FaultProxy, urls: dict[str, str], local: dict[str, Path], tmp_path: Path
+    proxy: FaultProxy, urls: dict[str, str], local: dict[str, Path], tmp_path: Path, name: str
 ) -> None:
     """The ranged path of a cached reader checks each record against the record table's
     xxh3: a flipped byte is fetched again; flipped every time, a clear error."""
-    name = "images.npy"
     shard = load_manifest(local[name]).shards[0]
     expected = packer.open_dataset(local[name], output="bytes")
     remote = _open(urls[name], proxy, tmp_path / "a")
@@ -181,16 +182,17 @@ def test_a_corrupt_ranged_record_is_never_served(
     again.close()
 
 
+@pytest.mark.parametrize("name", RANGED)
 def test_past_its_share_a_read_waits_for_the_download(
     monkeypatch: pytest.MonkeyPatch,
     proxy: FaultProxy,
     urls: dict[str, str],
     local: dict[str, Path],
     tmp_path: Path,
+    name: str,
 ) -> None:
     """A process serves at most its share of a downloading shard by range (here: the first
     record only); the next read of that shard waits for the download, then reads the cache."""
-    name = "images.npy"
     shard = load_manifest(local[name]).shards[0]
     expected = packer.open_dataset(local[name], output="bytes")
     remote = _open(urls[name], proxy, tmp_path)
@@ -208,4 +210,31 @@ def test_past_its_share_a_read_waits_for_the_download(
     assert _cached(tmp_path) == {shard.name}
     ranged = [n for _, r, n in _shard_traffic(proxy, name) if r != _whole(shard)]
     assert ranged == [first]  # the bytes fetched twice: that one record
+    remote.close()
+
+
+def test_an_lmdb_record_of_unknown_offset_waits_for_its_shard(
+    monkeypatch: pytest.MonkeyPatch, server: S3Server, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    """An LMDB converted where value offsets could not be told (no ``/proc``: -1 in the record
+    table) has no byte range to fetch: its reads wait for the shard's download, never a guess."""
+    from packer.formats import lmdb as lmdb_format
+
+    def unknown(path: Path, count: int, chunk: int = 0) -> np.ndarray:  # noqa: ARG001
+        return np.full(count, -1, np.int64)
+
+    monkeypatch.setattr(lmdb_format, "value_offsets", unknown)
+    tree = make_image_tree(tmp_path / "src", classes=2, per_class=3, size=(64, 48), bad=0)
+    out = tmp_path / "unknown.lmdb"
+    packer.convert(tree.root, out, shard_size="6kB", workers=1, progress=False)
+    assert (np.load(out / "records.npy")["offset"] == -1).all()
+    url = server.upload(out, "unknown.lmdb")
+    shard = load_manifest(out).shards[0]
+    remote = _open(url, proxy, tmp_path / "cache")
+    proxy.inject(["slow"], match=f"GET /{BUCKET}/unknown.lmdb/{shard.name} Range={_whole(shard)};")
+    proxy.sent.clear()
+    began = time.monotonic()
+    assert remote[0] == packer.open_dataset(out, output="bytes")[0]
+    assert time.monotonic() - began > SLOW / 2  # waited for the download
+    assert [r for _, r, _ in _shard_traffic(proxy, "unknown.lmdb")] == [_whole(shard)]
     remote.close()

@@ -117,6 +117,13 @@ class HandleCache:
                 _close(old)
             return handle
 
+    def holds(self, key: Any) -> bool:
+        """Whether this process has the handle for ``key`` open."""
+        if self._pid != os.getpid():
+            self._forget_parent()
+        with self._lock:
+            return key in self._handles
+
     def pop(self, key: Any) -> Any:
         """Take the handle for ``key`` out of this process's cache, or None; the caller closes
         it (a shard's cached copy found corrupt is opened anew)."""

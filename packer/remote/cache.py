@@ -1,5 +1,5 @@
-"""The node-local shard cache: whole objects of remote datasets (LMDB shards, and NPY/HDF5
-shards when asked) downloaded once per node, shared by every process and DataLoader worker.
+"""The node-local shard cache: whole objects of remote datasets (shards) downloaded once per
+node, shared by every process and DataLoader worker.
 
 Coordinated through files and ``flock`` only — no shared memory, no daemon, nothing a crash
 leaves blocking (a lock dies with its process). In ``cache_dir``, per object ``K`` (a hash of
@@ -78,8 +78,7 @@ class _OtherBytes(Exception):
 
 
 def default_cache_dir() -> Path:
-    """``$PACKER_CACHE_DIR``, else ``$XDG_CACHE_HOME/packer``, else ``~/.cache/packer``
-    (:func:`packer.core.cpus.packer_home`)."""
+    """``$PACKER_CACHE_DIR``, else ``$XDG_CACHE_HOME/packer``, else ``~/.cache/packer``."""
     return packer_home()
 
 
@@ -160,11 +159,13 @@ class ShardCache:
     def open_present(
         self, folder: RemoteFolder, name: str, size: int, xxh3: str
     ) -> CacheEntry | None:
-        """Object ``name`` held from the cache if its checked download is there already, else
-        None at once (never a download, never a wait for one)."""
+        """Object ``name`` held from the cache if its checked download is there, else None."""
         data = self._path(self._entry_key(folder, name, size, xxh3), ".data")
-        if finished(data, size) is None:  # the common miss costs one stat, no lock
-            return None
+        try:  # the common miss costs one stat, no lock
+            if finished(data, size) is None:
+                return None
+        except OSError as exc:  # the cache folder is a file, unreadable, ...
+            raise self._unusable(exc) from exc
         use = lock(data.with_suffix(".lock"), fcntl.LOCK_SH)
         assert use is not None  # a blocking lock is always taken
         found = finished(data, size)
@@ -302,12 +303,11 @@ class ShardCache:
             try:
                 fd = lock(path, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False)
             except UnsafeCacheFile:  # a link or a foreign file: no download of this user's
-                unlink_quietly(path)
-                removed.append(path.stem)
-                continue
+                fd = -1
             if fd is not None:
                 unlink_quietly(path)
-                release(fd)
+                if fd >= 0:
+                    release(fd)
                 removed.append(path.stem)
         return removed
 

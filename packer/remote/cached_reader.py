@@ -1,17 +1,16 @@
 """Reading an output at a URL through the node's shard cache (``packer.remote.cache``).
 
-:class:`CachedLMDBReader` and :class:`CachedShardReader` read whole shards downloaded into the
-cache: LMDB needs a local file, so a shard is downloaded before its first read; NPY/HDF5 shards
-are cached when asked (warm epochs then read at local speed), and a record whose shard is not
-cached yet is served by a checked ranged GET (:class:`packer.remote.reader.RemoteReader`) while
-the shard downloads in the background (up to a few % of the dataset: :data:`RANGED_SHARE`;
+:class:`CachedShardReader` (NPY, HDF5; LMDB: :mod:`packer.remote.cached_lmdb`) reads whole
+shards downloaded into the cache (warm epochs then read at local speed); a record whose shard is
+not cached yet is served by a checked ranged GET (:class:`packer.remote.reader.RemoteReader`)
+while the shard downloads in the background (up to a few % of the dataset: :data:`RANGED_SHARE`;
 then a read waits for its shard). A cached shard is held (never evicted) while its handle is
 open. Every record read from a cached copy is checked against the record table's xxh3 as a
 ranged one is (:func:`packer.remote.reader.check_records`): a copy that differs (a flipped
 byte on the disk, a file tampered with) is downloaded again and replaced in the cache, the
 record read from the new copy; a second difference is an error naming the record and the URL.
 
-Both are picklable: the URL, the options, the tables and the cache's folder and limit; each
+The readers are picklable: the URL, the options, the tables and the cache's folder and limit; each
 process opens its own client (``packer.remote.storage.RemoteFolder``) and its own cache entries.
 """
 
@@ -28,17 +27,36 @@ import numpy as np
 from packer.core.handles import HandleCache
 from packer.core.manifest import Manifest
 from packer.errors import FormatError
-from packer.formats import lmdb
 from packer.formats.files import Folder, MappedFile
-from packer.formats.lmdb_env import Handle
 from packer.remote.cache import CacheEntry, ShardCache
 from packer.remote.reader import RemoteReader, check_records
 from packer.remote.storage import RemoteFolder
 
-__all__ = ["RANGED_FLOOR", "RANGED_SHARE", "CachedLMDBReader", "CachedShardReader"]
+__all__ = ["RANGED_FLOOR", "RANGED_SHARE", "CachedShardReader", "CachedShards"]
 
 
-class _CachedShards:
+def _loader_workers() -> int:
+    """How many DataLoader workers share the reading, seen from one of them (else 1); torch
+    is asked only when already imported (the formats never import it)."""
+    data = sys.modules.get("torch.utils.data")
+    info = data.get_worker_info() if data is not None else None
+    return max(1, int(getattr(info, "num_workers", 1))) if info is not None else 1
+
+
+class _NotCached(Exception):
+    """A shard's checked download is not in the cache (yet)."""
+
+
+# While shards download, a reader (a DataLoader's workers together) serves at most this share
+# of the dataset's bytes by ranged GETs, and each process at least RANGED_FLOOR (a first batch
+# of a small dataset); past it, a read waits for its shard's download. So the first batches of
+# a cold epoch come at once, whatever the order (a shuffled one touches every shard), and the
+# bytes fetched twice stay a few % of a large dataset.
+RANGED_SHARE = 0.04
+RANGED_FLOOR = 8 << 20
+
+
+class CachedShards:
     """What a reader of cached shards keeps: the folder, the cache, the shards' sizes and
     checksums (each download is checked against them)."""
 
@@ -58,6 +76,21 @@ class _CachedShards:
         self.shard_sizes = [s.bytes for s in manifest.shards]
         self.shard_digests = [s.xxh3_64 for s in manifest.shards]
         self.record_digests: np.ndarray = records["checksum"]
+        self._ranged = (-1, 0)  # (process, bytes it served by range)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_ranged": (-1, 0)}
+
+    def _by_range(self, wanted: int) -> bool:
+        """Whether ``wanted`` more bytes of a shard not cached may come by range (this
+        process's part of :data:`RANGED_SHARE`, at least :data:`RANGED_FLOOR`)."""
+        pid, used = self._ranged
+        used = (used if pid == os.getpid() else 0) + wanted  # a forked worker counts its own
+        share = RANGED_SHARE * sum(self.shard_sizes) / _loader_workers()
+        if used > max(share, RANGED_FLOOR):
+            return False
+        self._ranged = (os.getpid(), used)
+        return True
 
     def _check_cached(
         self, rec: np.ndarray, out: list[Any], reread: Callable[[np.ndarray], list[bytes]]
@@ -135,76 +168,6 @@ class _EntryFolder(Folder):
         return self._entry.open_data()
 
 
-class _CachedHandle(Handle):
-    """An LMDB shard's handle on its cached copy; closing it releases the cache entry."""
-
-    def __init__(self, entry: CacheEntry, readahead: bool) -> None:
-        self._entry = entry
-        # LMDB opens a path: it is given this descriptor's (no link followed, the very file
-        # checked), so a link planted in the cache is never what LMDB reads
-        self._data = entry.open_data()
-        pinned = f"/proc/self/fd/{self._data}"
-        try:
-            super().__init__(pinned if os.path.exists(pinned) else str(entry.path), readahead, None)
-        except BaseException:
-            os.close(self._data)
-            raise
-
-    def close(self) -> None:
-        try:
-            super().close()
-        finally:
-            os.close(self._data)
-            self._entry.close()
-
-
-class CachedLMDBReader(_CachedShards, lmdb.Reader):
-    """An LMDB output at a URL: each shard downloaded whole into the cache before its first
-    read, then read by the LMDB reader from there."""
-
-    def __init__(
-        self,
-        folder: RemoteFolder,
-        cache: ShardCache,
-        manifest: Manifest,
-        records: np.ndarray,
-        **options: Any,
-    ) -> None:
-        lmdb.Reader.__init__(self, folder.url, manifest, records, **options)
-        self._cached_init(folder, cache, manifest, records)
-        self._capacity(self.handles, manifest)
-
-    def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
-        """The stored bytes of each record, in the order asked, each checked against its xxh3
-        (:meth:`_check_cached`)."""
-        rec = np.asarray(records, dtype=np.int64)
-        out = lmdb.Reader.read_many(self, rec)
-        self._check_cached(rec, out, lambda again: lmdb.Reader.read_many(self, again))
-        return out
-
-    def read_into(
-        self,
-        records: Sequence[int] | np.ndarray,
-        out: memoryview,
-        where: Sequence[int] | np.ndarray,
-    ) -> None:
-        """Copy record ``records[k]`` into ``out[where[k]:where[k]+length]``, checked."""
-        rec = np.asarray(records, dtype=np.int64)
-        dest = np.asarray(where, dtype=np.int64).tolist()
-        lmdb.Reader.read_into(self, rec, out, dest)
-        views = [out[w : w + n] for w, n in zip(dest, self.length[rec].tolist())]
-        for j in self._check_cached(rec, views, lambda again: lmdb.Reader.read_many(self, again)):
-            out[dest[j] : dest[j] + len(views[j])] = views[j]
-
-    def _open_handle(self, shard: int) -> Handle:
-        entry = self.cached(shard)
-        try:
-            return _CachedHandle(entry, self.readahead)
-        except BaseException:
-            entry.close()
-            raise
-
-
 class _CachedMap(MappedFile):
     """A cached shard mapped whole; closing it releases the cache entry."""
 
@@ -219,28 +182,7 @@ class _CachedMap(MappedFile):
             self._entry.close()
 
 
-def _loader_workers() -> int:
-    """How many DataLoader workers share the reading, seen from one of them (else 1); torch
-    is asked only when already imported (the formats never import it)."""
-    data = sys.modules.get("torch.utils.data")
-    info = data.get_worker_info() if data is not None else None
-    return max(1, int(getattr(info, "num_workers", 1))) if info is not None else 1
-
-
-class _NotCached(Exception):
-    """A shard's checked download is not in the cache (yet)."""
-
-
-# While shards download, a reader (a DataLoader's workers together) serves at most this share
-# of the dataset's bytes by ranged GETs, and each process at least RANGED_FLOOR (a first batch
-# of a small dataset); past it, a read waits for its shard's download. So the first batches of
-# a cold epoch come at once, whatever the order (a shuffled one touches every shard), and the
-# bytes fetched twice stay a few % of a large dataset.
-RANGED_SHARE = 0.04
-RANGED_FLOOR = 8 << 20
-
-
-class CachedShardReader(_CachedShards, RemoteReader):
+class CachedShardReader(CachedShards, RemoteReader):
     """An NPY or HDF5 shard output at a URL read through the cache (``cache_dir=`` or
     ``cache=True`` asked for it): a shard in the cache is mapped and sliced as a local one; a
     record of a shard not there yet is fetched by a ranged GET (checked against its xxh3 in
@@ -272,20 +214,6 @@ class CachedShardReader(_CachedShards, RemoteReader):
         )
         self._cached_init(folder, cache, manifest, records)
         self._capacity(self.handles, manifest)
-        self._ranged = (-1, 0)  # (process, bytes it served by range)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_ranged": (-1, 0)}
-
-    def _by_range(self, wanted: int) -> bool:
-        """Whether ``wanted`` more bytes of a shard not cached may come by range."""
-        pid, used = self._ranged
-        used = (used if pid == os.getpid() else 0) + wanted  # a forked worker counts its own
-        share = RANGED_SHARE * sum(self.shard_sizes) / _loader_workers()
-        if used > max(share, RANGED_FLOOR):
-            return False
-        self._ranged = (os.getpid(), used)
-        return True
 
     def _wait_map(self, file: int) -> memoryview:
         """Shard ``file`` mapped from the cache, downloaded (or waited for) first."""

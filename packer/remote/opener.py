@@ -38,7 +38,8 @@ from packer.formats import by_name
 from packer.formats.base import ReaderBase
 from packer.remote import storage
 from packer.remote.cache import CorruptDownload, ShardCache
-from packer.remote.cached_reader import CachedLMDBReader, CachedShardReader
+from packer.remote.cached_lmdb import CachedLMDBReader
+from packer.remote.cached_reader import CachedShardReader
 from packer.remote.reader import HeldKeys, RemoteReader
 from packer.remote.storage import RemoteFolder
 

@@ -1,0 +1,165 @@
+"""An LMDB output at a URL read through the node's shard cache (``packer.remote.cache``).
+
+LMDB reads a local file: a shard is read by py-lmdb once its checked download is in the cache.
+Until then its records are served by ranged GETs: the record table holds each value's byte
+offset in its shard file (``packer.formats.lmdb.value_offsets``, recorded at conversion), so a
+record is a byte range like an NPY one, fetched by :class:`packer.remote.reader.RemoteReader`
+and checked against its xxh3, while the shard downloads in the background — within the same
+bound as NPY and HDF5 (:data:`packer.remote.cached_reader.RANGED_SHARE` of the dataset, at
+least :data:`packer.remote.cached_reader.RANGED_FLOOR` a process; past it a read waits for its
+shard). A record whose offset is unknown (``-1``: written where ``/proc`` was missing) always
+waits for its shard. So a shuffled first batch no longer waits for every shard it touches.
+
+Every record read from a cached copy is checked against the record table's xxh3
+(:meth:`packer.remote.cached_reader.CachedShards._check_cached`): a copy that differs is
+downloaded again and replaced, the record read anew; a second difference is an error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from packer.core.manifest import Manifest
+from packer.formats import lmdb
+from packer.formats.lmdb_env import Handle
+from packer.remote.cache import CacheEntry, ShardCache
+from packer.remote.cached_reader import CachedShards
+from packer.remote.reader import RemoteReader
+from packer.remote.storage import RemoteFolder
+
+__all__ = ["CachedLMDBReader"]
+
+
+class _CachedHandle(Handle):
+    """An LMDB shard's handle on its cached copy; closing it releases the cache entry."""
+
+    def __init__(self, entry: CacheEntry, readahead: bool) -> None:
+        self._entry = entry
+        # LMDB opens a path: it is given this descriptor's (no link followed, the very file
+        # checked), so a link planted in the cache is never what LMDB reads
+        self._data = entry.open_data()
+        pinned = f"/proc/self/fd/{self._data}"
+        try:
+            super().__init__(pinned if os.path.exists(pinned) else str(entry.path), readahead, None)
+        except BaseException:
+            os.close(self._data)
+            raise
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            os.close(self._data)
+            self._entry.close()
+
+
+class CachedLMDBReader(CachedShards, lmdb.Reader):
+    """An LMDB output at a URL: each shard read by py-lmdb from its copy in the cache; a record
+    of a shard not cached yet served by a checked ranged GET while the shard downloads (see the
+    module docstring)."""
+
+    def __init__(
+        self,
+        folder: RemoteFolder,
+        cache: ShardCache,
+        manifest: Manifest,
+        records: np.ndarray,
+        **options: Any,
+    ) -> None:
+        lmdb.Reader.__init__(self, folder.url, manifest, records, **options)
+        self._cached_init(folder, cache, manifest, records)
+        self._capacity(self.handles, manifest)
+        self._ranges = RemoteReader(folder, manifest, records, "")
+
+    def _open_handle(self, shard: int) -> Handle:
+        return self._handle_on(self.cached(shard))
+
+    def _handle_on(self, entry: CacheEntry) -> Handle:
+        try:
+            return _CachedHandle(entry, self.readahead)
+        except BaseException:
+            entry.close()
+            raise
+
+    def _present(self, file: int) -> bool:
+        """Whether shard ``file``'s checked copy is in the cache (then opened here, held from
+        now on like any shard read); never a download, never a wait."""
+        entry = self.cache.open_present(*self._object(file))
+        if entry is None:
+            return False
+        opened: list[bool] = []
+
+        def opener() -> Handle:
+            opened.append(True)
+            return self._handle_on(entry)
+
+        self.handles.get(file, opener)
+        if not opened:  # another thread opened it meanwhile: this hold is not needed
+            entry.close()
+        return True
+
+    def _far(self, rec: np.ndarray) -> np.ndarray:
+        """The positions in ``rec`` served by ranged GETs: records of shards neither open here
+        nor in the cache, whose offsets are known, within this process's ranged share; those
+        shards' downloads started in the background. Past the share a read downloads (or
+        waits for) its shard, as before the first batch came by range."""
+        far: list[np.ndarray] = []
+        started: list[int] = []
+        for file, where in self._groups(rec):
+            if self.handles.holds(file) or self._present(file):
+                continue
+            chosen = rec[where]
+            known = bool((self.offset[chosen] >= 0).all())
+            if known and self._by_range(int(self.length[chosen].sum())):
+                far.append(where)
+                started.append(file)
+        if started:
+            self.prefetch(started)
+        return np.concatenate(far) if far else np.zeros(0, np.int64)
+
+    def _near(self, rec: np.ndarray) -> list[bytes]:
+        out = lmdb.Reader.read_many(self, rec)
+        self._check_cached(rec, out, lambda again: lmdb.Reader.read_many(self, again))
+        return out
+
+    def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
+        """The stored bytes of each record, in the order asked, each checked against its xxh3:
+        from the cached shard, or by a ranged GET while the shard is on its way."""
+        rec = np.asarray(records, dtype=np.int64)
+        far = self._far(rec)
+        if not len(far):
+            return self._near(rec)
+        out: list[bytes] = [b""] * len(rec)
+        near = np.setdiff1d(np.arange(len(rec)), far)
+        for j, data in zip(far.tolist(), self._ranges.read_many(rec[far])):
+            out[j] = data
+        if len(near):
+            for j, data in zip(near.tolist(), self._near(rec[near])):
+                out[j] = data
+        return out
+
+    def read_into(
+        self,
+        records: Sequence[int] | np.ndarray,
+        out: memoryview,
+        where: Sequence[int] | np.ndarray,
+    ) -> None:
+        """Copy record ``records[k]`` into ``out[where[k]:where[k]+length]``, checked."""
+        rec = np.asarray(records, dtype=np.int64)
+        dest = np.asarray(where, dtype=np.int64)
+        far = self._far(rec)
+        near = np.setdiff1d(np.arange(len(rec)), far) if len(far) else np.arange(len(rec))
+        for j, data in zip(far.tolist(), self._ranges.read_many(rec[far]) if len(far) else []):
+            w = int(dest[j])
+            out[w : w + len(data)] = data
+        if not len(near):
+            return
+        rec, dest_list = rec[near], dest[near].tolist()
+        lmdb.Reader.read_into(self, rec, out, dest_list)
+        views = [out[w : w + n] for w, n in zip(dest_list, self.length[rec].tolist())]
+        for j in self._check_cached(rec, views, lambda again: lmdb.Reader.read_many(self, again)):
+            out[dest_list[j] : dest_list[j] + len(views[j])] = views[j]
