@@ -65,6 +65,32 @@ def test_a_lock_unlinked_while_waiting_is_not_kept(tmp_path: Path) -> None:
     os.close(got[0])
 
 
+def test_a_part_unlinked_as_it_is_opened_is_not_refused(tmp_path: Path) -> None:
+    """Processes racing for one download: each locks ``K.part``, finds the object finished and
+    unlinks the part. One that opened the part just before its unlink sees a file with no link
+    left: gone, not planted (a planted hard link has two), so it locks the path anew instead of
+    refusing the cache (a cached DataLoader epoch failed on it, benchmarks/remote.py)."""
+    path = tmp_path / "k.part"
+    failed: list[BaseException] = []
+
+    def racer() -> None:
+        try:
+            for _ in range(400):
+                fd = lock(path, fcntl.LOCK_EX)
+                assert fd is not None and os.fstat(fd).st_nlink == 1
+                path.unlink(missing_ok=True)
+                release(fd)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failed.append(exc)
+
+    threads = [threading.Thread(target=racer) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert failed == []
+
+
 def test_a_forked_child_keeps_no_lock(tmp_path: Path) -> None:
     """A process forked (a DataLoader worker) while its parent holds a lock (a download in
     progress) must not keep that lock once the parent releases it: waiters would hang for as

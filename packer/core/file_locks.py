@@ -82,7 +82,13 @@ def open_own(path: Path, flags: int = os.O_RDONLY, create: bool = False) -> int:
                 found = os.stat(path, follow_symlinks=False)
                 raise _unsafe(path, own_file(found) or "not a regular file") from None
             raise
-        why = own_file(os.fstat(fd))
+        found = os.fstat(fd)
+        if found.st_nlink == 0:  # unlinked since the open (a finished download's part): gone,
+            os.close(fd)  # not planted (a planted hard link has two links)
+            if create:
+                continue
+            raise FileNotFoundError(errno.ENOENT, "removed as it was opened", str(path))
+        why = own_file(found)
         if why is not None:
             os.close(fd)
             raise _unsafe(path, why)
