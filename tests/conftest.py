@@ -111,9 +111,11 @@ def proxy(server: S3Server) -> Iterator[FaultProxy]:
 @pytest.fixture
 def whole_shards(monkeypatch: pytest.MonkeyPatch) -> None:
     """Reads through the shard cache wait for their shards' downloads (no record served by a
-    ranged GET first): the tests that attack the cache's downloads, its locks and its limit.
-    Held in this process and forked workers (a spawned one starts with the defaults)."""
+    ranged GET first) and fetch no shard ahead of an in-order reader: the tests that attack the
+    cache's downloads, its locks and its limit, each download where the test expects it. Held
+    in this process and forked workers (a spawned one starts with the defaults)."""
     from packer.remote import cached_reader
 
     monkeypatch.setattr(cached_reader, "RANGED_SHARE", 0.0)
     monkeypatch.setattr(cached_reader, "RANGED_FLOOR", 0)
+    monkeypatch.setattr(cached_reader, "AHEAD", 0)

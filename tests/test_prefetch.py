@@ -16,7 +16,7 @@ from s3_server import S3Server
 
 import packer
 from packer.core.manifest import load_manifest
-from packer.remote.cache import ShardCache
+from packer.remote.cache import ShardCache, wait_for_downloads
 from packer.tools.image_demo import make_image_tree
 
 BUCKET = "prefetch"
@@ -124,3 +124,43 @@ def test_a_local_dataset_prefetches_nothing(tmp_path: Path) -> None:
     ds = packer.open_dataset(tmp_path / "out.lmdb", output="bytes")
     assert not ds.prefetches and ds.prefetch(range(len(ds))) == 0
     assert sorted(packer.ShardedSampler(ds, prefetch=3)) == list(range(len(ds)))
+
+
+@pytest.fixture(scope="module")
+def both(server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """An LMDB and an NPY output of 8 shards of 2 images each, at URLs."""
+    root = tmp_path_factory.mktemp("in_order")
+    tree = make_image_tree(root / "images", classes=2, per_class=8, size=(64, 48), bad=0)
+    urls = {}
+    for suffix in (".lmdb", ".npy"):
+        out = root / f"order{suffix}"
+        packer.convert(tree.root, out, shard_size="6kB", workers=1, progress=False)
+        assert len(load_manifest(out).shards) >= 6
+        urls[suffix] = server.upload(out, f"order{suffix}")
+    return urls
+
+
+@pytest.mark.parametrize("suffix", [".lmdb", ".npy"])
+def test_a_reader_in_order_has_the_next_shards_fetched(
+    both: dict[str, str], proxy: FaultProxy, tmp_path: Path, suffix: str
+) -> None:
+    """Reads in order (a SequentialSampler: no sampler tells the order) start the downloads of
+    the next two shards; reads that jump between shards start none beyond their own."""
+    options = {"endpoint_url": proxy.endpoint}
+    ds = packer.open_dataset(
+        both[suffix], output="bytes", storage_options=options, cache_dir=tmp_path / "a"
+    )
+    names, shards = ds.reader.shard_names, ds.shard_of_sample()
+    for i in np.flatnonzero(shards == 0)[:2].tolist():  # two requests in shard 0
+        ds[i]
+    assert wait_for_downloads(20)
+    assert cached(tmp_path / "a") == {names[0], names[1], names[2]}
+    ds.close()
+    jumps = packer.open_dataset(
+        both[suffix], output="bytes", storage_options=options, cache_dir=tmp_path / "b"
+    )
+    for shard in (4, 1, 3):  # a shuffled reader
+        jumps[int(np.flatnonzero(shards == shard)[0])]
+    assert wait_for_downloads(20)
+    assert cached(tmp_path / "b") == {names[4], names[1], names[3]}
+    jumps.close()

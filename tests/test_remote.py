@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 import packer
 from packer.core.manifest import INDEX_NAME, RECORDS_NAME, load_manifest
 from packer.errors import FormatError, PackerError
+from packer.remote.cache import wait_for_downloads
 from packer.remote.storage import GAP, coalesce, is_url
 from packer.tools.image_demo import make_image_tree
 from packer.tools.video_demo import make_video_tree
@@ -198,6 +199,7 @@ def test_lmdb_url_reads_through_the_default_cache(
     assert loaded(remote, None) == loaded(
         packer.open_dataset(local["images.lmdb"], output="bytes"), None
     )
+    assert wait_for_downloads(30)  # (the first records came by range meanwhile)
     assert len(list((tmp_path / "cache").glob("*.data"))) == len(
         load_manifest(local["images.lmdb"]).shards
     )

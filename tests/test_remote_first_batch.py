@@ -108,7 +108,8 @@ def test_first_read_is_served_while_its_shard_downloads(
     in_shard = np.flatnonzero(remote.shard_of_sample() == 0).tolist()
     assert len(in_shard) >= 2
     assert [remote[i] for i in in_shard] == [expected[i] for i in in_shard]
-    assert _shard_traffic(proxy, name) == []  # now read from the cache
+    # now read from the cache (reads in order may have the next shards on their way)
+    assert [t for t in _shard_traffic(proxy, name) if t[0] == shard.name] == []
     remote.close()
 
 
@@ -207,8 +208,9 @@ def test_past_its_share_a_read_waits_for_the_download(
     assert time.monotonic() - began < SLOW / 2  # within its share: by range
     assert remote[in_shard[1]] == expected[in_shard[1]]
     assert time.monotonic() - began > SLOW / 2  # past it: waited for the download
-    assert _cached(tmp_path) == {shard.name}
-    ranged = [n for _, r, n in _shard_traffic(proxy, name) if r != _whole(shard)]
+    assert shard.name in _cached(tmp_path)  # (two reads in order: the next two on their way)
+    traffic = _shard_traffic(proxy, name)
+    ranged = [n for s, r, n in traffic if s == shard.name and r != _whole(shard)]
     assert ranged == [first]  # the bytes fetched twice: that one record
     remote.close()
 

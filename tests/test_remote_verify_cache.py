@@ -19,7 +19,7 @@ from packer.core.manifest import load_manifest
 from packer.errors import PackerError
 from packer.read.verify import verify
 from packer.remote import storage
-from packer.remote.cache import ShardCache
+from packer.remote.cache import ShardCache, wait_for_downloads
 from packer.tools.image_demo import make_image_tree
 
 BUCKET = "verified"
@@ -80,6 +80,7 @@ def test_a_corrupt_shard_is_reported_and_never_cached(
     assert "checksum differs" in report.problems[0].what
     assert f"its {shard.samples} sample(s) were not read" in report.problems[1].what
     assert report.samples_checked == 9 - shard.samples
+    assert wait_for_downloads(30)  # shards read ahead of the check in order, too
     cached = {e.url.rsplit("/", 1)[1] for e in ShardCache(tmp_path).entries()}
     assert cached == {s.name for s in load_manifest(local).shards} - {shard.name}
     with pytest.raises(PackerError, match="the shard cache is for a URL"):

@@ -109,7 +109,9 @@ class CachedLMDBReader(CachedShards, lmdb.Reader):
         waits for) its shard, as before the first batch came by range."""
         far: list[np.ndarray] = []
         started: list[int] = []
-        for file, where in self._groups(rec):
+        groups = self._groups(rec)
+        self._follow([file for file, _ in groups])
+        for file, where in groups:
             if self.handles.holds(file) or self._present(file):
                 continue
             chosen = rec[where]

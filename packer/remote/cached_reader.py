@@ -54,6 +54,8 @@ class _NotCached(Exception):
 # bytes fetched twice stay a few % of a large dataset.
 RANGED_SHARE = 0.04
 RANGED_FLOOR = 8 << 20
+AHEAD = 2  # shards fetched ahead of a reader in order
+IN_ORDER = 2  # requests in a row whose highest shard moved by at most one: a reader in order
 
 
 class CachedShards:
@@ -77,9 +79,27 @@ class CachedShards:
         self.shard_digests = [s.xxh3_64 for s in manifest.shards]
         self.record_digests: np.ndarray = records["checksum"]
         self._ranged = (-1, 0)  # (process, bytes it served by range)
+        self._trail = (-1, -2, 0)  # (process, its last request's highest shard, requests in order)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_ranged": (-1, 0)}
+        return {**self.__dict__, "_ranged": (-1, 0), "_trail": (-1, -2, 0)}
+
+    def _follow(self, files: list[int]) -> None:
+        """Read shards ahead of a process reading them in order: when its last :data:`IN_ORDER`
+        requests' highest shard moved by at most one each time, the next :data:`AHEAD` shards
+        start downloading (a read in order then finds its shard on its way or cached, and the
+        link stays busy; a shuffled reader's highest shard jumps, or is the last one). Only
+        when the whole dataset fits under the cache's limit (else held shards could not make
+        room for them)."""
+        if not files:
+            return
+        top = max(files)
+        pid, last, streak = self._trail
+        streak = streak + 1 if pid == os.getpid() and 0 <= top - last <= 1 else 1
+        self._trail = (os.getpid(), top, streak)
+        fits = self.cache.limit is None or self.cache.limit >= sum(self.shard_sizes)
+        if streak >= IN_ORDER and fits:  # under a tighter limit, shards ahead would evict
+            self.prefetch(range(top + 1, min(top + 1 + AHEAD, len(self.shard_names))))
 
     def _by_range(self, wanted: int) -> bool:
         """Whether ``wanted`` more bytes of a shard not cached may come by range (this
@@ -250,6 +270,7 @@ class CachedShardReader(CachedShards, RemoteReader):
         positions of those fetched by range: every missing shard's download is started; past
         this process's part of :data:`RANGED_SHARE`, a shard is waited for."""
         groups = [(file, where, self._local(file)) for file, where in self._groups(rec)]
+        self._follow([file for file, _, _ in groups])
         missing = [file for file, _, view in groups if view is None]
         if missing:
             self.prefetch(missing)
