@@ -18,6 +18,8 @@ import packer
 from packer.core.manifest import load_manifest
 from packer.remote.cache import ShardCache, wait_for_downloads
 from packer.tools.image_demo import make_image_tree
+from packer.tools.io_counters import resident_fraction
+from packer.tools.targets import evict_page_cache
 
 BUCKET = "prefetch"
 
@@ -118,10 +120,33 @@ def shard_gets_per_shard(proxy: FaultProxy) -> dict[str, int]:
     return dict(shard_gets(proxy))
 
 
-def test_a_local_dataset_prefetches_nothing(tmp_path: Path) -> None:
-    tree = make_image_tree(tmp_path / "images", classes=2, per_class=3, size=(32, 24), bad=0)
-    packer.convert(tree.root, tmp_path / "out.lmdb", shard_size="4kB", workers=1, progress=False)
-    ds = packer.open_dataset(tmp_path / "out.lmdb", output="bytes")
+@pytest.mark.parametrize("suffix", [".lmdb", ".npy"])
+def test_a_local_dataset_has_the_blocks_ahead_read_into_the_page_cache(
+    tmp_path: Path, suffix: str
+) -> None:
+    """Locally, ShardedSampler(prefetch=2) asks the kernel for the next blocks' shard files
+    (POSIX_FADV_WILLNEED): evicted from the page cache, the first three blocks' shards are back
+    in it after the first index, the others not yet. An exact reader (a caption-only pass) asks
+    for nothing: it reads a small share of each shard."""
+    tree = make_image_tree(tmp_path / "images", classes=2, per_class=12, size=(64, 48), bad=0)
+    out = tmp_path / f"out{suffix}"
+    packer.convert(tree.root, out, shard_size="12kB", workers=1, progress=False)
+    ds = packer.open_dataset(out, output="bytes")
+    names, shards = ds.reader.shard_names, ds.shard_of_sample()
+    paths = [out / name for name in names]
+    assert len(paths) >= 6 and ds.prefetches
+    order = list(packer.ShardedSampler(ds, seed=2, prefetch=0))
+    blocks = list(dict.fromkeys(int(shards[i]) for i in order))
+    assert evict_page_cache(paths) == len(paths)
+    assert resident_fraction(paths) == 0.0  # as tests/test_bench.py relies on too
+    first = next(iter(packer.ShardedSampler(ds, seed=2, prefetch=2)))
+    assert first == order[0]
+    ahead = [paths[b] for b in blocks[:3]]
+    wait_for(lambda: resident_fraction(ahead) == 1.0)
+    assert resident_fraction([paths[b] for b in blocks[3:]]) == 0.0
+    assert ds.prefetch(np.flatnonzero(shards == blocks[-1])) == 1  # the dataset's own call
+    wait_for(lambda: resident_fraction([paths[blocks[-1]]]) == 1.0)
+    ds.reader.read_exactly()
     assert not ds.prefetches and ds.prefetch(range(len(ds))) == 0
     assert sorted(packer.ShardedSampler(ds, prefetch=3)) == list(range(len(ds)))
 

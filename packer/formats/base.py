@@ -30,6 +30,7 @@ from packer.core.manifest import KEYS_NAME, Manifest, ShardInfo
 from packer.errors import FormatError
 from packer.formats.files import (
     EXACT,
+    WHOLE,
     Folder,
     Identity,
     MappedFile,
@@ -166,6 +167,33 @@ class ReaderBase:
         handles opened after this call follow it; a reader whose reads are exact already (a
         URL's ranged GETs) has nothing to change."""
 
+    def _reads_ahead(self) -> bool:
+        """Whether this reader reads whole shards (then shards ahead are worth asking for)."""
+        return False
+
+    @property
+    def prefetches(self) -> bool:
+        """Whether :meth:`prefetch` can fetch anything ahead of its reads."""
+        return self.layout == "shards" and self._reads_ahead()
+
+    def prefetch(self, files: Sequence[int]) -> int:
+        """Ask the kernel to read shards ``files`` of a local output into the page cache in
+        the background (``POSIX_FADV_WILLNEED`` queues the reads and returns), so the reads of
+        those shards that follow find them there; how many were asked for. Only where the
+        reader reads whole shards (:attr:`prefetches`): never for exact reads (a caption-only
+        pass) or a dataset larger than the memory."""
+        if not self.prefetches or not hasattr(os, "posix_fadvise"):
+            return 0
+        folder, asked = self.folder(), 0
+        for file in dict.fromkeys(int(f) for f in files):
+            fd = folder.open(self.shard_names[file], self.shard_id(file))
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
+            asked += 1
+        return asked
+
     def folder(self) -> Folder:
         """This process's descriptor of the dataset folder."""
         return self.pinned.get(0, lambda: Folder(self.root, self.root_id))
@@ -289,6 +317,9 @@ class FileReader(ReaderBase):
     def read_exactly(self) -> None:
         """Map shards advised random (``MADV_RANDOM``): only the pages touched are read."""
         self.readahead = EXACT
+
+    def _reads_ahead(self) -> bool:
+        return self.readahead == WHOLE
 
     def sample_path(self, sample: int) -> Path:
         """The per-sample file of sample ``sample``."""

@@ -249,6 +249,9 @@ class Reader(ReaderBase):
         """Open the environments without the kernel's readahead (``MDB_NORDAHEAD``)."""
         self.readahead = False
 
+    def _reads_ahead(self) -> bool:
+        return self.readahead
+
     def _shard(self, shard: int) -> Handle:
         return self.handles.get(shard, lambda: self._open_handle(shard))
 

@@ -208,20 +208,22 @@ class PackedSamples:
     @property
     def prefetches(self) -> bool:
         """Whether :meth:`prefetch` can fetch anything: a remote dataset of shards read through
-        the node-local cache (a local one is read where it lies)."""
-        return hasattr(self.reader, "prefetch") and self.reader.layout == "shards"
+        the node-local cache (downloads), or a local one whose reader reads whole shards (the
+        kernel asked to read them into the page cache)."""
+        return bool(self.reader.prefetches)
 
     def prefetch(self, samples: Sequence[int] | np.ndarray) -> int:
-        """Start fetching the shards that hold ``samples`` into the node-local shard cache in
-        the background (see :attr:`prefetches`; elsewhere nothing to do); how many downloads
-        started. :class:`packer.ShardedSampler` calls it ahead of reading."""
+        """Start fetching the shards that hold ``samples`` in the background: into the
+        node-local shard cache (a remote dataset), or into the page cache (a local one); see
+        :attr:`prefetches`, elsewhere nothing to do. How many shards were asked for.
+        :class:`packer.ShardedSampler` calls it ahead of reading."""
         if not self.prefetches:
             return 0
         chosen = np.asarray(samples, dtype=np.int64)
         first = self.first[chosen]
         last = first + np.maximum(self.counts[chosen], 1) - 1
         files = self.reader.file[np.concatenate((first, last))].tolist()
-        return int(self.reader.prefetch(files))  # type: ignore[attr-defined]
+        return int(self.reader.prefetch(files))
 
     @property
     def keys(self) -> KeyTable:

@@ -181,9 +181,10 @@ class ShardedSampler(Sampler[int]):
         mix: blocks whose samples are shuffled together (more classes per batch when shards
             hold one class each, ``mix`` regions read at a time).
         prefetch: blocks fetched ahead of the one being read, for a dataset with a
-            ``prefetch(samples)`` (a remote dataset read through the node-local shard cache:
-            their shards are downloaded on background threads while the current block is
-            read); 0 turns it off. Nothing is fetched for a local dataset.
+            ``prefetch(samples)``: a remote dataset read through the node-local shard cache
+            has their shards downloaded on background threads while the current block is
+            read, a local one has the kernel read their shard files into the page cache
+            (where its reader reads whole shards); 0 turns it off.
         run: shuffle each block's runs of ``run`` consecutive samples (each run in its order)
             instead of its single samples, so a batch holds whole runs: a dataset at a URL read
             without the cache then fetches a run's records in one ranged GET.

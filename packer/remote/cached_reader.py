@@ -161,6 +161,11 @@ class CachedShards:
         """Shard ``file`` in the cache (downloaded first if needed), held until closed."""
         return self.cache.open(*self._object(file))
 
+    @property
+    def prefetches(self) -> bool:
+        """Shards are downloaded into the cache ahead of their reads."""
+        return self.layout == "shards"  # type: ignore[attr-defined]
+
     def prefetch(self, files: Sequence[int]) -> int:
         """Start background downloads (this process) of shards ``files`` not yet in the cache;
         how many started (:meth:`packer.remote.cache.ShardCache.prefetch`)."""
