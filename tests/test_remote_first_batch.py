@@ -240,3 +240,27 @@ def test_an_lmdb_record_of_unknown_offset_waits_for_its_shard(
     assert time.monotonic() - began > SLOW / 2  # waited for the download
     assert [r for _, r, _ in _shard_traffic(proxy, "unknown.lmdb")] == [_whole(shard)]
     remote.close()
+
+
+@pytest.mark.parametrize("name", RANGED)
+def test_read_into_mixes_cached_and_ranged_records(
+    proxy: FaultProxy, urls: dict[str, str], local: dict[str, Path], tmp_path: Path, name: str
+) -> None:
+    """``read_into`` (the path of decoders that fill one buffer) over shard 1, cached, and
+    shard 0, whose download is slow (its records come by range): every record in its place."""
+    shard = load_manifest(local[name]).shards[0]
+    remote = _open(urls[name], proxy, tmp_path)
+    reader = remote.reader
+    reader.cached(1).close()  # shard 1 in the cache
+    proxy.inject(["slow"], match=f"GET /{BUCKET}/{name}/{shard.name} Range={_whole(shard)};")
+    records = np.flatnonzero(np.isin(reader.file, [1, 0]))[::-1]
+    lengths = reader.length[records]
+    where = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+    out = bytearray(int(lengths.sum()))
+    began = time.monotonic()
+    reader.read_into(records, memoryview(out), where)
+    assert time.monotonic() - began < SLOW / 2  # shard 0's records did not wait for it
+    expected = packer.open_dataset(local[name], output="bytes").reader.read_many(records)
+    got = [bytes(out[w : w + n]) for w, n in zip(where.tolist(), lengths.tolist())]
+    assert got == expected
+    remote.close()

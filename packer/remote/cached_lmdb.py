@@ -75,6 +75,9 @@ class CachedLMDBReader(CachedShards, lmdb.Reader):
         self._capacity(self.handles, manifest)
         self._ranges = RemoteReader(folder, manifest, records, "")
 
+    def _ranged_many(self, rec: np.ndarray) -> list[bytes]:
+        return self._ranges.read_many(rec)
+
     def _open_handle(self, shard: int) -> Handle:
         return self._handle_on(self.cached(shard))
 
@@ -137,7 +140,7 @@ class CachedLMDBReader(CachedShards, lmdb.Reader):
             return self._near(rec)
         out: list[bytes] = [b""] * len(rec)
         near = np.setdiff1d(np.arange(len(rec)), far)
-        for j, data in zip(far.tolist(), self._ranges.read_many(rec[far])):
+        for j, data in zip(far.tolist(), self._ranged_many(rec[far])):
             out[j] = data
         if len(near):
             for j, data in zip(near.tolist(), self._near(rec[near])):
@@ -155,9 +158,7 @@ class CachedLMDBReader(CachedShards, lmdb.Reader):
         dest = np.asarray(where, dtype=np.int64)
         far = self._far(rec)
         near = np.setdiff1d(np.arange(len(rec)), far) if len(far) else np.arange(len(rec))
-        for j, data in zip(far.tolist(), self._ranges.read_many(rec[far]) if len(far) else []):
-            w = int(dest[j])
-            out[w : w + len(data)] = data
+        self._copy_far(rec, far, out, dest)
         if not len(near):
             return
         rec, dest_list = rec[near], dest[near].tolist()

@@ -161,6 +161,18 @@ class CachedShards:
         """Shard ``file`` in the cache (downloaded first if needed), held until closed."""
         return self.cache.open(*self._object(file))
 
+    def _ranged_many(self, rec: np.ndarray) -> list[bytes]:
+        """Records ``rec`` by ranged GETs, each checked (their shards not cached yet)."""
+        raise NotImplementedError
+
+    def _copy_far(self, rec: np.ndarray, far: np.ndarray, out: Any, dest: np.ndarray) -> None:
+        """Records ``rec[far]`` by ranged GETs (:meth:`_ranged_many`), each copied into the
+        buffer ``out`` at its ``dest``."""
+        if len(far):
+            for j, data in zip(far.tolist(), self._ranged_many(rec[far])):
+                w = int(dest[j])
+                out[w : w + len(data)] = data
+
     @property
     def prefetches(self) -> bool:
         """Shards are downloaded into the cache ahead of their reads."""
@@ -323,9 +335,8 @@ class CachedShardReader(CachedShards, RemoteReader):
                 a, n = int(self.offset[rec[j]]), int(self.length[rec[j]])
                 out[j] = bytes(view[a : a + n])
         self._check_near(rec, near, out)
-        if len(far):
-            for j, data in zip(far.tolist(), RemoteReader.read_many(self, rec[far])):
-                out[j] = data
+        for j, data in zip(far.tolist(), self._ranged_many(rec[far]) if len(far) else []):
+            out[j] = data
         return out
 
     def read_into(
@@ -346,7 +357,7 @@ class CachedShardReader(CachedShards, RemoteReader):
                 views[j] = out[w : w + n]
         for j in self._check_near(rec, near, views):
             out[int(dest[j]) : int(dest[j]) + len(views[j])] = views[j]
-        if len(far):
-            for j, data in zip(far.tolist(), RemoteReader.read_many(self, rec[far])):
-                w = int(dest[j])
-                out[w : w + len(data)] = data
+        self._copy_far(rec, far, out, dest)
+
+    def _ranged_many(self, rec: np.ndarray) -> list[bytes]:
+        return RemoteReader.read_many(self, rec)
