@@ -170,7 +170,8 @@ def test_a_reader_in_order_has_the_next_shards_fetched(
     both: dict[str, str], proxy: FaultProxy, tmp_path: Path, suffix: str
 ) -> None:
     """Reads in order (a SequentialSampler: no sampler tells the order) start the downloads of
-    the next two shards; reads that jump between shards start none beyond their own."""
+    the next two shards; reads that jump between shards start none beyond their own; under a
+    cache limit the dataset does not fit in, none is read ahead (it would evict)."""
     options = {"endpoint_url": proxy.endpoint}
     ds = packer.open_dataset(
         both[suffix], output="bytes", storage_options=options, cache_dir=tmp_path / "a"
@@ -189,3 +190,16 @@ def test_a_reader_in_order_has_the_next_shards_fetched(
     assert wait_for_downloads(20)
     assert cached(tmp_path / "b") == {names[4], names[1], names[3]}
     jumps.close()
+    largest = max(s.bytes for s in ds.manifest.shards)
+    limited = packer.open_dataset(
+        both[suffix],
+        output="bytes",
+        storage_options=options,
+        cache_dir=tmp_path / "c",
+        cache_limit=4 * largest,  # under the dataset's size: read-ahead would evict
+    )
+    for i in np.flatnonzero(shards == 0)[:2].tolist():
+        limited[i]
+    assert wait_for_downloads(20)
+    assert cached(tmp_path / "c") == {names[0]}  # no shard ahead
+    limited.close()
