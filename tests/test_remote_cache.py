@@ -290,6 +290,33 @@ def test_limit_holds_least_recently_used_go_first(
     assert shards[0].name not in kept  # the first one read went first
 
 
+def test_a_download_under_way_counts_against_the_limit(
+    server: S3Server, proxy: FaultProxy, local: dict[str, Path], tmp_path: Path
+) -> None:
+    """Room is made beside the downloads other readers have under way: shard 1 downloads
+    (slowly) when shard 2 is fetched, so shard 0, cached and unused, is evicted then. Counting
+    only finished shards kept it, and the cache ended one shard over its limit."""
+    url = _upload(server, local["images.lmdb"], "underway.lmdb")
+    shards = load_manifest(local["images.lmdb"]).shards
+    sizes = [s.bytes for s in shards[:3]]
+    limit = sum(sizes) - 1  # any two of the three fit, not all three
+    cache = tmp_path / "cache"
+    options = {"storage_options": _options(proxy), "cache_dir": cache, "cache_limit": limit}
+    reader = packer.open_dataset(url, output="bytes", **options).reader
+    reader.cached(0).close()  # cached, not in use
+    proxy.inject(["slow"], match=f"GET /{BUCKET}/underway.lmdb/{shards[1].name}")
+    assert reader.prefetch([1]) == 1
+    deadline = time.monotonic() + 10
+    while not list(cache.glob("*.part")):  # shard 1's download is under way
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    reader.cached(2).close()
+    assert wait_for_downloads(30)
+    cached = {e.url.rsplit("/", 1)[1] for e in ShardCache(cache).entries()}
+    assert cached == {shards[1].name, shards[2].name}  # shard 0 made the room
+    assert _cached_bytes(cache) <= limit
+
+
 def test_a_shard_in_use_is_never_evicted(
     server: S3Server, proxy: FaultProxy, local: dict[str, Path], tmp_path: Path
 ) -> None:

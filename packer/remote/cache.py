@@ -50,10 +50,9 @@ from packer.core.file_locks import (
     wait_for_downloads,
     write_new,
 )
-from packer.core.retry import retried
 from packer.core.sizes import format_size, parse_size
-from packer.errors import FormatError, PackerError
-from packer.remote import storage
+from packer.errors import PackerError
+from packer.remote.download import CorruptDownload, download
 from packer.remote.storage import RemoteFolder
 
 __all__ = [
@@ -67,14 +66,6 @@ __all__ = [
 ]
 
 _EVICT = ".evict.lock"  # held while one process makes room, so two do not both evict
-
-
-class CorruptDownload(FormatError):
-    """Every download of an object gave other bytes than the manifest's checksum."""
-
-
-class _OtherBytes(Exception):
-    """A download whose xxh3 is not the manifest's (its text: the xxh3 found)."""
 
 
 def default_cache_dir() -> Path:
@@ -243,11 +234,11 @@ class ShardCache:
             if finished(data, size, bad) is not None:  # another process finished it meanwhile
                 unlink_quietly(part)
                 return
-            self._make_room(size)
             meta = {"url": folder.url_of(name), "bytes": size, "xxh3_64": xxh3}
             meta["etag"] = folder.identity.get(name, (size, None))[1]
-            write_new(self._path(key, ".json"), json.dumps(meta).encode())
-            _download(folder, name, fd, size, xxh3)
+            write_new(self._path(key, ".json"), json.dumps(meta).encode())  # before the room:
+            self._make_room(size, key)  # another process's room counts this download
+            download(folder, name, fd, size, xxh3)
             os.rename(part, data)
         except BaseException:
             unlink_quietly(part)
@@ -263,15 +254,17 @@ class ShardCache:
         finally:
             release(fd)  # type: ignore[arg-type]
 
-    def _make_room(self, needed: int) -> None:
+    def _make_room(self, needed: int, mine: str = "") -> None:
         """Evict unused objects, least recently used first, until ``needed`` more bytes fit
-        under the limit (objects in use stay: the excess is theirs)."""
+        under the limit beside the downloads other processes have under way (their ``K.json``
+        sizes); objects in use stay: the excess is theirs."""
         if self.limit is None:
             return
         with self._evicting():
             self._sweep_parts()
             found = sorted(self._files(), key=lambda item: item[2])
-            total = sum(size for _, size, _ in found)
+            going = [key for key, _, _ in self._files(".part") if key != mine]
+            total = sum(size for _, size, _ in found) + sum(map(self._planned, going))
             for key, size, _ in found:
                 if total + needed <= self.limit:
                     break
@@ -345,6 +338,13 @@ class ShardCache:
             out.append(Cached(key, self._url(key), size, used, in_use, partial=True))
         return out
 
+    def _planned(self, key: str) -> int:
+        """The size a download under way will have (its ``K.json``; 0 if unreadable)."""
+        try:
+            return int(json.loads(self._path(key, ".json").read_text())["bytes"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+
     def _url(self, key: str) -> str:
         try:
             return str(json.loads(self._path(key, ".json").read_text())["url"])
@@ -371,30 +371,3 @@ class ShardCache:
                 if not self._path(path.stem, ".data").exists():
                     self._remove(path.stem)
         return removed, skipped
-
-
-def _download(folder: RemoteFolder, name: str, fd: int, size: int, xxh3: str) -> None:
-    """Download ``name`` into ``fd``, checked against ``size`` and ``xxh3`` before it may be
-    used; a body that does not match is downloaded again, up to :data:`RETRY`'s attempts, then
-    :class:`CorruptDownload`."""
-    url = folder.url_of(name)
-
-    def try_once(_: int) -> None:
-        found = folder.download(name, fd, size)
-        if found != xxh3:
-            raise _OtherBytes(found)
-        os.fdatasync(fd)
-
-    def retry_on(exc: Exception) -> bool:
-        if isinstance(exc, _OtherBytes):
-            folder.check_unchanged(url)  # an object replaced since the open: said at once
-        return isinstance(exc, _OtherBytes)
-
-    def give_up(exc: Exception, attempts: int, spent: float) -> CorruptDownload:
-        return CorruptDownload(
-            f"cannot cache {url!r}: {attempts} downloads over {spent:.1f}s all gave bytes whose "
-            f"xxh3 differs from the manifest's ({xxh3}; last {exc}). The object is corrupt in "
-            "the store or on the way; upload the dataset again or check the network"
-        )
-
-    retried(storage.RETRY, try_once, retry_on, give_up)
