@@ -296,11 +296,12 @@ class ShardCache:
             try:
                 fd = lock(path, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False)
             except UnsafeCacheFile:  # a link or a foreign file: no download of this user's
-                fd = -1
+                unlink_quietly(path)
+                removed.append(path.stem)
+                continue
             if fd is not None:
                 unlink_quietly(path)
-                if fd >= 0:
-                    release(fd)
+                release(fd)
                 removed.append(path.stem)
         return removed
 
@@ -338,18 +339,19 @@ class ShardCache:
             out.append(Cached(key, self._url(key), size, used, in_use, partial=True))
         return out
 
+    def _meta(self, key: str, field: str, default: Any) -> Any:
+        """``field`` of what object ``key`` is (its ``K.json``), or ``default`` if unreadable."""
+        try:
+            return type(default)(json.loads(self._path(key, ".json").read_text())[field])
+        except (OSError, ValueError, KeyError, TypeError):
+            return default
+
     def _planned(self, key: str) -> int:
         """The size a download under way will have (its ``K.json``; 0 if unreadable)."""
-        try:
-            return int(json.loads(self._path(key, ".json").read_text())["bytes"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return 0
+        return int(self._meta(key, "bytes", 0))
 
     def _url(self, key: str) -> str:
-        try:
-            return str(json.loads(self._path(key, ".json").read_text())["url"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return "?"
+        return str(self._meta(key, "url", "?"))
 
     def clear(self) -> tuple[list[Cached], list[Cached]]:
         """Remove every object no process holds, and stale partial downloads; returns

@@ -76,6 +76,7 @@ class CachedShards:
         self.remote = folder
         self.cache = cache
         self.shard_sizes = [s.bytes for s in manifest.shards]
+        self.data_bytes = sum(self.shard_sizes)
         self.shard_digests = [s.xxh3_64 for s in manifest.shards]
         self.record_digests: np.ndarray = records["checksum"]
         self._ranged = (-1, 0)  # (process, bytes it served by range)
@@ -97,7 +98,7 @@ class CachedShards:
         pid, last, streak = self._trail
         streak = streak + 1 if pid == os.getpid() and 0 <= top - last <= 1 else 1
         self._trail = (os.getpid(), top, streak)
-        fits = self.cache.limit is None or self.cache.limit >= sum(self.shard_sizes)
+        fits = self.cache.limit is None or self.cache.limit >= self.data_bytes
         if streak >= IN_ORDER and fits:  # under a tighter limit, shards ahead would evict
             self.prefetch(range(top + 1, min(top + 1 + AHEAD, len(self.shard_names))))
 
@@ -106,7 +107,7 @@ class CachedShards:
         process's part of :data:`RANGED_SHARE`, at least :data:`RANGED_FLOOR`)."""
         pid, used = self._ranged
         used = (used if pid == os.getpid() else 0) + wanted  # a forked worker counts its own
-        share = RANGED_SHARE * sum(self.shard_sizes) / _loader_workers()
+        share = RANGED_SHARE * self.data_bytes / _loader_workers()
         if used > max(share, RANGED_FLOOR):
             return False
         self._ranged = (os.getpid(), used)
