@@ -287,6 +287,25 @@ def test_a_run_of_one_is_the_order_of_before() -> None:
         ShardedSampler(Sized(20), 1, 0, block=4).load_state_dict(runs)
 
 
+class Mixed(Sized):
+    """A stand-in dataset whose order has an input of its own (as a Mixture's seed)."""
+
+    def state_fingerprint(self) -> dict[str, int]:
+        return {"mixture_seed": 5}
+
+
+def test_a_state_with_order_inputs_this_sampler_lacks_is_refused() -> None:
+    """A state saved over a dataset with its own order inputs (a Mixture) is refused by a
+    sampler over a dataset without them, as the other way round: the orders differ."""
+    state = ShardedSampler(Mixed(20), 1, 0, block=4).state_dict(consumed=5)
+    with pytest.raises(PackerError, match="saved with mixture_seed=5, this sampler has "):
+        ShardedSampler(Sized(20), 1, 0, block=4).load_state_dict(state)
+    plain = ShardedSampler(Sized(20), 1, 0, block=4).state_dict(consumed=5)
+    with pytest.raises(PackerError, match="the sampler state has no mixture_seed"):
+        ShardedSampler(Mixed(20), 1, 0, block=4).load_state_dict(plain)
+    ShardedSampler(Mixed(20), 1, 0, block=4).load_state_dict(state)  # the same order: loads
+
+
 def test_packer_exports_it() -> None:
     assert packer.ShardedSampler is ShardedSampler and "ShardedSampler" in packer.__all__
 

@@ -68,6 +68,8 @@ __all__ = ["DEFAULT_BLOCK", "ShardedSampler", "block_starts", "epoch_order", "ra
 DEFAULT_BLOCK = 256  # samples per block when the dataset does not say how it is sharded
 STATE_VERSION = 1
 MAX_EPOCH = 2**31 - 1  # a larger epoch is a corrupt state or a bug, not a schedule
+_POSITION = ("version", "epoch", "consumed")  # a state's keys that are not its order's inputs
+_IMPLIED = {"run": 1}  # order inputs a state records only when they differ from this
 
 
 def epoch_number(value: Any) -> int:
@@ -364,7 +366,10 @@ class ShardedSampler(Sampler[int]):
             raise PackerError(
                 f"not a ShardedSampler state of version {STATE_VERSION}: {state!r:.200}"
             )
-        for key, ours in self._fingerprint().items():
+        fingerprint = self._fingerprint()
+        extra = [k for k in state if k not in fingerprint and k not in _POSITION]
+        for key in [*fingerprint, *extra]:  # and what only the state records: its order too
+            ours = fingerprint.get(key, _IMPLIED.get(key))
             if key not in state:
                 raise PackerError(
                     f"the sampler state has no {key} (this sampler has {key}={ours!r}): it was "
@@ -380,13 +385,6 @@ class ShardedSampler(Sampler[int]):
                     f"has {key}={ours!r}: resuming would repeat and skip samples. Build the "
                     "sampler as it was built when the state was saved"
                 )
-        run = self.run if self.shuffle else 1
-        if state.get("run", 1) != run:  # saved with runs, loaded by a sampler of single samples
-            raise PackerError(
-                f"the sampler state was saved with run={state.get('run')!r}, this sampler has "
-                f"run={run}: resuming would repeat and skip samples. Build the sampler as it "
-                "was built when the state was saved"
-            )
         epoch = epoch_number(state.get("epoch"))
         position = _integer("consumed", state.get("consumed"), 0)
         if position > self.n:
