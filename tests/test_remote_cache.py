@@ -201,9 +201,9 @@ _READER = """
 import hashlib, sys
 from packer.read.store import open_packed  # no torch: the subprocess starts in well under a second
 url, endpoint, cache = sys.argv[1:4]
-if sys.argv[4:] == ["whole"]:  # every read waits for its shard's download (no ranged first)
+if sys.argv[4:] == ["whole"]:  # as the whole_shards fixture: reads wait for their shards
     from packer.remote import cached_reader
-    cached_reader.RANGED_SHARE = cached_reader.RANGED_FLOOR = 0
+    cached_reader.RANGED_SHARE = cached_reader.RANGED_FLOOR = cached_reader.AHEAD = 0
 packed = open_packed(url, storage_options={"endpoint_url": endpoint}, cache_dir=cache)
 digest = hashlib.sha256()
 for first in packed.first.tolist():  # sample by sample, in order
