@@ -12,10 +12,12 @@ converts the files and the tars to NPY and LMDB. Each conversion is timed ``--re
 interleaved with the baseline; the ratio is baseline time / conversion time (≥ 0.5 wanted).
 
 Reading: ``(image bytes, caption)`` through ``DataLoader(num_workers=--workers, batch 64)``,
-one epoch each, shuffled (packer: ``RandomSampler``; WebDataset: shard shuffle + a 1,000-sample
-buffer, the usual recipe; LitData: ``shuffle=True``; packer also with ``ShardedSampler``, its
-recipe for cold shuffled reads: shards in random order, samples shuffled within), **cold** (the reader's files evicted from
-the page cache first) and **warm** (read once just before), every pass in a fresh process,
+one epoch each, every page of every image touched by the training process; packer with the
+collate its README gives (``packer.collate_fields``; the row ``... list`` with the peers' plain
+``list``), the peers' batches as they come; shuffled (packer: ``RandomSampler``; WebDataset:
+shard shuffle + a 1,000-sample buffer, the usual recipe; LitData: ``shuffle=True``; packer also
+with ``ShardedSampler``, its recipe for cold shuffled reads: shards in random order, samples
+shuffled within), **cold** (the reader's files evicted from the page cache first) and **warm** (read once just before), every pass in a fresh process,
 readers interleaved, medians of ``--repeats``. Then a cold caption-only pass of packer
 (``fields=("txt",)``): the page-cache pages of the dataset after it tell the bytes it read.
 
@@ -127,6 +129,7 @@ def time_conversions(paths: dict[str, Path], work: Path, repeats: int, shard: st
 
 def one_pass(cfg: dict[str, Any]) -> dict[str, Any]:
     """One epoch of one reader in this (fresh) process."""
+    import numpy as np
     import torch
     from torch.utils.data import DataLoader, RandomSampler
 
@@ -141,7 +144,7 @@ def one_pass(cfg: dict[str, Any]) -> dict[str, Any]:
     else:
         for path in files:
             path.read_bytes()
-    keep = list  # every reader's batch kept as it comes: no collate cost compared
+    keep = list  # the peers' batches kept as they come: no collate cost of theirs counted
     reader = cfg["reader"]
     start = time.perf_counter()
     count = 0
@@ -154,11 +157,11 @@ def one_pass(cfg: dict[str, Any]) -> dict[str, Any]:
             batch_size=64,
             sampler=(
                 packer.ShardedSampler(dataset, seed=cfg["seed"])
-                if reader.endswith("sharded")
+                if " sharded" in reader
                 else RandomSampler(dataset)
             ),
             num_workers=cfg["workers"],
-            collate_fn=keep,
+            collate_fn=keep if reader.endswith(" list") else packer.collate_fields,
             persistent_workers=False,
         )
     elif reader == "webdataset":
@@ -177,10 +180,13 @@ def one_pass(cfg: dict[str, Any]) -> dict[str, Any]:
         )
     payload = 0
     for batch in loader:
-        count += len(batch)
-        for item in batch:
-            first = item["jpg"] if isinstance(item, dict) else item[0]
-            payload += len(first)
+        if reader.startswith("packer") and not reader.endswith(" list"):
+            images = batch[0]  # collate_fields: (images, captions)
+        else:
+            images = [item["jpg"] if isinstance(item, dict) else item[0] for item in batch]
+        count += len(images)
+        for image in images:  # every page of every image touched, as a decode would
+            payload += len(image) + int(np.frombuffer(image, dtype=np.uint8)[::4096].sum() > 0)
     seconds = time.perf_counter() - start
     resident = resident_fraction(files) or 0.0
     return {
@@ -246,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     targets = {
         "packer.npy": work / "packer.npy", "packer.lmdb": work / "packer.lmdb",
         "packer.npy sharded": work / "packer.npy", "packer.lmdb sharded": work / "packer.lmdb",
+        "packer.npy sharded list": work / "packer.npy",
         "webdataset": paths["tars"], "litdata": paths["litdata"],
     }  # fmt: skip
     report: dict[str, Any] = {

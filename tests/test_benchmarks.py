@@ -245,3 +245,20 @@ def test_training_peers_packer_pass(tmp_path: Path) -> None:
     image = script.crop_flip(Image.new("RGB", (300, 250), (10, 20, 30)))
     assert image.dtype == torch.uint8 and image.shape == (3, 224, 224)
     assert image[:, 0, 0].tolist() == [10, 20, 30]
+
+
+def test_fields_read_packer_passes(tmp_path: Path) -> None:
+    """The packer rows of fields_read.py: its collate and the list collate read every sample and
+    every image byte (the peers' rows run in the benchmark venv of benchmarks/peers_env.sh)."""
+    from packer.tools.field_demo import make_caption_set
+
+    script = _script("fields_read")
+    written = make_caption_set(tmp_path / "files", 20, size=(300, 250), seed=0)
+    out = packer.convert(tmp_path / "files", tmp_path / "p.npy", progress=False).dst
+    for reader in ("packer.npy", "packer.npy sharded", "packer.npy sharded list"):
+        got = script.one_pass({
+            "reader": reader, "path": str(out), "cache": "warm", "seed": 0, "workers": 1,
+            "fields": ["jpg", "txt"],
+        })  # fmt: skip
+        assert got["samples"] == 20
+        assert got["payload"] == sum(len(f["jpg"]) + 1 for f in written.values())

@@ -25,6 +25,7 @@ from packer.errors import InputFileError, PackerError
 from packer.read.dataset_base import PackedSamples, SampleDataset
 from packer.read.options import ReadOptions
 from packer.read.store import open_packed
+from packer.read.transport import bytes_column
 
 __all__ = ["FieldDataset", "collate_fields"]
 
@@ -204,7 +205,8 @@ def collate_fields(batch: Sequence[Any]) -> Any:
     """Collate samples of a :class:`FieldDataset`: per field (a dict's key, a tuple's place),
     tensors or arrays of one shape and numbers are stacked; anything else — strings, JSON
     values, ``None`` for an absent field, arrays of varying shape, images as PIL — stays a
-    list."""
+    list. A list of ``bytes`` made in a DataLoader worker reaches the training process through
+    reused shared memory instead of the pipe (:mod:`packer.read.transport`), still a list."""
     if not batch:
         return batch
     first = batch[0]
@@ -228,4 +230,5 @@ def _column(values: list[Any]) -> Any:
         return torch.tensor(values, dtype=torch.int64)
     if all(type(v) is float for v in values):
         return torch.tensor(values, dtype=torch.float64)
-    return values
+    column = bytes_column(values)  # in a DataLoader worker: sent through reused shared memory
+    return values if column is None else column
