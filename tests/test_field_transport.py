@@ -117,3 +117,30 @@ def test_in_the_main_process_a_plain_list(photos: tuple[Path, Samples]) -> None:
     ds = packer.open_dataset(photos[0], fields=("jpg",), output="bytes")
     (jpgs,) = packer.collate_fields(ds.__getitems__(list(range(8))))
     assert type(jpgs) is list and len(ForkingPickler.dumps(jpgs)) > sum(map(len, jpgs))
+
+
+def test_file_system_sharing_strategy_and_descriptors_stay_flat() -> None:
+    """Under torch's ``file_system`` strategy (named segments, a common fix for "too many open
+    files") the columns arrive exact; epoch after epoch, the receiver holds no more
+    descriptors (a slot mapped per batch and not let go would show)."""
+    import os
+
+    import torch.multiprocessing as tmp
+
+    want = [_Blobs()[i][0] for i in range(24)]
+    before = tmp.get_sharing_strategy()
+    try:
+        for strategy in ("file_system", "file_descriptor"):
+            tmp.set_sharing_strategy(strategy)
+            loader = DataLoader(
+                _Blobs(), batch_size=6, num_workers=2, collate_fn=packer.collate_fields,
+                multiprocessing_context="fork", persistent_workers=True,
+            )  # fmt: skip
+            counts = []
+            for _ in range(4):
+                assert [b for (column,) in loader for b in column] == want, strategy
+                counts.append(len(os.listdir("/proc/self/fd")))
+            assert counts[1:] == [counts[1]] * 3, (strategy, counts)
+            del loader
+    finally:
+        tmp.set_sharing_strategy(before)
