@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import time
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -85,3 +89,63 @@ def test_batch_buffer_reads_straight_into_shared_memory(
     default = next(iter(DataLoader(dataset, batch_size=3)))
     assert list(default[0]) == [b for b, _ in expected[:3]]
     assert default[1].tolist() == [y for _, y in expected[:3]]
+
+
+def _expected(dataset: Any) -> list[tuple[bytes, int]]:
+    return [dataset[i] for i in range(len(dataset))]
+
+
+@pytest.mark.parametrize("context", ["fork", "forkserver", "spawn"])
+def test_kept_batches_and_views_outlive_the_slots_reuse(
+    packed: dict[str, Path], context: str
+) -> None:
+    """A worker reads batches straight into its reused shared slots; the training process maps
+    them without a copy. A batch kept whole, and the memoryviews of one whose tensors were
+    dropped, must still hold their bytes after many later batches (a slot written again while
+    anything of it lives would show here)."""
+    dataset = packer.open_dataset(packed[".npy"], output="bytes", batch_buffer=True)
+    expected = _expected(packer.open_dataset(packed[".npy"], output="bytes"))
+    loader = DataLoader(
+        dataset, batch_size=2, num_workers=2, collate_fn=packer.collate_bytes,
+        multiprocessing_context=context,
+    )  # fmt: skip
+    kept: list[tuple[list[Any], list[int]]] = []
+    for k, (data, offsets, labels) in enumerate(loader):
+        bounds = offsets.tolist()
+        if k % 3 == 0:  # the whole batch kept
+            kept.append(([(data, offsets)], labels.tolist()))
+        elif k % 3 == 1:  # only unpack_bytes's memoryviews
+            kept.append((packer.unpack_bytes(data, offsets), labels.tolist()))
+        else:  # only tensor slices, as torchvision.io.decode_jpeg takes them
+            kept.append(([data[a:b] for a, b in zip(bounds, bounds[1:])], labels.tolist()))
+        del data, offsets
+        time.sleep(0.02)  # a slow consumer: the workers run ahead
+    got = []
+    for parts, labels in kept:
+        if isinstance(parts[0], tuple):
+            parts = packer.unpack_bytes(*parts[0])
+        got += zip(
+            [bytes(p) if isinstance(p, memoryview) else p.numpy().tobytes() for p in parts], labels
+        )
+    assert got == expected
+
+
+def _slots_reused(batch: Any) -> tuple[bool, bool]:
+    """In a worker: is the next batch read into the same slot while the received previous one
+    lives (it must not be), and once it is gone (it should)?"""
+    import pickle
+
+    first = packer.collate_bytes(batch)
+    where = first[0].untyped_storage().data_ptr()
+    received = pickle.loads(ForkingPickler.dumps(first))  # as the training process gets it
+    del first
+    while_kept = packer.collate_bytes(batch)[0].untyped_storage().data_ptr() == where
+    del received
+    after = packer.collate_bytes(batch)[0].untyped_storage().data_ptr() == where
+    return while_kept, after
+
+
+def test_a_slot_is_reused_only_once_its_batch_is_gone(packed: dict[str, Path]) -> None:
+    dataset = packer.open_dataset(packed[".lmdb"], output="bytes")  # each collate packs anew
+    loader = DataLoader(dataset, batch_size=4, num_workers=1, collate_fn=_slots_reused)
+    assert set(loader) == {(False, True)}

@@ -27,14 +27,20 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from packer.read.transport import SharedBatch, shared_bytes
+
 __all__ = ["BytesBatch", "collate_bytes", "empty_bytes", "unpack_bytes"]
 
 
 def empty_bytes(size: int) -> torch.Tensor:
     """A uint8 tensor; inside a DataLoader worker, allocated in shared memory right away, so
-    sending it to the main process moves a file descriptor instead of copying the batch again."""
+    sending it to the main process moves a file descriptor instead of copying the batch again:
+    one of the worker's reused slots when one is free (:mod:`packer.read.transport`)."""
     if get_worker_info() is None:
         return torch.empty(size, dtype=torch.uint8)
+    reused = shared_bytes(size)
+    if reused is not None:
+        return reused
     storage = torch.UntypedStorage._new_shared(size)
     return torch.empty(0, dtype=torch.uint8).set_(storage)
 
@@ -77,7 +83,7 @@ def collate_bytes(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pack ``[(bytes, label), ...]`` into ``(data uint8[N], offsets int64[B+1], labels int64[B])``."""
     if isinstance(batch, BytesBatch):
-        return batch.data, torch.from_numpy(batch.offsets), torch.from_numpy(batch.labels)
+        return _batch(batch.data, torch.from_numpy(batch.offsets), torch.from_numpy(batch.labels))
     blobs = [item[0] for item in batch]
     offsets = np.zeros(len(blobs) + 1, dtype=np.int64)
     np.cumsum([len(b) for b in blobs], out=offsets[1:])
@@ -86,7 +92,16 @@ def collate_bytes(
     for blob, start, stop in zip(blobs, offsets[:-1], offsets[1:]):
         view[start:stop] = np.frombuffer(blob, dtype=np.uint8)
     labels = torch.as_tensor([int(item[1]) for item in batch], dtype=torch.int64)
-    return data, torch.from_numpy(offsets), labels
+    return _batch(data, torch.from_numpy(offsets), labels)
+
+
+def _batch(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The three tensors; in a worker as a SharedBatch (a tuple), so that data in a reused slot
+    reaches the receiver without a copy."""
+    data, offsets, labels = tensors
+    if get_worker_info() is None:
+        return data, offsets, labels
+    return SharedBatch((data, offsets, labels))
 
 
 def unpack_bytes(data: torch.Tensor, offsets: torch.Tensor) -> list[memoryview]:

@@ -16,18 +16,24 @@ again only once it is marked free: a batch kept by the training loop, or one sti
 never shares memory with one being made. Slots still busy when a batch is sent mean a new
 buffer, used once; a column under :data:`INLINE_BYTES`, or one for which no shared memory
 can be had, is pickled inline.
+
+:class:`SharedBatch` does the same for ``collate_bytes``'s ``(data, offsets, labels)`` without
+the copy out: the worker reads the batch straight into a slot (:func:`shared_bytes`), the
+receiver's ``data`` tensor maps it, and the slot is free again once that tensor and every view
+of it (``unpack_bytes``'s memoryviews included) are gone.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-__all__ = ["BytesColumn", "bytes_column"]
+__all__ = ["BytesColumn", "SharedBatch", "bytes_column", "shared_bytes"]
 
 # A column smaller than this (captions, class names) is pickled inline: passing a descriptor
 # costs more than copying it through the pipe.
@@ -45,6 +51,10 @@ def _new_slot(size: int) -> torch.UntypedStorage:
     storage = torch.UntypedStorage._new_shared(HEADER + size)
     _view(storage)[0] = FREE
     return storage
+
+
+def _pooled(storage: torch.UntypedStorage) -> bool:
+    return any(storage.data_ptr() == s.data_ptr() for s in _pool["slots"])
 
 
 def _view(storage: torch.UntypedStorage) -> np.ndarray:
@@ -122,3 +132,44 @@ def bytes_column(values: list[Any]) -> list[Any] | None:
     if not all(v is None or type(v) is bytes for v in values):
         return None
     return BytesColumn(values)
+
+
+def shared_bytes(size: int) -> torch.Tensor | None:
+    """In a DataLoader worker, a uint8 tensor of ``size`` bytes in a free slot of this worker
+    (marked busy until a receiver of the :class:`SharedBatch` holding it lets it go); ``None``
+    in the main process or when no shared memory can be had."""
+    if get_worker_info() is None:
+        return None
+    try:
+        storage = _slot(size)
+    except (RuntimeError, OSError):
+        return None
+    return torch.empty(0, dtype=torch.uint8).set_(storage, HEADER, (size,), (1,))
+
+
+class SharedBatch(tuple[Any, ...]):
+    """``(data, ...)``, a batch whose first item may lie in a slot (:func:`shared_bytes`): a
+    plain tuple in the worker; pickled, the receiver's ``data`` maps the slot without a copy,
+    and the slot is marked free only when the last tensor or view of it is gone (a batch the
+    training loop keeps is never overwritten). Anything else pickles as a plain tuple."""
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        data, *rest = self
+        storage = data.untyped_storage()
+        if get_worker_info() is None or not _pooled(storage):
+            return tuple, (tuple(self),)
+        return _received_batch, (storage, data.storage_offset(), data.numel(), *rest)
+
+
+def _received_batch(
+    storage: torch.UntypedStorage, offset: int, size: int, *rest: Any
+) -> tuple[Any, ...]:
+    region = _view(storage)[offset : offset + size]
+    # the tensor keeps ``region`` alive, and every view of the tensor its storage: ``region``
+    # dies with the last of them, and only then is the slot free for the worker again
+    weakref.finalize(region, _free, storage)
+    return (torch.from_numpy(region), *rest)
+
+
+def _free(storage: torch.UntypedStorage) -> None:
+    _view(storage)[0] = FREE
