@@ -321,3 +321,34 @@ def test_a_name_too_long_for_the_output_is_skipped(tree: DemoTree, tmp_path: Pat
     lmdb = packer.convert(src, tmp_path / "out.lmdb", progress=False)  # shards: names unused
     assert len(packer.open_dataset(tmp_path / "out.lmdb")) == len(tree.good) + 2
     assert not any("too long" in s.reason for s in lmdb.skipped)
+
+
+def test_read_input_reads_whole_files_and_refuses_what_it_must_not_read(tmp_path: Path) -> None:
+    """A source file is read whole, whatever its size up to the limit (a file larger than one
+    read returns, a file of exactly the limit, an empty one); over the limit, a FIFO, a folder
+    or a missing file is an InputFileError with its reason, never a hang or a short read."""
+    import threading
+
+    from packer.write.loading import read_input
+
+    rng = np.random.default_rng(0)
+    for size in (0, 1, 4095, 4096, 70_000, 3_000_001):
+        path = tmp_path / f"f{size}"
+        data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        path.write_bytes(data)
+        assert read_input(str(path), max_bytes=3_000_001) == data, size
+    with pytest.raises(InputFileError, match="over the 3 MB limit"):
+        read_input(str(tmp_path / "f3000001"), max_bytes=3_000_000)
+    os.mkfifo(tmp_path / "fifo")
+    writer = threading.Timer(5.0, lambda: open(tmp_path / "fifo", "wb").close())  # unblock a hang
+    writer.start()
+    try:
+        with pytest.raises(InputFileError, match="not a regular file"):
+            read_input(str(tmp_path / "fifo"))
+    finally:
+        writer.cancel()
+    with pytest.raises(InputFileError, match="not a regular file"):
+        read_input(str(tmp_path))  # a folder
+    for missing in (tmp_path / "missing", tmp_path / "nope" / "x"):
+        with pytest.raises(InputFileError, match="cannot read"):
+            read_input(str(missing))
