@@ -292,3 +292,19 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def _h5py_loaded(batch: list[Any]) -> bool:
+    import sys
+
+    return "h5py" in sys.modules
+
+
+def test_reading_hdf5_never_loads_the_hdf5_library(packed: dict[str, Path]) -> None:
+    """An HDF5 dataset is read through the offsets recorded at conversion: a spawned worker
+    reading it never imports h5py (no HDF5 library state to inherit or to open, h5py#934)."""
+    loader = DataLoader(
+        packer.open_dataset(packed[".h5"], output="bytes"), batch_size=8, num_workers=1,
+        collate_fn=_h5py_loaded, multiprocessing_context="spawn",
+    )  # fmt: skip
+    assert set(loader) == {False}

@@ -27,9 +27,9 @@ import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-import h5py
 import numpy as np
 
 from packer.core.manifest import LAYOUT_VERSION, ShardInfo, shard_name
@@ -57,8 +57,18 @@ def _check_space(root: Path, planned: int) -> None:
         raise OSError(errno.ENOSPC, f"{need} bytes needed for the next HDF5 shard, {free} free")
 
 
+def _h5py() -> ModuleType:
+    """h5py, imported by the writer only: a reading process never loads it (no HDF5 library
+    state to inherit across a fork), and a process that writes no HDF5 skips its ~50 ms import
+    (and the ``uname -p`` it runs)."""
+    import h5py
+
+    return h5py
+
+
 def _early_allocation() -> Any:
     """Dataset-creation properties: storage allocated at creation, so its offset is known."""
+    h5py = _h5py()
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
     dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
@@ -94,7 +104,7 @@ class Writer(WriterBase):
     def _open_shard(self, shard: int) -> None:
         _check_space(self.root, self.planned[shard])
         path = self.root / shard_name(shard, SHARD_SUFFIX)
-        self._file = h5py.File(path, "w", libver="v110", track_order=False)
+        self._file = _h5py().File(path, "w", libver="v110", track_order=False)
         data = self._file.create_dataset(
             "data",
             shape=(max(self.planned[shard], 1),),
@@ -109,7 +119,7 @@ class Writer(WriterBase):
         path.parent.mkdir(parents=True, exist_ok=True)
         offsets = np.zeros(len(records) + 1, dtype=np.int64)
         np.cumsum([len(r) for r in records], out=offsets[1:])
-        with h5py.File(path, "w", libver="v110", track_order=False) as fh:
+        with _h5py().File(path, "w", libver="v110", track_order=False) as fh:
             data = fh.create_dataset(
                 "data",
                 data=np.frombuffer(b"".join(records), dtype=np.uint8),
