@@ -9,6 +9,7 @@ import pickle
 import time
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
+from typing import Any
 
 import pytest
 from torch.utils.data import DataLoader, Dataset
@@ -144,3 +145,37 @@ def test_file_system_sharing_strategy_and_descriptors_stay_flat() -> None:
             del loader
     finally:
         tmp.set_sharing_strategy(before)
+
+
+def _two_threads_never_share_a_slot(batch: Any) -> int:
+    """In a worker: two threads take slots, fill them with their own byte, check it and hand the
+    slot back, 300 times each; returns how many checks found another thread's bytes."""
+    import threading
+
+    collisions = [0]
+
+    def hammer(mark: int) -> None:
+        for _ in range(300):
+            data = transport.shared_bytes(4096)
+            assert data is not None
+            data.fill_(mark)
+            time.sleep(0)  # let the other thread run between the fill and the check
+            collisions[0] += int((data != mark).any())
+            transport._free(data.untyped_storage())
+
+    threads = [threading.Thread(target=hammer, args=(m,)) for m in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return collisions[0]
+
+
+def test_threads_of_a_worker_never_take_the_same_slot() -> None:
+    """A worker's queue thread pickles columns into slots while its main thread reads batches
+    into others: taking a slot is one step for the threads of a process."""
+    loader = DataLoader(
+        _Blobs(), batch_size=24, num_workers=1, collate_fn=_two_threads_never_share_a_slot,
+        multiprocessing_context="fork",
+    )  # fmt: skip
+    assert list(loader) == [0]

@@ -26,6 +26,7 @@ of it (``unpack_bytes``'s memoryviews included) are gone.
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from typing import Any
 
@@ -44,7 +45,7 @@ SLOTS = 4
 HEADER = 64  # byte 0: 1 while a batch sits in the slot, 0 once it is copied out; data after
 FREE, BUSY = 0, 1
 
-_pool: dict[str, Any] = {"pid": None, "slots": []}
+_pool: dict[str, Any] = {"pid": None, "slots": [], "lock": threading.Lock()}
 
 
 def _new_slot(size: int) -> torch.UntypedStorage:
@@ -62,10 +63,15 @@ def _view(storage: torch.UntypedStorage) -> np.ndarray:
 
 
 def _slot(size: int) -> torch.UntypedStorage:
-    """A free slot of this process holding at least ``size`` bytes, marked busy."""
+    """A free slot of this process holding at least ``size`` bytes, marked busy. Threads take
+    turns: a worker's queue thread pickles columns while its main thread reads batches."""
     if _pool["pid"] != os.getpid():  # a forked child does not inherit its parent's slots
-        _pool.update(pid=os.getpid(), slots=[])
-    slots: list[torch.UntypedStorage] = _pool["slots"]
+        _pool.update(pid=os.getpid(), slots=[], lock=threading.Lock())
+    with _pool["lock"]:
+        return _take(_pool["slots"], size)
+
+
+def _take(slots: list[torch.UntypedStorage], size: int) -> torch.UntypedStorage:
     for k, storage in enumerate(slots):
         if _view(storage)[0] != FREE:
             continue
