@@ -95,10 +95,11 @@ def collate_bytes(
     return _batch(data, torch.from_numpy(offsets), labels)
 
 
-def _batch(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _batch(
+    data: torch.Tensor, offsets: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The three tensors; in a worker as a SharedBatch (a tuple), so that data in a reused slot
     reaches the receiver without a copy."""
-    data, offsets, labels = tensors
     if get_worker_info() is None:
         return data, offsets, labels
     return SharedBatch((data, offsets, labels))

@@ -42,7 +42,9 @@ INLINE_BYTES = 256 << 10
 # Reused slots per worker process: a worker has at most ``prefetch_factor`` (default 2) batches
 # queued and one being made; more busy slots than this means a receiver that keeps none free.
 SLOTS = 4
-HEADER = 64  # byte 0: 1 while a batch sits in the slot, 0 once it is copied out; data after
+# byte 0 of a slot: BUSY from when it is taken until the receiver is done with it (a column
+# copied out, or a mapped batch's last view gone), FREE after; the data starts at HEADER
+HEADER = 64
 FREE, BUSY = 0, 1
 
 _pool: dict[str, Any] = {"pid": None, "slots": [], "lock": threading.Lock()}
@@ -79,8 +81,9 @@ def _take(slots: list[torch.UntypedStorage], size: int) -> torch.UntypedStorage:
             storage = slots[k] = _new_slot(_rounded(size))
         break
     else:
-        storage = _new_slot(_rounded(size))
-        if len(slots) < SLOTS:
+        joins = len(slots) < SLOTS  # a one-off buffer (every slot busy) is made to measure
+        storage = _new_slot(_rounded(size) if joins else size)
+        if joins:
             slots.append(storage)
     _view(storage)[0] = BUSY
     return storage
