@@ -149,3 +149,20 @@ def test_a_slot_is_reused_only_once_its_batch_is_gone(packed: dict[str, Path]) -
     dataset = packer.open_dataset(packed[".lmdb"], output="bytes")  # each collate packs anew
     loader = DataLoader(dataset, batch_size=4, num_workers=1, collate_fn=_slots_reused)
     assert set(loader) == {(False, True)}
+
+
+def test_mapped_batches_leave_no_descriptor_behind(packed: dict[str, Path]) -> None:
+    """Epoch after epoch of mapped batches (each dropped as the loop goes on), the training
+    process holds no more descriptors: a mapping is let go with its batch's last view."""
+    import os
+
+    dataset = packer.open_dataset(packed[".npy"], output="bytes", batch_buffer=True)
+    loader = DataLoader(
+        dataset, batch_size=2, num_workers=2, collate_fn=packer.collate_bytes,
+        multiprocessing_context="fork", persistent_workers=True,
+    )  # fmt: skip
+    counts = []
+    for _ in range(4):
+        assert sum(len(labels) for _, _, labels in loader) == len(dataset)
+        counts.append(len(os.listdir("/proc/self/fd")))
+    assert counts[1:] == [counts[1]] * 3, counts
