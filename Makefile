@@ -7,7 +7,7 @@ STAMP   = $(VENV)/.installed
 
 DEMO_DIR ?= demo-data
 
-.PHONY: install tools demo test lint docs bench mutants clean
+.PHONY: install tools demo test bench-check lint docs bench mutants clean
 
 install: $(STAMP)
 
@@ -29,6 +29,10 @@ tools:
 
 test: install tools
 	$(PY) -m pytest -q
+
+# The benchmark scripts run tiny (tests/test_benchmarks.py, marker `bench`): apart from the suite.
+bench-check: install
+	$(PY) -m pytest -q -n 2 -m bench tests/test_benchmarks.py
 
 lint: install
 	$(VENV)/bin/ruff check packer tests benchmarks

@@ -1,4 +1,7 @@
-"""The benchmark scripts are thin parse_args() + main(args) over packer.tools: run each, tiny."""
+"""The benchmark scripts are thin parse_args() + main(args) over packer.tools: run each, tiny.
+
+Marked ``bench``: not part of ``make test`` (the suite's CPU budget), run by ``make bench-check``
+(and by ``.ci/run`` after the suite)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ from torch.utils.data import DataLoader
 
 import packer
 from packer.errors import FormatError
+
+pytestmark = pytest.mark.bench
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
