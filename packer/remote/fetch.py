@@ -22,7 +22,7 @@ from typing import Any
 from packer.core.cpus import packer_home
 from packer.errors import PackerError, SourceError
 from packer.remote.storage import RemoteFolder
-from packer.source.tars import COMPRESSED, expand_braces
+from packer.source.tars import COMPRESSED, expand_braces, unique_names
 
 __all__ = ["fetch_tars", "source_folder"]
 
@@ -43,7 +43,7 @@ def fetch_tars(
         SourceError: the URL names no ``.tar`` (or a compressed one), or a shard is missing.
         PackerError: the store cannot be reached (after retries).
     """
-    urls = expand_braces(url)
+    urls = unique_names(expand_braces(url))  # a shard named twice is fetched (and read) once
     bad = [u for u in urls if not u.lower().endswith(".tar") or u.lower().endswith(COMPRESSED)]
     if bad:
         raise SourceError(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from packer.errors import SourceError
@@ -31,41 +32,99 @@ from packer.source.samples import (
 )
 from packer.source.tar_headers import Member, read_members
 
-__all__ = ["expand_braces", "looks_tars", "scan_tars", "tar_paths"]
+__all__ = ["expand_braces", "looks_tars", "scan_tars", "tar_paths", "unique_names"]
 
-_BRACES = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(\d+)\.\.(\d+)$")
 MAX_SHARDS = 1_000_000
 COMPRESSED = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
 
 
+def _closing(pattern: str, start: int) -> int:
+    """The index of the ``}`` that closes the ``{`` at ``start``, or -1."""
+    depth = 0
+    for i in range(start, len(pattern)):
+        if pattern[i] == "{":
+            depth += 1
+        elif pattern[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+def _alternatives(body: str) -> list[str] | None:
+    """``body`` split at its top-level commas (nested braces kept whole), or None without one."""
+    parts, depth, last = [], 0, 0
+    for i, ch in enumerate(body):
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(body[last:i])
+            last = i + 1
+    return parts + [body[last:]] if parts else None
+
+
+def _range(pattern: str, body: str) -> list[str] | None:
+    """The names of a numeric range ``lo..hi`` (zero-padded as bash pads them), or None."""
+    bounds = _RANGE.match(body)
+    if bounds is None:
+        return None
+    first, last = bounds.groups()
+    lo, hi = int(first), int(last)
+    if hi < lo or hi - lo >= MAX_SHARDS:
+        raise SourceError(f"{pattern!r}: range {{{body}}} is empty or over {MAX_SHARDS:,}")
+    padded = any(len(b) > 1 and b.startswith("0") for b in (first, last))
+    width = max(len(first), len(last)) if padded else 0
+    return [str(i).zfill(width) for i in range(lo, hi + 1)]
+
+
+def _first_group(pattern: str) -> tuple[int, int, list[str]] | None:
+    """The first brace group that expands, as bash finds it: ``(start, end, choices)``. A
+    ``{`` without its ``}``, or whose body has no top-level comma and is no range, is text."""
+    start = pattern.find("{")
+    while start >= 0:
+        end = _closing(pattern, start)
+        if end > 0:
+            body = pattern[start + 1 : end]
+            choices = _alternatives(body)
+            if choices is None:
+                choices = _range(pattern, body)
+            if choices is not None:
+                return start, end, choices
+        start = pattern.find("{", start + 1)
+    return None
+
+
 def expand_braces(pattern: str) -> list[str]:
-    """Every name a brace pattern stands for, in order: ``{0..3}`` (zero-padded to the width of
-    its first bound), ``{a,b}``; a pattern without braces is itself.
+    """Every name a brace pattern stands for, in bash's order: ``{a,b}`` and nested groups
+    (``x{a,{b,c}}y``: ``xay xby xcy``), ``{0..3}`` (zero-padded as bash pads: ``{000..002}``);
+    a brace that expands nothing is text, and a pattern without braces is itself.
 
     Raises:
         SourceError: a range that runs backwards or expands to over a million names.
     """
-    match = _BRACES.search(pattern)
-    if match is None:
+    group = _first_group(pattern)
+    if group is None:
         return [pattern]
-    body = match.group(1)
-    bounds = _RANGE.match(body)
-    if bounds:
-        first, last = bounds.groups()
-        lo, hi = int(first), int(last)
-        if hi < lo or hi - lo >= MAX_SHARDS:
-            raise SourceError(f"{pattern!r}: range {{{body}}} is empty or over {MAX_SHARDS:,}")
-        width = len(first)
-        choices = [str(i).zfill(width) for i in range(lo, hi + 1)]
-    else:
-        choices = body.split(",")
-    head, tail = pattern[: match.start()], pattern[match.end() :]
+    start, end, choices = group
+    head, tail = pattern[:start], pattern[end + 1 :]
     out: list[str] = []
     for choice in choices:
         out += expand_braces(head + choice + tail)
         if len(out) > MAX_SHARDS:
             raise SourceError(f"{pattern!r} expands to over {MAX_SHARDS:,} names")
+    return out
+
+
+def unique_names(names: list[str], same: Callable[[str], str] = str) -> list[str]:
+    """``names`` with each later repeat dropped (``same`` gives what makes two names one
+    shard): a pattern naming a shard twice (``{a,a,b}``) reads it once, never twice with
+    every sample of the second read lost as a duplicate key."""
+    seen: set[str] = set()
+    out = []
+    for name in names:
+        if same(name) not in seen:
+            seen.add(same(name))
+            out.append(name)
     return out
 
 
@@ -95,7 +154,7 @@ def tar_paths(src: str | os.PathLike[str]) -> list[str]:
     if Path(text).is_dir():
         paths = sorted(os.path.join(text, n) for n in os.listdir(text) if n.endswith(".tar"))
     else:
-        paths = expand_braces(text)
+        paths = unique_names(expand_braces(text), os.path.realpath)
     for path in paths:
         if path.lower().endswith(COMPRESSED):
             raise SourceError(
