@@ -226,7 +226,8 @@ class Reader(ReaderBase):
 
     Args:
         readahead: let the kernel read ahead around each record (default: on for images, off
-            for video; see the module docstring).
+            for video; see the module docstring). A shard already open in this process keeps
+            the setting of its first opener (:mod:`packer.formats.lmdb_env`): only advice.
         max_open_files: the most shards one process keeps open.
     """
 
@@ -309,11 +310,13 @@ class Reader(ReaderBase):
 
     def _prefetch(self, file: int, records: np.ndarray) -> None:
         """Without readahead, ask for the pages of several records at once (see
-        :meth:`Handle.prefetch`) where their offsets are known."""
-        if not self.readahead and len(records) > 1:
+        :meth:`Handle.prefetch`) where their offsets are known. What counts is the shard's
+        environment: it may have been opened by another reader of this process with another
+        setting (:mod:`packer.formats.lmdb_env`)."""
+        if len(records) > 1 and not (handle := self._shard(file)).readahead:
             starts = self.offset[records]
             if starts[0] >= 0:
-                self._shard(file).prefetch(starts.tolist(), self.length[records].tolist())
+                handle.prefetch(starts.tolist(), self.length[records].tolist())
 
     def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
         """The stored bytes of each record, in the order asked.

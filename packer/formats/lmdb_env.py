@@ -1,6 +1,14 @@
 """LMDB shards as this process reads them: environments shared per file, one read transaction
 per thread, released with their last reader, forgotten by a forked child (py-lmdb refuses to open
-a file again while any object of it lives)."""
+a file again while any object of it lives).
+
+Any number of readers of one shard may live in one process with different ``readahead`` wishes
+(a training and a caption-only view of one dataset): the environment is opened once, with the
+first opener's setting, and later readers share it. ``readahead`` is only advice to the kernel
+(``MDB_NORDAHEAD`` is ``madvise(MADV_RANDOM)`` on the map), so every reader reads the same bytes;
+a reader on an environment opened without readahead asks for its batches' pages itself
+(:meth:`Handle.prefetch`, see :attr:`Handle.readahead`).
+"""
 
 from __future__ import annotations
 
@@ -113,19 +121,19 @@ class Handle:
             if _OPEN_PID != os.getpid():  # forked child: never touch the parent's environments
                 _OPEN, _OPEN_PID = {}, os.getpid()
             shared = _OPEN.get(key)
-            if shared is None:
+            if shared is None:  # the first opener's readahead serves every later reader
                 shared = _OPEN[key] = _Env(path, readahead)
-            elif shared.readahead != readahead:
-                raise FormatError(
-                    f"LMDB shard {path!r} is already open in this process with "
-                    f"readahead={shared.readahead}; py-lmdb allows one open per process, so "
-                    "every reader of it here must use the same readahead setting"
-                )
             shared.users += 1
         self._key = key
         self._path = path
         self._shared: _Env | None = shared
         self._fd = -1  # opened on the first prefetch: image readers never need it
+
+    @property
+    def readahead(self) -> bool:
+        """Whether the shared environment was opened with readahead (the first opener's wish,
+        which may differ from this reader's)."""
+        return self._shared.readahead if self._shared is not None else False
 
     def prefetch(self, starts: list[int], lengths: list[int]) -> None:
         """Put the reads of several records' pages in flight at once (``POSIX_FADV_WILLNEED`` at
