@@ -184,6 +184,7 @@ def convert(
     require: tuple[str, ...],
     image_column: str | None,
     annotations: tuple[Path, ...],
+    follow_links: bool,
     quality: int | None,
     max_side: int | None,
     short_side: int | None,
@@ -242,13 +243,12 @@ def convert(
 
     classes = pinned_classes(classes_file, classes_from)
     given = {"quality": quality, "max_side": max_side, "short_side": short_side, "fps": fps}
-    given["size"] = size
-    video: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
+    video: dict[str, Any] = {k: v for k, v in {**given, "size": size}.items() if v is not None}
     if skip_bad_frames:
         video["skip_bad_frames"] = True
     if reencode:
         video["reencode"] = True
-    video.update(field_kwargs(require, image_column, annotations))
+    video.update(field_kwargs(require, image_column, annotations, follow_links))
     from packer.write.dask_client import dask_client
     from packer.write.tasks import parse_part
 

@@ -20,7 +20,15 @@ KIND_HELP = (
 
 
 def field_options(func: Any) -> Any:
-    """Add ``--kind``, ``--require``, ``--image-column`` and ``--annotations`` to a command."""
+    """Add ``--kind``, ``--require``, ``--image-column``, ``--annotations`` and
+    ``--follow-links`` to a command."""
+    func = click.option(
+        "--follow-links",
+        is_flag=True,
+        help="Samples with fields: read a file or folder through a symbolic link whose target "
+        "leaves the source (without it, such a sample is skipped and listed). Class and video "
+        "trees always follow links, as ImageFolder does.",
+    )(func)
     func = click.option(
         "--annotations",
         metavar="FILE",
@@ -45,12 +53,16 @@ def field_options(func: Any) -> Any:
 
 
 def field_kwargs(
-    require: tuple[str, ...], image_column: str | None, annotations: tuple[Path, ...]
+    require: tuple[str, ...],
+    image_column: str | None,
+    annotations: tuple[Path, ...],
+    follow_links: bool = False,
 ) -> dict[str, Any]:
     """The conversion's keyword arguments for the options given (none for those not given)."""
     given = {
         "require": list(require),
         "image_column": image_column,
         "annotations": [str(a) for a in annotations],
+        "follow_links": follow_links,
     }
     return {k: v for k, v in given.items() if v}

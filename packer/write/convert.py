@@ -20,8 +20,9 @@ from packer.errors import DestinationError
 from packer.remote.storage import is_url
 from packer.source.images import SkippedInput
 from packer.source.labels import Labels, class_index_of
+from packer.source.links import OUTSIDE
 from packer.write.destination import DestinationLock, check_destination, clear_leftovers, publish
-from packer.write.disk_full import disk_full_error
+from packer.write.disk_full import check_room, disk_full_error
 from packer.write.finish import Found, find_finished, publish_finished
 from packer.write.loading import DEFAULT_MAX_FILE_SIZE
 from packer.write.pipeline import Event, ShardHook, finalize, plan_shards, write_shards
@@ -39,15 +40,16 @@ def _run(plan: ConversionPlan, fp: dict, resume: bool) -> Manifest:
     manifest; a full disk or a failed write is a :class:`DestinationError`."""
     job, partial, part = plan.job(), plan.partial, plan.part
     progress = Progress(partial)
-    if resume and partial.is_dir():
-        done = progress.resume(fp, job.source)
-    else:
-        if partial.exists():
-            shutil.rmtree(partial)
-        partial.mkdir()
-        progress.start(fp)
-        done = []
+    check_room(partial, plan.format, job.source, plan.options, resume)
     try:
+        if resume and partial.is_dir():
+            done = progress.resume(fp, job.source)
+        else:
+            if partial.exists():
+                shutil.rmtree(partial)
+            partial.mkdir()
+            progress.start(fp)
+            done = []
         if plan.executor is None and part is None:
             done = write_shards(job, done, progress)
             manifest, _ = finalize(job, done, plan.options)
@@ -55,7 +57,7 @@ def _run(plan: ConversionPlan, fp: dict, resume: bool) -> Manifest:
             manifest = run_distributed(job, done, progress, plan.options, fp, plan.executor, part)
     except OSError as exc:
         if exc.errno == errno.ENOSPC or shutil.disk_usage(partial.parent).free < (1 << 20):
-            raise disk_full_error(partial, job.source) from exc
+            raise disk_full_error(partial, job.source, plan.format, plan.options) from exc
         raise DestinationError(f"writing {str(partial)!r} failed: {exc}") from exc
     if part is None:  # a part keeps its checkpoints for packer merge
         progress.remove()
@@ -86,6 +88,7 @@ def convert(
     part: tuple[int, int] | None = None,
     after_shard: ShardHook | None = None,
     source_options: dict[str, Any] | None = None,
+    follow_links: bool = False,
     **video_options: Any,
 ) -> ConvertResult:
     """Convert the folder ``src`` into a packed dataset at ``dst``.
@@ -130,6 +133,10 @@ def convert(
             ``executor`` or ``part``); :func:`packer.upload.staging.convert_to_url` uploads it then.
         source_options: fsspec options (``endpoint_url``, ...) of a URL ``src``: WebDataset
             tars at a URL are fetched into a local folder first (:mod:`packer.remote.fetch`).
+        follow_links: a source with fields (key-grouped files, a table, COCO, tars) reads a
+            file or folder through a link whose target leaves the source; without it such a
+            sample is skipped and listed (:mod:`packer.source.links`). Class and video trees
+            always follow links, as ``ImageFolder`` does.
         video_options: for images and video, ``quality``, ``max_side``, ``short_side`` and
             ``reencode`` (write-time resize, :mod:`packer.decode.resize`); for images into ``.npy``,
             ``size`` (decoded size×size pixels, :mod:`packer.decode.pixels`); for video, ``fps``,
@@ -166,6 +173,12 @@ def _convert_folder(plan: ConversionPlan) -> ConvertResult:
         skipped=[SkippedInput(s["path"], s["reason"]) for s in manifest.skipped],
     )
     result.notes.insert(0, _what_was_found(plan.kind, plan.how, source))
+    outside = sum(1 for s in result.skipped if OUTSIDE in s.reason)
+    if outside:
+        result.notes.append(
+            f"{outside} input(s) skipped as {OUTSIDE}: not followed; --follow-links "
+            "(follow_links=True) reads them"
+        )
     given = plan.classes is not None
     result.class_index, result.warnings = class_index_of(
         len(source.classes), plan.labels_file, given, plan.kind == "image"

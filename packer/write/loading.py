@@ -12,6 +12,7 @@ becomes that sample's skip reason, ``unexpected error: <type>: <message>``.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import signal
 import stat
@@ -26,12 +27,14 @@ from typing import Any, TypeVar
 from packer.core.manifest import bytes_checksum
 from packer.decode.check import DEFAULT_MAX_PIXELS, check_image
 from packer.errors import InputFileError, PackerError
+from packer.source.links import read_source_file
 
 __all__ = [
     "DEFAULT_MAX_FILE_SIZE",
     "Loaded",
     "load_image",
     "load_in_order",
+    "load_source_files",
     "read_input",
     "skip_unexpected",
 ]
@@ -137,6 +140,34 @@ def load_image(
     except InputFileError as exc:
         return Loaded(None, f"cannot decode: {exc}")
     return Loaded([data])
+
+
+def load_source_files(
+    sample: Any,
+    loader: Callable[[Any], Loaded],
+    root: str,
+    follow_links: bool = False,
+    max_file_size: int = DEFAULT_MAX_FILE_SIZE,
+) -> Loaded:
+    """``loader(sample)`` once each whole-file part of a sample with fields is read through
+    :func:`packer.source.links.read_source_file` (beneath the source's real ``root``, a link
+    leaving it refused unless ``follow_links``): every field source's files are read here."""
+    parts = []
+    for part in sample.parts:
+        if part.data is None and part.offset < 0:
+            try:
+                data = read_source_file(root, part.path, follow_links, max_file_size)
+            except InputFileError as exc:
+                return Loaded(None, f"field {part.field!r}: {exc}")
+            if len(data) != part.size:
+                return Loaded(
+                    None,
+                    f"field {part.field!r}: changed during the conversion ({part.size} bytes "
+                    f"scanned, {len(data)} read); convert again once it is complete",
+                )
+            part = dataclasses.replace(part, data=data)
+        parts.append(part)
+    return loader(dataclasses.replace(sample, parts=tuple(parts)))
 
 
 def skip_unexpected(loader: Callable[[T], Loaded], sample: T) -> Loaded:

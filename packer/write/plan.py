@@ -89,6 +89,7 @@ class ConversionPlan:
     prepared: Prepared | None
     splits: SplitPlan | None
     on_event: Event | None = None
+    follow_links: bool = False  # a source with fields: read through links leaving its root
     executor: Any = field(default=None, compare=False, repr=False)
     after_shard: ShardHook | None = field(default=None, compare=False, repr=False)
 
@@ -208,6 +209,7 @@ def plan_conversion(
     part: tuple[int, int] | None = None,
     after_shard: ShardHook | None = None,
     source_options: dict[str, Any] | None = None,
+    follow_links: bool = False,
     **video_options: Any,
 ) -> ConversionPlan:
     """Validate :func:`packer.write.convert.convert`'s arguments (same names, same meaning), scan the
@@ -259,6 +261,7 @@ def plan_conversion(
         prepared=None,
         splits=None,
         on_event=on_event,
+        follow_links=bool(follow_links),
         executor=executor,
         after_shard=after_shard,
     )
@@ -319,6 +322,7 @@ def _plan_folder(plan: ConversionPlan, labels: Labels | None) -> ConversionPlan:
         classes,
         file,
         plan.allow_empty,
+        follow_links=plan.follow_links,
     )
     planned = dataclasses.replace(
         plan,

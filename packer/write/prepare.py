@@ -6,6 +6,7 @@ Video has its own part (:func:`packer.write.video.prepare_video`); :func:`prepar
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from pathlib import Path
@@ -19,7 +20,7 @@ from packer.errors import PackerError
 from packer.source.images import scan
 from packer.source.labels import read_labels, scan_flat
 from packer.write.fields import FIELD_OPTIONS, FIELD_SOURCES, prepare_fields, scan_fields
-from packer.write.loading import load_image
+from packer.write.loading import load_image, load_source_files
 from packer.write.pipeline import Prepared
 
 __all__ = ["prepare", "prepare_images", "prepare_split"]
@@ -82,9 +83,12 @@ def prepare(
     labels: str | os.PathLike[str] | None,
     allow_empty: bool = False,
     index_from: str = "the given index",
+    follow_links: bool = False,
 ) -> Prepared:
     """The kind's part of a conversion (``index_from``: where ``classes`` came from, for the
-    error naming a label the index does not know)."""
+    error naming a label the index does not know; ``follow_links``: a source with fields reads
+    a file through a link leaving its root, see :mod:`packer.source.links`; class and video
+    trees always follow links, as ImageFolder does)."""
     if check not in CHECKS:
         raise PackerError(f"invalid check {check!r}; expected one of {', '.join(CHECKS)}")
     if kind in FIELD_SOURCES:
@@ -93,7 +97,10 @@ def prepare(
                 "--labels, --classes and splits apply to class-folder images, not to samples "
                 f"with fields (--kind {kind})"
             )
-        return prepare_fields(scan_fields(kind, src, options), fmt, check, limits, options)
+        scanned = scan_fields(kind, src, options)
+        return _within_source(
+            prepare_fields(scanned, fmt, check, limits, options), follow_links, limits
+        )
     given = sorted(k for k in FIELD_OPTIONS if options.get(k) is not None)
     if given:
         raise PackerError(
@@ -113,6 +120,20 @@ def prepare(
     raise PackerError(
         f"unknown kind {kind!r}; expected one of image, video, {', '.join(FIELD_SOURCES)}"
     )
+
+
+def _within_source(prepared: Prepared, follow_links: bool, limits: dict[str, int]) -> Prepared:
+    """``prepared`` whose loader reads each field file beneath the source's root (a link
+    leaving it followed only with ``follow_links``, then recorded in the options)."""
+    loader = functools.partial(
+        load_source_files,
+        loader=prepared.loader,
+        root=prepared.source.root,
+        follow_links=follow_links,
+        max_file_size=limits["max_file_size"],
+    )
+    options = {**prepared.options, **({"follow_links": True} if follow_links else {})}
+    return dataclasses.replace(prepared, loader=loader, options=options)
 
 
 def prepare_split(
