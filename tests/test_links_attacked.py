@@ -24,11 +24,6 @@ def _reasons(result: packer.ConvertResult) -> dict[str, str]:
     return {os.path.basename(s.path): s.reason for s in result.skipped}
 
 
-def _captions(out: Path) -> dict[str, str]:
-    ds = packer.open_dataset(out)
-    return {ds.keys[i] if hasattr(ds, "keys") else str(i): ds[i]["txt"] for i in range(len(ds))}
-
-
 def _texts(out: Path) -> list[str]:
     ds = packer.open_dataset(out)
     return [ds[i]["txt"] for i in range(len(ds))]
@@ -158,3 +153,67 @@ def test_cli_follow_links_flag(grouped: Path, tmp_path: Path) -> None:
     )
     assert shown.exit_code == 0, shown.output
     assert "top secret\n" in _texts(tmp_path / "f.lmdb")
+
+
+def test_symlink_loops_at_the_top_of_a_source_are_skipped_and_listed(tmp_path: Path) -> None:
+    from packer.tools.image_demo import make_image_tree
+    from packer.tools.video_demo import make_video_tree
+
+    trees = {"cls": tmp_path / "cls", "vid": tmp_path / "vid", "grp": tmp_path / "grp"}
+    make_image_tree(trees["cls"], classes=2, per_class=2, size=(64, 48), bad=0)
+    make_video_tree(trees["vid"])
+    make_caption_set(trees["grp"], samples=3)
+    for name, root in trees.items():
+        os.symlink("loop", root / "loop")
+        kind = "video" if name == "vid" else None
+        result = packer.convert(root, tmp_path / f"{name}.lmdb", progress=False, kind=kind)
+        assert _reasons(result)["loop"] == "symlink loop (not followed)", name
+
+
+def test_loops_inside_a_class_and_grouped_field_loops(tmp_path: Path) -> None:
+    from packer.tools.image_demo import make_image_tree
+
+    make_image_tree(tmp_path / "cls", classes=2, per_class=2, size=(64, 48), bad=0)
+    os.symlink("deep", tmp_path / "cls" / "class_00" / "deep")
+    result = packer.convert(tmp_path / "cls", tmp_path / "c.lmdb", progress=False)
+    assert _reasons(result)["deep"] == "symlink loop (not followed)"
+    make_caption_set(tmp_path / "grp", samples=3)
+    os.remove(tmp_path / "grp" / "000001.txt")
+    os.symlink("000001.txt", tmp_path / "grp" / "000001.txt")
+    result = packer.convert(tmp_path / "grp", tmp_path / "g.lmdb", progress=False)
+    assert _reasons(result)["000001.*"] == "field 'txt': '000001.txt': symlink loop (not followed)"
+    assert result.manifest.num_samples == 2
+
+
+@pytest.mark.parametrize("what", ["fifo", "socket", "dangling"])
+def test_an_unusable_field_file_skips_its_whole_sample(tmp_path: Path, what: str) -> None:
+    import socket
+
+    src = tmp_path / "src"
+    make_caption_set(src, samples=3)
+    bad = src / "000001.txt"
+    os.remove(bad)
+    if what == "fifo":
+        os.mkfifo(bad)
+    elif what == "socket":
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(bad))
+    else:
+        os.symlink(tmp_path / "gone.txt", bad)
+    result = packer.convert(src, tmp_path / "o.lmdb", progress=False, workers=1)
+    assert "field 'txt': '000001.txt'" in _reasons(result)["000001.*"]
+    ds = packer.open_dataset(tmp_path / "o.lmdb")
+    assert len(ds) == 2 and all(ds[i]["txt"] is not None for i in range(2))
+
+
+def test_a_fifo_swapped_in_after_the_scan_never_blocks(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    make_caption_set(src, samples=3)
+
+    def swap(name: str, number: int) -> None:
+        if name == "sample" and number == 0:
+            os.remove(src / "000001.txt")
+            os.mkfifo(src / "000001.txt")  # no writer: a blocking open would wait for ever
+
+    result = packer.convert(src, tmp_path / "o.lmdb", progress=False, workers=1, on_event=swap)
+    assert "not a regular file" in _reasons(result)["000001.*"]

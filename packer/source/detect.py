@@ -171,7 +171,7 @@ SPLIT_NAMES = ("train", "val", "validation", "test")
 
 def _folders(root: Path) -> list[str]:
     try:
-        return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+        return sorted(e.name for e in os.scandir(root) if _is_dir(e) and not e.name.startswith("."))
     except OSError as exc:
         raise SourceError(f"source {str(root)!r} cannot be listed: {exc.strerror}") from exc
 

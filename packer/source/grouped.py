@@ -4,12 +4,14 @@ A file's key is its path relative to the source without everything from the firs
 name; the rest, lower-cased, is its field: ``0001.jpg``, ``0001.txt``, ``0001.json``,
 ``0001.seg.png`` are sample ``0001`` with fields ``jpg``, ``txt``, ``json``, ``seg.png``.
 Folders are walked in the order of their relative paths, files by name, hidden entries left
-out, symlinked folders not followed (a file linking elsewhere is read like a file). Lists and
-stats only: no byte is read.
+out, symlinked folders not followed (a file linking outside the source is skipped when read,
+unless ``--follow-links``: :mod:`packer.source.links`). Lists and stats only: no byte is read.
 
 What is skipped, each with its reason: a file whose field is not a plain name, a sample with
 two files for one field (``0001.jpg`` and ``0001.JPG``), keys that repeat or differ only by
-case, samples without a ``--require``\\ d field. Files with no dot in their name are ignored.
+case, samples without a ``--require``\\ d field, a sample one of whose files is unusable (a
+FIFO, socket, device, dangling link or symlink loop: skipped whole, that field's reason given,
+never kept without it). Files with no dot in their name are ignored.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from packer.errors import SourceError
 from packer.source.images import SkippedInput, check_source_folder, is_image_name
+from packer.source.links import LOOP, folder_entry
 from packer.source.samples import (
     FieldSample,
     FieldScan,
@@ -61,8 +64,28 @@ def looks_grouped(root: Path, sampled: int = 200, beside_images: bool = False) -
     return False
 
 
-def _walk(root: str, skipped: list[SkippedInput]) -> list[tuple[str, list[tuple[str, int]]]]:
-    """``(relative folder, [(file name, size)])`` of every folder, in relative-path order."""
+Listed = tuple[str, int, str]  # a file's name, its size, and why it is unusable ("" if usable)
+
+
+def _entry(entry: os.DirEntry[str], pending: list[str], rel: str) -> tuple[int, str] | None:
+    """A listed entry as ``(size, why unusable)``, or None for a folder (queued in ``pending``
+    when it is no link)."""
+    if entry.is_dir(follow_symlinks=False):
+        pending.append(os.path.join(rel, entry.name))
+        return None
+    is_dir = folder_entry(entry)
+    if is_dir is None:
+        return 0, LOOP
+    if is_dir:
+        return 0, "symlinked folder (not followed)"
+    if entry.is_file():
+        return entry.stat().st_size, ""
+    return 0, "broken symlink or not a file (a FIFO, socket or device?)"
+
+
+def _walk(root: str, skipped: list[SkippedInput]) -> list[tuple[str, list[Listed]]]:
+    """``(relative folder, [(file name, size, why unusable)])`` of every folder, in
+    relative-path order."""
     found = []
     pending = [""]
     while pending:
@@ -74,33 +97,33 @@ def _walk(root: str, skipped: list[SkippedInput]) -> list[tuple[str, list[tuple[
         except OSError as exc:
             skipped.append(SkippedInput(folder, f"cannot list folder: {exc.strerror}"))
             continue
-        files = []
+        files: list[Listed] = []
         for entry in entries:
             if entry.name.startswith("."):
                 continue
             try:
-                if entry.is_dir(follow_symlinks=False):
-                    pending.append(os.path.join(rel, entry.name))
-                elif entry.is_symlink() and entry.is_dir():
-                    skipped.append(SkippedInput(entry.path, "symlinked folder (not followed)"))
-                elif entry.is_file():
-                    files.append((entry.name, entry.stat().st_size))
-                else:
-                    skipped.append(SkippedInput(entry.path, "broken symlink or not a file"))
+                got = _entry(entry, pending, rel)
             except OSError as exc:
-                skipped.append(SkippedInput(entry.path, f"cannot stat: {exc.strerror}"))
+                got = 0, f"cannot stat: {exc.strerror}"
+            if got is not None:
+                files.append((entry.name, *got))
         found.append((rel, files))
     return sorted(found, key=lambda item: item[0])
 
 
-def _group(root: str, rel: str, files: list[tuple[str, int]], scan: FieldScan) -> list[FieldSample]:
-    """The samples of one folder's files, in key order."""
+def _group(root: str, rel: str, files: list[Listed], scan: FieldScan) -> list[FieldSample]:
+    """The samples of one folder's files, in key order; a sample one of whose files is
+    unusable is skipped whole, with that field's reason."""
     by_key: dict[str, list[Part]] = {}
-    for name, size in files:
+    unusable: dict[str, str] = {}  # key -> the reason of its first unusable field
+    for name, size, why in files:
         got = _split(name)
         path = os.path.join(root, rel, name)
-        if got is None:
-            scan.ignored += 1
+        if got is None or (why and why.startswith("symlinked folder")):
+            if why:
+                scan.skipped.append(SkippedInput(path, why))
+            else:
+                scan.ignored += 1
             continue
         stem, field = got
         try:
@@ -108,11 +131,18 @@ def _group(root: str, rel: str, files: list[tuple[str, int]], scan: FieldScan) -
         except SourceError as exc:
             scan.skipped.append(SkippedInput(path, str(exc)))
             continue
+        if why:
+            unusable.setdefault(stem, f"field {field!r}: {name!r}: {why}")
+            continue
         by_key.setdefault(stem, []).append(Part(field, path, size))
     out = []
-    for stem in sorted(by_key):
+    for stem in sorted(set(by_key) | set(unusable)):
         key = os.path.join(rel, stem) if rel else stem
-        sample = sample_of(key, os.path.join(root, key) + ".*", by_key[stem], scan.skipped)
+        where = os.path.join(root, key) + ".*"
+        if stem in unusable:
+            scan.skipped.append(SkippedInput(where, unusable[stem]))
+            continue
+        sample = sample_of(key, where, by_key[stem], scan.skipped)
         if sample is not None:
             out.append(sample)
     return out

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.errors import SourceError
+from packer.source.links import LOOP, folder_entry, loops_in
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -121,7 +122,7 @@ def class_dirs(root: Path) -> list[str]:
         entries = list(os.scandir(root))
     except PermissionError as exc:
         raise SourceError(f"source {str(root)!r} cannot be listed: {exc.strerror}") from exc
-    classes = sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir())
+    classes = sorted(e.name for e in entries if not e.name.startswith(".") and folder_entry(e))
     if not classes:
         images = sum(1 for e in entries if is_image_name(e.name) and not e.name.startswith("."))
         hint = (
@@ -209,7 +210,11 @@ def _walk(top: str, scan_result: Scan) -> list[tuple[str, list[tuple[str, int]]]
             if entry.name.startswith("."):
                 continue
             try:
-                if entry.is_dir():
+                is_dir = folder_entry(entry)
+                if is_dir is None:
+                    scan_result.skipped.append(SkippedInput(entry.path, LOOP))
+                    continue
+                if is_dir:
                     sub = entry.stat()
                     if (sub.st_dev, sub.st_ino) in here:
                         scan_result.skipped.append(
@@ -281,6 +286,7 @@ def scan(
     else:
         classes = found
     result = Scan(root=str(root_path.resolve()), kind=kind, classes=list(classes), samples=[])
+    result.skipped += [SkippedInput(p, LOOP) for p in loops_in(root_path)]
     per_class = []
     present = set(found)
     for label, class_name in enumerate(classes):

@@ -27,12 +27,15 @@ from packer.errors import FormatError, InputFileError
 __all__ = [
     "OUTSIDE",
     "FOLLOW_HINT",
+    "LOOP",
     "folder_entry",
+    "loops_in",
     "open_source_fd",
     "read_source_file",
 ]
 
 OUTSIDE = "a link leading outside the source"  # how every such skip reason starts
+LOOP = "symlink loop (not followed)"
 FOLLOW_HINT = "not followed (--follow-links follows it)"
 _FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
 _ROOTS: dict[tuple[int, str], int] = {}  # (pid, root) -> the root's descriptor, per process
@@ -94,7 +97,7 @@ def open_source_fd(root: str, path: str, follow_links: bool = False) -> int:
             fd = os.open(path, _FLAGS)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise InputFileError("a symbolic link loop (not followed)") from exc
+                raise InputFileError(LOOP) from exc
             raise InputFileError(f"cannot read: {exc.strerror or exc}") from exc
         try:
             _check_opened(fd, root, path, follow_links)
@@ -154,3 +157,13 @@ def folder_entry(entry: os.DirEntry[str]) -> bool | None:
         if exc.errno == errno.ELOOP:
             return None
         return False
+
+
+def loops_in(folder: str | os.PathLike[str]) -> list[str]:
+    """The paths of the entries of ``folder`` that are symlink loops (``loop -> loop``), for a
+    scan to skip and list; [] when the folder cannot be listed (the scan says so)."""
+    try:
+        with os.scandir(folder) as it:
+            return sorted(e.path for e in it if folder_entry(e) is None)
+    except OSError:
+        return []

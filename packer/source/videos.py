@@ -28,6 +28,7 @@ from packer.source.images import (
     is_video_name,
     natural_key,
 )
+from packer.source.links import LOOP, folder_entry, loops_in
 
 __all__ = [
     "KINDS",
@@ -104,7 +105,7 @@ def _class_dirs(root: Path) -> list[str]:
             f"source {str(root)!r} is a file; expected a folder laid out as <class>/<video>"
         )
     try:
-        names = [e.name for e in os.scandir(root) if not e.name.startswith(".") and e.is_dir()]
+        names = [e.name for e in os.scandir(root) if not e.name.startswith(".") and folder_entry(e)]
     except PermissionError as exc:
         raise SourceError(f"source {str(root)!r} cannot be listed: {exc.strerror}") from exc
     if not names:
@@ -189,6 +190,7 @@ def scan_videos(root: str | os.PathLike[str]) -> VideoScan:
             "image folder instead)"
         )
     result = VideoScan(root=str(root_path.resolve()), classes=classes, videos=[])
+    result.skipped += [SkippedInput(p, LOOP) for p in loops_in(root_path)]
     counts = [_scan_class(root_path, c, label, result) for label, c in enumerate(classes)]
     if not result.videos:
         raise SourceError(f"source {str(root_path)!r} has no videos with frames")
