@@ -47,6 +47,7 @@ _EXPORTS = {
     "open_video_dataset": "packer.read.open",
     "convert_to_url": "packer.upload.staging",
     "merge_to_url": "packer.upload.staging",
+    "Writer": "packer.write.writer",
     # old names: they resolve with a DeprecationWarning (and are not in __all__)
     "NpyDataset": "packer.read.datasets",
     "NpyVideoDataset": "packer.read.video_datasets",
@@ -77,6 +78,7 @@ __all__ = [
     "ShardedSampler",
     "SourceError",
     "VerifyReport",
+    "Writer",
     "__version__",
     "collate_bytes",
     "collate_fields",
@@ -115,6 +117,7 @@ if TYPE_CHECKING:
     from packer.tools.diagnose import LoaderReport, diagnose
     from packer.tools.worker_threads import worker_init_fn
     from packer.upload.staging import convert_to_url, merge_to_url
+    from packer.write.writer import Writer
 
 
 def __getattr__(name: str) -> Any:

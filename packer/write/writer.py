@@ -1,0 +1,395 @@
+"""Samples from the user's own code, written one at a time into a dataset with fields.
+
+The result is what ``packer convert`` makes of key-grouped files holding the same bytes (the
+same shards, tables and keys, byte for byte): each value is encoded at :meth:`Writer.write`
+(:mod:`packer.write.writer_values`) and kept until its shard is full (the rule of
+:func:`packer.write.pipeline.plan_shards`); the shard is then written by the storage core, made
+durable and checkpointed in ``DST.partial/`` by the pipeline's own ``store_sample`` and
+``end_shard``, and leaves the process: memory holds about one shard. :meth:`Writer.close` writes
+the last shard, the tables and the manifest (``finalize``) and publishes ``DST``; an exception
+inside the ``with`` (or a kill) leaves ``DST.partial`` and no dataset.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from packer.core.contained import check_relative
+from packer.core.fields import ABSENT, MAX_FIELDS, FieldSpec, check_field_name, field_kind
+from packer.core.manifest import Manifest, bytes_checksum
+from packer.core.sizes import parse_size
+from packer.decode.check import DEFAULT_CHECK, DEFAULT_MAX_PIXELS
+from packer.errors import DestinationError, InputFileError, PackerError
+from packer.formats import format_for
+from packer.remote.storage import is_url
+from packer.source.samples import FieldSample
+from packer.write.destination import (
+    DestinationLock,
+    check_destination,
+    lock_holder,
+    partial_path,
+    publish,
+)
+from packer.write.loading import Loaded
+from packer.write.pipeline import Event, Job, ShardHook, end_shard, finalize, store_sample
+from packer.write.plan import DEFAULT_SHARD_SIZE
+from packer.write.resume import Checkpoint, Progress, Rows, unstarted
+from packer.write.writer_values import (
+    DEFAULT_JPEG_QUALITY,
+    check_jpeg_quality,
+    declared_fields,
+    encode_value,
+)
+
+__all__ = ["DEFAULT_JPEG_QUALITY", "Writer"]
+
+
+@dataclass
+class _Source:
+    """The manifest's view of what was written: no source tree, samples given one by one
+    (none of them skipped, none listed: ``samples`` is what finalize counts as inputs)."""
+
+    fields: list[FieldSpec]
+    files: int = 0
+    total_bytes: int = 0
+    root: str = "packer.Writer"
+    kind: str = "fields"
+    source_kind: str = "writer"
+    classes: list[str] = field(default_factory=list)
+    samples: list[Any] = field(default_factory=list)
+    skipped: list[Any] = field(default_factory=list)
+
+    def describe(self) -> dict[str, Any]:
+        return {"root": self.root, "files": self.files, "bytes": self.total_bytes}
+
+
+class Writer:
+    """Write samples (dicts of fields) into a new dataset at ``dst``; a context manager.
+
+    Args:
+        dst: the dataset to create; its suffix picks the format (``.lmdb``, ``.npy``,
+            ``.h5``/``.hdf5``). It is built in ``DST.partial`` and appears only when complete.
+        fields: the field names, declared up front (default: those of the first shard's
+            samples). A sample may lack a field (it reads as ``None``); a field not declared
+            is refused.
+        shard_size: roll to a new shard past this many bytes (``"256MB"``, an int); also the
+            most the writer holds in memory.
+        overwrite: replace an existing dataset at ``dst`` (only once the new one is complete).
+        storage_options: for a URL ``dst``, which is refused for now (a Writer writes a local
+            folder).
+        jpeg_quality: the quality pixels are encoded at in a ``jpg``/``jpeg`` field (1-100).
+        progress: show a tqdm bar of the samples written.
+
+    Raises:
+        PackerError: bad arguments, or a destination that exists (without ``overwrite``), that
+            another process is writing, or that cannot be created.
+    """
+
+    def __init__(
+        self,
+        dst: str | os.PathLike[str],
+        *,
+        fields: Iterable[str] | None = None,
+        shard_size: int | str = DEFAULT_SHARD_SIZE,
+        overwrite: bool = False,
+        storage_options: dict[str, Any] | None = None,
+        jpeg_quality: int = DEFAULT_JPEG_QUALITY,
+        progress: bool = False,
+    ) -> None:
+        if is_url(dst):
+            raise DestinationError(
+                f"packer.Writer writes a local folder; writing to the URL {dst!r} is not "
+                "supported yet: write a local dataset, or convert key-grouped files to the URL "
+                "with packer.convert_to_url"
+            )
+        if storage_options:
+            raise PackerError(f"storage_options apply to a URL, not the path {os.fspath(dst)!r}")
+        self._configure(dst, fields, shard_size, jpeg_quality, progress)
+        self._begin(Path(os.fspath(dst).rstrip("/") or "/"), overwrite)
+
+    def _configure(
+        self, dst: Any, fields: Any, shard_size: Any, jpeg_quality: Any, progress: bool
+    ) -> None:
+        """Check the arguments (before anything is touched)."""
+        self.name = os.fspath(dst)
+        self.fmt = format_for(self.name.rstrip("/"))
+        if "shards" not in self.fmt.LAYOUTS:
+            raise PackerError(
+                f"{self.fmt.NAME.upper()} stores one decoded image per file: a Writer writes "
+                ".lmdb, .npy or .h5"
+            )
+        self.shard_size = parse_size(shard_size)
+        try:
+            self.jpeg_quality = check_jpeg_quality(jpeg_quality)
+        except InputFileError as exc:
+            raise PackerError(str(exc)) from None
+        self._fields = declared_fields(fields)  # fixed once the first shard is written
+        self._declared = self._fields is not None
+        self._seen: dict[str, FieldSpec] = {}  # the first shard's fields, while it fills
+        self._buffer: list[tuple[str, dict[str, bytes]]] = []
+        self._buffer_bytes = 0
+        self._keys: set[str] = set()  # casefolded: keys differing only by case are refused
+        self._planned: list[int] = []
+        self._done: list[Checkpoint] = []
+        self._bar = tqdm(unit="samples", desc=f"write → {self.fmt.NAME}", disable=not progress)
+        self._state = "new"
+        self.manifest: Manifest | None = None
+        self.after_shard: ShardHook | None = None  # a URL's upload, set before _begin
+        self.on_event: Event | None = None
+
+    def _begin(self, dst: Path, overwrite: bool) -> None:
+        """Check ``dst``, take its lock, start ``DST.partial``."""
+        self.dst, self.partial = dst, partial_path(dst)
+        self._refuse_partial(overwrite)
+        check_destination(dst, overwrite)
+        self._lock = DestinationLock(dst)
+        self._lock.__enter__()
+        try:
+            self._start(overwrite)
+        except BaseException:
+            self._lock.__exit__(None, None, None)
+            raise
+        self._state = "open"
+
+    def _refuse_partial(self, overwrite: bool) -> None:
+        """A ``DST.partial`` no live process writes (a failed or killed run) is kept unless
+        ``overwrite``: a Writer does not resume."""
+        if overwrite or lock_holder(self.dst) is not None or not self.partial.exists():
+            return
+        if not unstarted(self.partial):
+            raise DestinationError(
+                f"{str(self.partial)!r} holds an interrupted write or conversion (no process is "
+                "writing it); pass overwrite=True to start over (a Writer does not resume)"
+            )
+
+    def _start(self, overwrite: bool) -> None:
+        check_destination(self.dst, overwrite)  # again, under the lock
+        self._refuse_partial(overwrite)
+        if self.partial.exists():
+            shutil.rmtree(self.partial)
+        self.partial.mkdir()
+        self._source = _Source(fields=[])
+        self._progress = Progress(self.partial)
+        self._progress.start({"format": self.fmt.NAME, "options": {}, "root": "packer.Writer"})
+        self._job = Job(
+            fmt=self.fmt,
+            layout="shards",
+            partial=self.partial,
+            source=self._source,
+            loader=Loaded,  # unused: samples come encoded
+            cpu_bound=False,
+            shard_size=self.shard_size,
+            workers=1,
+            strict=True,  # nothing is skipped silently
+            progress=False,
+            unit="samples",
+            on_event=self.on_event,
+            after_shard=self.after_shard,
+        )
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            self.close()
+        else:
+            self.abort()
+
+    @property
+    def fields(self) -> list[str]:
+        """The field names, sorted (as the dataset stores them): fixed ones, or those seen."""
+        return sorted(self._fields if self._fields is not None else self._seen)
+
+    def __len__(self) -> int:
+        """Samples written so far."""
+        return len(self._keys)
+
+    def write(self, sample: Mapping[str, Any]) -> None:
+        """Add one sample: ``{"__key__": "0001", "jpg": ..., "txt": ...}``.
+
+        Raises:
+            PackerError: naming the key and the field: a value its field cannot take, a key
+                written before, a ``__key__`` missing or not a plain name, a field name that is
+                not plain or not declared. The samples written so far are kept.
+        """
+        if self._state != "open":
+            raise PackerError(
+                f"this Writer of {self.name!r} is {self._state}: nothing more is written"
+            )
+        key = self._key(sample)
+        encoded: dict[str, bytes] = {}
+        for name, value in sample.items():
+            if name != "__key__":
+                encoded[name] = self._encode(key, name, value)
+        if not encoded:
+            raise InputFileError(f"sample {key!r} has no field besides '__key__'")
+        size = sum(len(data) for data in encoded.values())
+        starts_shard = bool(self._buffer) and self._buffer_bytes + size > self.shard_size
+        self._check_new_fields(key, encoded, starts_shard)
+        if starts_shard:
+            self._flush()
+        for name in encoded:
+            self._seen.setdefault(name, FieldSpec(name, field_kind(name)))
+        self._buffer.append((key, encoded))
+        self._buffer_bytes += size
+        self._keys.add(key.casefold())
+        self._bar.update(1)
+
+    def _check_new_fields(self, key: str, encoded: dict[str, bytes], starts_shard: bool) -> None:
+        """Refuse a field the first shard's samples lack once that shard is written (or is
+        about to be: this sample starts the next one)."""
+        known = self._fields if self._fields is not None else self._seen if starts_shard else None
+        new = [n for n in encoded if known is not None and n not in known]
+        if new:
+            raise InputFileError(
+                f"sample {key!r}, field {new[0]!r}: a new field, after the first shard was "
+                f"written with fields {', '.join(sorted(known or {})) or '(none)'}; declare "
+                "every field up front with Writer(..., fields=[...])"
+            )
+
+    def _key(self, sample: Any) -> str:
+        if not isinstance(sample, Mapping):
+            raise InputFileError(
+                f"sample {len(self) + 1} is a {type(sample).__name__}, not a dict of fields "
+                "with its '__key__'"
+            )
+        if "__key__" not in sample:
+            raise InputFileError(f"sample {len(self) + 1}, field '__key__': missing")
+        key = sample["__key__"]
+        try:
+            check_relative(key, "key")
+            key.encode("utf-8")
+        except (PackerError, UnicodeEncodeError) as exc:
+            why = exc if isinstance(exc, PackerError) else "not encodable as UTF-8"
+            raise InputFileError(f"sample {key!r}, field '__key__': {why}") from None
+        if key.casefold() in self._keys:
+            raise InputFileError(
+                f"sample {key!r}, field '__key__': a key written before (keys are unique, also "
+                "ignoring case)"
+            )
+        return key
+
+    def _encode(self, key: str, name: Any, value: Any) -> bytes:
+        try:
+            check_field_name(name)
+        except PackerError as exc:
+            raise InputFileError(f"sample {key!r}: {exc}") from None
+        spec = (self._fields or {}).get(name) or FieldSpec(name, field_kind(name))
+        if self._declared and name not in (self._fields or {}):
+            raise InputFileError(
+                f"sample {key!r}, field {name!r}: not one of the fields declared "
+                f"({', '.join(self.fields)})"
+            )
+        if value is None:
+            raise InputFileError(
+                f"sample {key!r}, field {name!r}: None; leave the field out of the sample to "
+                "mark it absent"
+            )
+        try:
+            return encode_value(value, spec, self.jpeg_quality)
+        except PackerError as exc:
+            raise InputFileError(f"sample {key!r}, field {name!r} ({spec.kind}): {exc}") from None
+
+    def _flush(self) -> None:
+        """Write the buffered samples as the next shard, durably, and checkpoint it."""
+        if not self._buffer:
+            return
+        if self._fields is None:
+            if len(self._seen) > MAX_FIELDS:
+                raise PackerError(f"{len(self._seen)} distinct field names, more than {MAX_FIELDS}")
+            self._fields = dict(self._seen)
+        specs = [self._fields[n] for n in sorted(self._fields)]
+        self._source.fields = specs
+        shard = len(self._planned)
+        self._planned.append(self._buffer_bytes)
+        job, buffer = self._job, self._buffer
+        try:
+            with self.fmt.Writer(self.partial, self._planned, "shards", "fields") as writer:
+                rows = Rows()
+                for key, values in buffer:
+                    records = [values.get(s.name, b"") for s in specs]
+                    sums = [
+                        bytes_checksum(values[s.name]) if s.name in values else ABSENT
+                        for s in specs
+                    ]
+                    store_sample(
+                        job,
+                        writer,
+                        rows,
+                        FieldSample(key, key, 0, ()),
+                        Loaded(records, checksums=sums),
+                        shard,
+                    )
+                end_shard(job, writer, self._progress, self._done, rows, shard)
+        except BaseException:
+            self._state = "failed"
+            raise
+        self._source.files += len(buffer)
+        self._source.total_bytes += self._buffer_bytes
+        self._buffer, self._buffer_bytes = [], 0
+
+    def close(self) -> Manifest:
+        """Write the last shard, the tables and the manifest, and publish ``dst``; returns its
+        manifest (closing again returns it again).
+
+        Raises:
+            PackerError: nothing was written, or the destination could not be written.
+        """
+        if self._state == "closed" and self.manifest is not None:
+            return self.manifest
+        if self._state != "open":
+            raise PackerError(
+                f"this Writer of {self.name!r} is {self._state}: nothing was published"
+            )
+        try:
+            self._flush()
+            if not self._done:
+                raise PackerError(f"no sample was written to {self.name!r}: nothing to publish")
+            options = self._options()
+            self.manifest, _ = finalize(self._job, self._done, options)
+            self._progress.remove()
+            publish(self.partial, self.dst)
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            self._bar.close()
+        self._state = "closed"
+        self._lock.__exit__(None, None, None)
+        return self.manifest
+
+    def _options(self) -> dict[str, Any]:
+        assert self._fields is not None
+        return {
+            "layout": "shards",
+            "shard_size": self.shard_size,
+            "check": DEFAULT_CHECK,
+            "max_pixels": DEFAULT_MAX_PIXELS,
+            "fields": [self._fields[n].to_dict() for n in sorted(self._fields)],
+            "source_kind": "writer",
+            "jpeg_quality": self.jpeg_quality,
+        }
+
+    def abort(self) -> None:
+        """Stop without publishing: ``DST.partial`` keeps the shards written so far (no
+        dataset appears; ``overwrite=True`` starts over). An empty one is removed."""
+        if self._state in ("closed", "aborted"):
+            return
+        self._buffer, self._buffer_bytes = [], 0
+        self._bar.close()
+        if self._state in ("open", "failed"):
+            if not self._done and unstarted(self.partial):
+                shutil.rmtree(self.partial, ignore_errors=True)
+            self._lock.__exit__(None, None, None)
+        self._state = "aborted"
