@@ -106,12 +106,12 @@ def test_hostile_members_skipped_with_their_reason(tmp_path: Path) -> None:
         _add(tar, "0006.t xt")
         _add(tar, "0007.fifo", type=tarfile.FIFOTYPE)
     result = packer.convert(shard, tmp_path / "o.lmdb", progress=False)
-    reasons = {s.path.rsplit(":", 1)[1]: s.reason for s in result.skipped}
-    assert reasons["/etc/0002.txt"] == "absolute member name"
-    assert "outside" in reasons["../0003.txt"]
-    assert "linked" in reasons["0004.txt"] and "linked" in reasons["0005.txt"]
-    assert "not a plain" in reasons["0006.t xt"]
-    assert reasons["0007.fifo"] == "not a regular file"
+    reasons = {s.path.rsplit(":", 1)[1]: s.reason for s in result.skipped}  # a sample each
+    assert reasons["/etc/0002.*"] == "field 'txt' (/etc/0002.txt): absolute member name"
+    assert "outside" in reasons["../0003.*"]
+    assert "linked" in reasons["0004.*"] and "linked" in reasons["0005.*"]
+    assert "not a plain" in reasons["0006.*"]
+    assert reasons["0007.*"] == "field 'fifo' (0007.fifo): not a regular file"
     assert packer.FieldDataset(result.dst)[0] == {"__key__": "0001", "txt": "kept"}
 
 
@@ -132,7 +132,8 @@ def test_truncated_tar_loses_only_the_cut_sample_and_says_so(
     again = packer.convert(cut, tmp_path / "o2.npy", progress=False)
     assert list(packer.FieldDataset(again.dst).keys) == [f"{i:06d}" for i in range(5)]
     assert [s.reason for s in again.skipped] == [
-        "truncated tar: sample '000005' and any member after it lost"
+        "truncated archive (a member runs past the end): sample '000005' (it may lack later "
+        "fields) and anything after it lost"
     ]
     for i in range(len(ds)):  # every kept sample whole, none with a field missing
         sample = ds[i]
@@ -263,7 +264,9 @@ def test_a_damaged_header_ends_the_listing_with_its_reason(
     bad = tmp_path / "bad.tar"
     bad.write_bytes(bytes(data))
     result = packer.convert(bad, tmp_path / "o.lmdb", progress=False)
-    assert list(packer.FieldDataset(result.dst).keys) == ["000000"]  # 000001 cut: its last member
+    # the samples before the damaged header are whole and kept; what it hides is listed
+    assert list(packer.FieldDataset(result.dst).keys) == ["000000", "000001"]
     assert [s.reason for s in result.skipped] == [
-        "truncated tar: sample '000001' and any member after it lost"
+        f"not a header (bad header checksum) at byte {header:,}: the last {len(data) - header:,} "
+        "bytes are not read"
     ]

@@ -30,7 +30,7 @@ from packer.source.samples import (
     finish_scan,
     sample_of,
 )
-from packer.source.tar_headers import Member, read_members
+from packer.source.tar_headers import Listing, Member, list_tar
 
 __all__ = ["expand_braces", "looks_tars", "scan_tars", "tar_paths", "unique_names"]
 
@@ -181,69 +181,86 @@ def _member_problem(member: Member) -> str | None:
         return "member outside its tar's folder (..)"
     if member.kind in ("sym", "link"):
         return "linked member (symlink or hard link)"
+    if member.problem:
+        return member.problem
     if member.kind != "file":
         return "not a regular file"
     return None
 
 
-def _members(path: str, size: int, scan: FieldScan) -> tuple[list[tuple[str, str, Part]], str]:
-    """``[(key, field, part)]`` of one tar's usable members, and the key a truncation cut
-    (``""`` when the tar is whole)."""
+def _key_field(name: str) -> tuple[str, str | None]:
+    """A member's sample key and field (None: a name without a field)."""
+    folder, _, base = name.rpartition("/")
+    dot = base.find(".", 1)
+    key = (folder + "/" if folder else "") + (base[:dot] if dot > 0 else base)
+    return key, base[dot + 1 :].lower() if dot > 0 else None
+
+
+def _listing(path: str, scan: FieldScan) -> Listing | None:
+    """The listing of one tar, or None (the tar skipped with its reason)."""
     try:
-        members, stopped = read_members(path)
+        listing = list_tar(path)
     except OSError as exc:
         scan.skipped.append(SkippedInput(path, f"cannot read: {exc.strerror or exc}"))
-        return [], ""
-    if stopped is not None and not members:
-        scan.skipped.append(SkippedInput(path, f"not a readable tar: {stopped}"))
-        return [], ""
-    found: list[tuple[str, str, Part]] = []
+        return None
+    if listing.stopped is not None and not listing.members:
+        scan.skipped.append(SkippedInput(path, f"not a readable tar: {listing.stopped}"))
+        return None
+    return listing
+
+
+def _members(
+    path: str, listing: Listing, scan: FieldScan
+) -> tuple[list[tuple[str, Part]], dict[str, str], str]:
+    """``[(key, part)]`` of one tar's usable members, the keys whose sample is skipped whole
+    (one member unusable) with the reason, and the last key (the one a truncation cuts)."""
+    found: list[tuple[str, Part]] = []
+    bad: dict[str, str] = {}
     fields: set[str] = set()  # the field names already checked
     last_key = ""
-    for member in members:
+    for member in listing.members:
         if member.kind == "dir":
             continue
-        where = f"{path}:{member.name}"
-        folder, _, base = member.name.rpartition("/")
-        dot = base.find(".", 1)
-        key = (folder + "/" if folder else "") + (base[:dot] if dot > 0 else base)
+        key, field = _key_field(member.name)
         last_key = key
         problem = _member_problem(member)
-        if problem is None and dot < 0:
-            scan.ignored += 1
+        if field is None:
+            if problem is None:
+                scan.ignored += 1
+            else:
+                scan.skipped.append(SkippedInput(f"{path}:{member.name}", problem))
             continue
-        field = base[dot + 1 :].lower()
         if problem is None and field not in fields:
             try:
-                declare_fields([field], repr(where))
+                declare_fields([field], repr(f"{path}:{member.name}"))
                 fields.add(field)
             except SourceError as exc:
                 problem = str(exc)
         if problem is not None:
-            scan.skipped.append(SkippedInput(where, problem))
+            bad.setdefault(key, f"field {field!r} ({member.name}): {problem}")
             continue
-        if member.offset + member.size > size:
-            return found, key
-        found.append((key, field, Part(field, path, member.size, offset=member.offset)))
-    return found, last_key if stopped is not None else ""
+        found.append((key, Part(field, path, member.size, offset=member.offset)))
+    return found, bad, last_key
 
 
 def _samples(path: str, scan: FieldScan) -> list[FieldSample]:
-    """The samples of one tar, in the order of their first member."""
-    try:
-        size = os.stat(path).st_size
-    except OSError as exc:
-        scan.skipped.append(SkippedInput(path, f"cannot stat: {exc.strerror}"))
+    """The samples of one tar, in the order of their first member: a sample with an unusable
+    member skipped whole, the sample a truncation cuts skipped, an early end listed."""
+    listing = _listing(path, scan)
+    if listing is None:
         return []
-    members, cut = _members(path, size, scan)
-    if cut:
-        scan.skipped.append(
-            SkippedInput(path, f"truncated tar: sample {cut!r} and any member after it lost")
-        )
+    members, bad, last_key = _members(path, listing, scan)
+    cut = last_key if listing.cut else ""  # after a damaged header, what precedes is whole
+    if listing.stopped is not None:
+        lost = f": sample {cut!r} (it may lack later fields) and anything after it lost"
+        scan.skipped.append(SkippedInput(path, listing.stopped + (lost if cut else "")))
     by_key: dict[str, list[Part]] = {}
-    for key, _, part in members:
-        if key != cut:
+    for key, part in members:
+        if key != cut and key not in bad:
             by_key.setdefault(key, []).append(part)
+    for key, reason in bad.items():
+        if key != cut:
+            scan.skipped.append(SkippedInput(f"{path}:{key}.*", reason))
     found = (
         sample_of(k, f"{path}:{k}.*", parts, scan.skipped, "members") for k, parts in by_key.items()
     )
