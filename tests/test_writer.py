@@ -307,6 +307,8 @@ def test_destination_refusals(tmp_path: Path) -> None:
         packer.Writer(tmp_path / "out.bmp")
     with pytest.raises(packer.PackerError, match="unknown destination suffix"):
         packer.Writer(tmp_path / "out.zip")
+    with pytest.raises(packer.PackerError, match="URL .* is not supported yet"):
+        packer.Writer("s3://bucket/out.lmdb", storage_options={"anon": True})
     with pytest.raises(packer.PackerError, match="storage_options apply to a URL"):
         packer.Writer(tmp_path / "o.lmdb", storage_options={"anon": True})
     with pytest.raises(packer.PackerError, match="no sample was written"):
