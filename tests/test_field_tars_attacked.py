@@ -150,3 +150,22 @@ def test_a_linked_member_skips_its_sample_whole(tmp_path: Path) -> None:
     keys, skipped = _convert(tmp_path, {"b.tar": tar + END})
     assert keys == ["s0", "s2"]  # not s1 with its txt None
     assert "linked member" in skipped["b.tar:s1.*"]
+
+
+def test_a_linked_tar_leaving_the_folder_of_shards_is_skipped_unless_followed(
+    tmp_path: Path,
+) -> None:
+    outside = tmp_path / "elsewhere" / "secret.tar"
+    outside.parent.mkdir()
+    outside.write_bytes(_sample("x0") + END)
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / "a.tar").write_bytes(GOOD)
+    (folder / "b.tar").symlink_to(outside)
+    result = packer.convert(folder, tmp_path / "out.lmdb", progress=False)
+    assert list(packer.FieldDataset(result.dst).keys) == ["g1", "g2"]
+    reasons = {s.path: s.reason for s in result.skipped}
+    assert reasons[str(folder / "b.tar")].startswith("a link leading outside the source")
+    assert "--follow-links" in " ".join(result.notes)
+    followed = packer.convert(folder, tmp_path / "f.lmdb", progress=False, follow_links=True)
+    assert list(packer.FieldDataset(followed.dst).keys) == ["g1", "g2", "x0"]

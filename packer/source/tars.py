@@ -20,8 +20,9 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from packer.errors import SourceError
+from packer.errors import InputFileError, SourceError
 from packer.source.images import SkippedInput
+from packer.source.links import open_source_fd
 from packer.source.samples import (
     FieldSample,
     FieldScan,
@@ -30,7 +31,7 @@ from packer.source.samples import (
     finish_scan,
     sample_of,
 )
-from packer.source.tar_headers import Listing, Member, list_tar
+from packer.source.tar_headers import Listing, Member, list_fd, list_tar
 
 __all__ = ["expand_braces", "looks_tars", "scan_tars", "tar_paths", "unique_names"]
 
@@ -196,10 +197,26 @@ def _key_field(name: str) -> tuple[str, str | None]:
     return key, base[dot + 1 :].lower() if dot > 0 else None
 
 
-def _listing(path: str, scan: FieldScan) -> Listing | None:
+def _open_listing(path: str, root: str | None, follow_links: bool) -> Listing:
+    """The listing of tar ``path``; under a folder's real ``root`` opened by
+    :func:`packer.source.links.open_source_fd` (a link leaving it refused unless
+    ``follow_links``, checked on the opened descriptor)."""
+    if root is None:
+        return list_tar(path)
+    fd = open_source_fd(root, path, follow_links)
+    try:
+        return list_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def _listing(path: str, scan: FieldScan, root: str | None, follow: bool) -> Listing | None:
     """The listing of one tar, or None (the tar skipped with its reason)."""
     try:
-        listing = list_tar(path)
+        listing = _open_listing(path, root, follow)
+    except InputFileError as exc:
+        scan.skipped.append(SkippedInput(path, str(exc)))
+        return None
     except OSError as exc:
         scan.skipped.append(SkippedInput(path, f"cannot read: {exc.strerror or exc}"))
         return None
@@ -243,10 +260,10 @@ def _members(
     return found, bad, last_key
 
 
-def _samples(path: str, scan: FieldScan) -> list[FieldSample]:
+def _samples(path: str, scan: FieldScan, root: str | None, follow: bool) -> list[FieldSample]:
     """The samples of one tar, in the order of their first member: a sample with an unusable
     member skipped whole, the sample a truncation cuts skipped, an early end listed."""
-    listing = _listing(path, scan)
+    listing = _listing(path, scan, root, follow)
     if listing is None:
         return []
     members, bad, last_key = _members(path, listing, scan)
@@ -267,8 +284,12 @@ def _samples(path: str, scan: FieldScan) -> list[FieldSample]:
     return [sample for sample in found if sample is not None]
 
 
-def scan_tars(src: str | os.PathLike[str], required: list[str] | None = None) -> FieldScan:
-    """Scan WebDataset tar shards into an ordered :class:`FieldScan` (headers only).
+def scan_tars(
+    src: str | os.PathLike[str], required: list[str] | None = None, follow_links: bool = False
+) -> FieldScan:
+    """Scan WebDataset tar shards into an ordered :class:`FieldScan` (headers only). In a
+    folder of shards, a ``.tar`` linked to a file outside the folder is skipped with its reason
+    unless ``follow_links`` (a tar or pattern named by the caller is read wherever it is).
 
     Raises:
         SourceError: no shard, a missing or compressed shard, no sample in any shard, more than
@@ -280,8 +301,9 @@ def scan_tars(src: str | os.PathLike[str], required: list[str] | None = None) ->
     scan = FieldScan(root=root, kind="fields", classes=[], samples=[])
     scan.source_kind = "tars"
     samples: list[FieldSample] = []
+    folder = os.path.realpath(text) if Path(text).is_dir() else None
     for path in paths:
-        samples += _samples(path, scan)
+        samples += _samples(path, scan, folder, follow_links)
     if not samples:
         raise SourceError(
             f"{text!r} holds no sample (tar members sharing a key: 0001.jpg, 0001.txt)"

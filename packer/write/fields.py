@@ -58,7 +58,7 @@ def scan_fields(kind: str, src: Path, options: dict[str, Any]) -> FieldScan:
     if kind == "files":
         return scan_grouped(src, required)
     if kind == "tars":
-        return scan_tars(src, required)
+        return scan_tars(src, required, bool(options.get("follow_links")))
     if kind == "table":
         return scan_table(src, options.get("image_column"), required)
     if kind == "coco":

@@ -97,7 +97,7 @@ def prepare(
                 "--labels, --classes and splits apply to class-folder images, not to samples "
                 f"with fields (--kind {kind})"
             )
-        scanned = scan_fields(kind, src, options)
+        scanned = scan_fields(kind, src, {**options, "follow_links": follow_links})
         return _within_source(
             prepare_fields(scanned, fmt, check, limits, options), follow_links, limits
         )
