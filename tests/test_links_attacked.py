@@ -217,3 +217,11 @@ def test_a_fifo_swapped_in_after_the_scan_never_blocks(tmp_path: Path) -> None:
 
     result = packer.convert(src, tmp_path / "o.lmdb", progress=False, workers=1, on_event=swap)
     assert "not a regular file" in _reasons(result)["000001.*"]
+
+
+def test_links_checked_in_a_process_pool_too(grouped: Path, tmp_path: Path) -> None:
+    result = packer.convert(
+        grouped, tmp_path / "o.h5", progress=False, workers=2, check="decode"
+    )  # a decoding check: loaded in a process pool, the loader pickled
+    assert sum(OUTSIDE in s.reason for s in result.skipped) == 3
+    assert "top secret\n" not in _texts(tmp_path / "o.h5")

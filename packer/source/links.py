@@ -21,7 +21,7 @@ import errno
 import os
 import stat
 
-from packer.core.contained import check_relative, fstat_identity, open_beneath
+from packer.core.contained import fstat_identity, open_beneath
 from packer.errors import FormatError, InputFileError
 
 __all__ = [
@@ -74,10 +74,13 @@ def _located(fd: int, path: str) -> str | None:
 def _plain(root: str, path: str) -> int | None:
     """A descriptor of ``path`` opened beneath ``root`` with no link on its way, or None when
     that open is refused (a link, a missing file, a FIFO: the careful path tells which)."""
-    rel = os.path.relpath(os.path.abspath(path), root)
+    if not path.startswith(root):
+        path = os.path.abspath(path)
+    rel = path[len(root) + 1 :]
+    if not path.startswith(root) or path[len(root) : len(root) + 1] != "/":
+        return None
     try:
-        check_relative(rel)
-        return open_beneath(_root_fd(root), rel, root)
+        return open_beneath(_root_fd(root), rel, root)  # checks that ``rel`` is plain
     except (FormatError, OSError):
         return None
 
