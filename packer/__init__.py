@@ -47,7 +47,7 @@ _EXPORTS = {
     "open_video_dataset": "packer.read.open",
     "convert_to_url": "packer.upload.staging",
     "merge_to_url": "packer.upload.staging",
-    "Writer": "packer.write.writer",
+    "Writer": "packer.upload.url_writer",
     # old names: they resolve with a DeprecationWarning (and are not in __all__)
     "NpyDataset": "packer.read.datasets",
     "NpyVideoDataset": "packer.read.video_datasets",
@@ -117,7 +117,7 @@ if TYPE_CHECKING:
     from packer.tools.diagnose import LoaderReport, diagnose
     from packer.tools.worker_threads import worker_init_fn
     from packer.upload.staging import convert_to_url, merge_to_url
-    from packer.write.writer import Writer
+    from packer.upload.url_writer import Writer
 
 
 def __getattr__(name: str) -> Any:

@@ -307,8 +307,6 @@ def test_destination_refusals(tmp_path: Path) -> None:
         packer.Writer(tmp_path / "out.bmp")
     with pytest.raises(packer.PackerError, match="unknown destination suffix"):
         packer.Writer(tmp_path / "out.zip")
-    with pytest.raises(packer.PackerError, match="URL .* is not supported yet"):
-        packer.Writer("s3://bucket/out.lmdb", storage_options={"anon": True})
     with pytest.raises(packer.PackerError, match="storage_options apply to a URL"):
         packer.Writer(tmp_path / "o.lmdb", storage_options={"anon": True})
     with pytest.raises(packer.PackerError, match="no sample was written"):
@@ -413,3 +411,48 @@ def test_a_kill_9_mid_write_leaves_only_the_partial(tmp_path: Path) -> None:
         writer.write({"__key__": "new", "txt": "after the kill"})
     assert packer.open_dataset(path)[0]["txt"] == "after the kill"
     assert packer.verify(path, progress=False).problems == []
+
+
+BUCKET = "writer"  # the module's bucket on the S3 server (conftest)
+
+
+def test_a_writer_to_a_url_uploads_the_same_dataset(server: Any, tmp_path: Path) -> None:
+    url = f"s3://{BUCKET}/pairs.lmdb"
+    options = server.options
+    local = tmp_path / "local.lmdb"
+    for dst in (url, local):
+        with packer.Writer(
+            dst, shard_size=20_000, storage_options=options if dst == url else None,
+            **({"staging": tmp_path / "staging"} if dst == url else {}),
+        ) as writer:  # fmt: skip
+            for i in range(8):
+                writer.write(sample(i))
+    fs = server.filesystem()
+    root = url.split("://", 1)[1]
+    uploaded = {p[len(root) + 1 :]: fs.cat_file(p) for p in fs.find(url)}
+    on_disk = {p.name: p.read_bytes() for p in local.iterdir()}
+    assert sorted(uploaded) == sorted(on_disk) and len(uploaded) > 5
+    for name, data in on_disk.items():
+        if name != "packer.json":
+            assert uploaded[name] == data, name
+    remote = packer.open_dataset(url, storage_options=options, output="numpy")
+    assert remote[5]["txt"] == sample(5)["txt"]
+    assert packer.verify(url, storage_options=options, progress=False).problems == []
+    assert not any((tmp_path / "staging").iterdir())  # the staging folder is gone
+    with pytest.raises(packer.PackerError, match="already holds a packer dataset"):
+        packer.Writer(url, storage_options=options, staging=tmp_path / "staging")
+
+
+def test_a_failed_writer_to_a_url_leaves_no_dataset_there(server: Any, tmp_path: Path) -> None:
+    url = f"s3://{BUCKET}/failed.lmdb"
+    with pytest.raises(ZeroDivisionError):
+        with packer.Writer(
+            url, shard_size=2_000, storage_options=server.options, staging=tmp_path / "s"
+        ) as writer:
+            for i in range(6):
+                writer.write(sample(i))
+            1 / 0  # noqa: B018
+    names = [p.rsplit("/", 1)[-1] for p in server.filesystem().find(url)]
+    assert "packer.json" not in names
+    with pytest.raises(packer.PackerError):
+        packer.open_dataset(url, storage_options=server.options)
