@@ -9,35 +9,38 @@ captions of the image). The categories (``id``, ``name``, ``supercategory``) go 
 manifest, sorted by id.
 
 Skipped, each with its reason: an image whose file is missing or whose ``file_name`` is
-absolute or climbs out of the folder; an image one of whose annotations names a category the
-files do not list (its boxes would be wrong); an annotation naming an image the files do not
-list. Refused in one line: a file that is not COCO JSON, an image id listed twice with two
-file names, a category id with two names.
+absolute, climbs out of the folder, holds a NUL or a lone surrogate; an image one of whose
+annotations names a category the files do not list (its boxes would be wrong), has a caption
+that is not text or is panoptic; an image listed twice with other metadata; an annotation naming
+an image the files do not list; an annotation repeated in another file (kept once). Refused in
+one line: a file that is not COCO JSON (or not a regular file, or nested too deep), the same
+file twice, an image id listed twice with two file names, a category that is not an object, a
+category id outside 0..2**63-1 or with two names, an annotation id repeated with other content.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from packer.errors import SourceError
 from packer.source.images import SkippedInput, check_source_folder
-from packer.source.samples import FieldSample, FieldScan, Part, finish_scan
+from packer.source.json_bounded import INT64, dumps_utf8, loads_bounded, plain_text, read_regular
+from packer.source.samples import FieldSample, FieldScan, Part, finish_scan, why_none
 
 __all__ = ["scan_coco"]
 
+CATEGORY_KEYS = ("id", "name", "supercategory", "keypoints", "skeleton")  # what is recorded
 KINDS = {"image": "image", "meta": "json", "annotations": "json", "captions": "json"}
 
 
 def _load(path: str) -> dict[str, Any]:
     try:
-        with open(path, "rb") as handle:
-            data = json.load(handle)
+        data = loads_bounded(read_regular(path))
     except OSError as exc:
         raise SourceError(f"annotations {path!r} cannot be read: {exc.strerror or exc}") from exc
-    except (UnicodeDecodeError, ValueError) as exc:
+    except ValueError as exc:
         raise SourceError(f"annotations {path!r} is not JSON: {exc}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         raise SourceError(f"annotations {path!r} is not a COCO file (no 'images' list)")
@@ -45,6 +48,32 @@ def _load(path: str) -> dict[str, Any]:
         if not isinstance(data.get(name, []), list):
             raise SourceError(f"annotations {path!r}: {name!r} is not a list")
     return data
+
+
+def _is_id(value: Any) -> TypeGuard[int]:
+    """An id: an int (never a bool: ``true`` is not image 1)."""
+    return type(value) is int
+
+
+def _category(path: str, category: Any) -> tuple[int, dict[str, Any]]:
+    """A category entry's id and entry, checked as the manifest holds them."""
+    if not isinstance(category, dict):
+        raise SourceError(
+            f"annotations {path!r}: a category that is not an object: {category!r:.60}"
+        )
+    cid, name = category.get("id"), category.get("name")
+    if not _is_id(cid) or not isinstance(name, str):
+        raise SourceError(f"annotations {path!r}: a category without an integer id and name")
+    if not 0 <= cid <= INT64[1]:
+        raise SourceError(
+            f"annotations {path!r}: category id {cid} is outside 0..{INT64[1]} (a dataset "
+            "could not record it); renumber the categories"
+        )
+    try:
+        dumps_utf8(category, f"category {cid}")
+    except ValueError as exc:
+        raise SourceError(f"annotations {path!r}: {exc}") from None
+    return cid, category
 
 
 class _Merged:
@@ -56,60 +85,107 @@ class _Merged:
         self.categories: dict[int, dict[str, Any]] = {}
         self.annotations: dict[int, list[dict[str, Any]]] = {}
         self.captions: dict[int, list[str]] = {}
-        self.bad_category: dict[int, str] = {}
+        self.bad: dict[int, str] = {}  # image id -> why the image is skipped
+        self.notes: dict[tuple[str, int], tuple[str, dict[str, Any]]] = {}  # (kind, id) -> first
+        self.files: dict[tuple[int, int], str] = {}  # (device, inode) -> path given
         self.has_instances = False
         self.has_captions = False
         self.skipped = skipped
 
     def add(self, path: str) -> None:
+        self._once(path)
         data = _load(path)
         for image in data["images"]:
-            if not isinstance(image, dict) or not isinstance(image.get("id"), int):
-                raise SourceError(f"annotations {path!r}: an image without an integer 'id'")
-            if not isinstance(image.get("file_name"), str):
-                raise SourceError(f"annotations {path!r}: image {image['id']} has no file_name")
-            known = self.images.setdefault(image["id"], image)
-            if known["file_name"] != image["file_name"]:
-                raise SourceError(
-                    f"annotations {path!r}: image {image['id']} is {image['file_name']!r} here "
-                    f"and {known['file_name']!r} in another file"
-                )
+            self._image(path, image)
         for category in data.get("categories", []):
-            cid, name = category.get("id"), category.get("name")
-            if not isinstance(cid, int) or not isinstance(name, str):
-                raise SourceError(
-                    f"annotations {path!r}: a category without an integer id and name"
-                )
+            cid, category = _category(path, category)
             known = self.categories.setdefault(cid, category)
-            if known.get("name") != name:
+            if known.get("name") != category["name"]:
                 raise SourceError(
-                    f"annotations {path!r}: category {cid} is {name!r} here and "
+                    f"annotations {path!r}: category {cid} is {category['name']!r} here and "
                     f"{known.get('name')!r} in another file"
                 )
         for n, note in enumerate(data.get("annotations", [])):
             self._note(path, n, note)
 
+    def _once(self, path: str) -> None:
+        try:
+            info = os.stat(path)
+        except (OSError, ValueError):
+            return  # _load says why
+        given = self.files.get((info.st_dev, info.st_ino))
+        self.files[(info.st_dev, info.st_ino)] = path
+        if given is not None:
+            raise SourceError(
+                f"annotations {path!r} is given twice (also as {given!r}): name each file once"
+            )
+
+    def _image(self, path: str, image: Any) -> None:
+        if not isinstance(image, dict) or not _is_id(image.get("id")):
+            raise SourceError(f"annotations {path!r}: an image without an integer 'id'")
+        if not isinstance(image.get("file_name"), str):
+            raise SourceError(f"annotations {path!r}: image {image['id']} has no file_name")
+        known = self.images.setdefault(image["id"], image)
+        if known["file_name"] != image["file_name"]:
+            raise SourceError(
+                f"annotations {path!r}: image {image['id']} is {image['file_name']!r} here "
+                f"and {known['file_name']!r} in another file"
+            )
+        if known != image:
+            self.bad.setdefault(
+                image["id"], f"image {image['id']} is listed twice with different entries"
+            )
+
     def _note(self, path: str, n: int, note: Any) -> None:
         image_id = note.get("image_id") if isinstance(note, dict) else None
         where = f"{path}: annotation {note.get('id', n) if isinstance(note, dict) else n}"
-        if image_id not in self.images:
-            self.skipped.append(SkippedInput(where, f"names image {image_id!r}, not listed"))
+        if not _is_id(image_id) or image_id not in self.images:
+            self.skipped.append(SkippedInput(where, f"names image {image_id!r:.60}, not listed"))
             return
-        if "caption" in note and "category_id" not in note:
+        kind = "caption" if "caption" in note and "category_id" not in note else "instance"
+        if self._repeated(path, where, kind, note):
+            return
+        if "segments_info" in note and "category_id" not in note:
+            self.bad.setdefault(image_id, "a panoptic annotation (segments_info): not supported")
+        if kind == "caption":
             self.has_captions = True
-            self.captions.setdefault(image_id, []).append(str(note["caption"]))
+            if not isinstance(note["caption"], str):
+                self.bad.setdefault(
+                    image_id, f"annotation {note.get('id')!r:.40}: a caption that is not text"
+                )
+            self.captions.setdefault(image_id, []).append(note["caption"])
             return
         self.has_instances = True
         self.annotations.setdefault(image_id, []).append(note)
+
+    def _repeated(self, path: str, where: str, kind: str, note: dict[str, Any]) -> bool:
+        """Whether ``note`` repeats one already read (dropped, listed); a different one under
+        the same id is refused."""
+        if not _is_id(note.get("id")):
+            return False
+        first = self.notes.setdefault((kind, note["id"]), (path, note))
+        if first[1] is note:
+            return False
+        if first[1] != note:
+            raise SourceError(
+                f"annotations {path!r}: {kind} annotation {note['id']} differs from the one "
+                f"with that id in {first[0]!r}; ids must be unique"
+            )
+        self.skipped.append(
+            SkippedInput(where, f"the same annotation as in {first[0]!r}: kept once")
+        )
+        return True
 
     def check_categories(self) -> None:
         """Mark every image one of whose annotations names an unlisted category."""
         for image_id, notes in self.annotations.items():
             for note in notes:
-                if note.get("category_id") not in self.categories:
-                    self.bad_category[image_id] = (
-                        f"annotation {note.get('id')!r} names category "
-                        f"{note.get('category_id')!r}, which the files do not list"
+                cid = note.get("category_id")
+                if not _is_id(cid) or cid not in self.categories:
+                    self.bad.setdefault(
+                        image_id,
+                        f"annotation {note.get('id')!r:.40} names category {cid!r:.40}, which "
+                        "the files do not list",
                     )
                     break
 
@@ -117,10 +193,14 @@ class _Merged:
 def _sample(root: str, image: dict[str, Any], merged: _Merged, source: str) -> FieldSample | str:
     """The sample of one image, or why it is skipped."""
     name = image["file_name"]
+    try:
+        plain_text(name, "file_name")
+    except ValueError as exc:
+        return str(exc)
     if os.path.isabs(name) or ".." in Path(name).parts:
         return f"file_name {name!r} is outside the image folder"
-    if image["id"] in merged.bad_category:
-        return merged.bad_category[image["id"]]
+    if image["id"] in merged.bad:
+        return merged.bad[image["id"]]
     path = os.path.join(root, name)
     try:
         size = os.stat(path).st_size
@@ -133,7 +213,10 @@ def _sample(root: str, image: dict[str, Any], merged: _Merged, source: str) -> F
         values["captions"] = merged.captions.get(image["id"], [])
     parts = [Part("image", path, size)]
     for field, value in values.items():
-        data = json.dumps(value, ensure_ascii=False).encode()
+        try:
+            data = dumps_utf8(value, f"its {field}")
+        except ValueError as exc:
+            return str(exc)
         parts.append(Part(field, source, len(data), data=data))
     key = os.path.splitext(name)[0]
     total = sum(p.size for p in parts)
@@ -168,11 +251,12 @@ def scan_coco(
         else:
             samples.append(got)
     if not samples:
-        raise SourceError(f"no image the annotations list was found in {str(root)!r}")
+        raise SourceError(f"no usable image in {str(root)!r}: {why_none(scan.skipped)}")
     scan.recorded = {
         "categories": [
-            {k: c.get(k) for k in ("id", "name", "supercategory") if k in c}
+            {k: c.get(k) for k in CATEGORY_KEYS if k in c}
             for _, c in sorted(merged.categories.items())
         ]
     }
+    scan.inputs = [os.fspath(p) for p in annotations]
     return finish_scan(scan, samples, required, repr(str(root)), KINDS)

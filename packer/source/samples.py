@@ -9,6 +9,7 @@ sample as one record per field of the :class:`FieldScan`'s ``fields``, in their 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "fold_case_duplicates",
     "keep_required",
     "sample_of",
+    "why_none",
 ]
 
 
@@ -65,9 +67,27 @@ class FieldScan(Scan):
     fields: list[FieldSpec] = field(default_factory=list)
     recorded: dict[str, Any] = field(default_factory=dict)
     source_kind: str = ""
+    inputs: list[str] = field(default_factory=list)  # files every sample depends on (COCO JSON)
 
     def describe(self) -> dict[str, Any]:
         return {"root": self.root, "files": len(self.samples), "bytes": self.total_bytes}
+
+
+def why_none(skipped: list[SkippedInput], shown: int = 3) -> str:
+    """Why a source gave no sample: how many inputs were skipped, by reason (quoted names and
+    numbers folded), the commonest first, each with its first example."""
+    if not skipped:
+        return "it lists none"
+    groups: dict[str, list[SkippedInput]] = {}
+    for item in skipped:
+        groups.setdefault(_FOLD.sub("…", item.reason), []).append(item)
+    ranked = sorted(groups.values(), key=len, reverse=True)
+    parts = [f"{len(g)} × {g[0].reason} ({g[0].path})" for g in ranked[:shown]]
+    more = f"; {len(ranked) - shown} other reasons" if len(ranked) > shown else ""
+    return f"{len(skipped)} skipped: " + "; ".join(parts) + more
+
+
+_FOLD = re.compile(r"'[^']*'|\"[^\"]*\"|\d+")
 
 
 def declare_fields(

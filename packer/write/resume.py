@@ -81,6 +81,12 @@ def _mtimes(sample: Any) -> list[int]:
     return stamps
 
 
+def _stamp(path: str) -> list[int]:
+    """A file every sample depends on (a COCO annotations file): its size and mtime_ns."""
+    info = os.stat(path)  # the scan has just read it
+    return [info.st_size, info.st_mtime_ns]
+
+
 def fingerprint(source: Any, fmt_name: str, options: dict[str, Any]) -> dict[str, Any]:
     """What the output bytes depend on: the format, options and every input's key, size and
     modification time (``mtime_ns``: a file rewritten in place with the same size differs).
@@ -93,7 +99,10 @@ def fingerprint(source: Any, fmt_name: str, options: dict[str, Any]) -> dict[str
         newest = max(newest, *stamps)
         line = f"{s.key}\t{s.label}\t{s.size}\t{','.join(map(str, stamps))}\n"
         digest.update(line.encode("utf-8", "surrogateescape"))
+    stamps_of = {p: _stamp(p) for p in getattr(source, "inputs", [])}
+    extra = {"side_inputs": stamps_of} if stamps_of else {}
     return {
+        **extra,
         "format": fmt_name,
         "options": options,
         "root": source.root,
@@ -128,6 +137,10 @@ INPUTS_CHANGED = "some input files were renamed, replaced, or changed size or mo
 def describe_change(old: dict[str, Any], new: dict[str, Any]) -> str | None:
     """Say what differs between two fingerprints, or None if nothing does."""
     changes = []
+    before, after = old.get("side_inputs") or {}, new.get("side_inputs") or {}
+    for path in sorted(set(before) | set(after)):
+        if before.get(path) != after.get(path):
+            changes.append(f"annotations {path!r} changed since the interrupted conversion began")
     for name in ("format", "root", "classes", "files", "bytes"):
         if old.get(name) != new.get(name):
             changes.append(f"{name} {old.get(name)!r} → {new.get(name)!r}")
