@@ -225,3 +225,13 @@ def test_links_checked_in_a_process_pool_too(grouped: Path, tmp_path: Path) -> N
     )  # a decoding check: loaded in a process pool, the loader pickled
     assert sum(OUTSIDE in s.reason for s in result.skipped) == 3
     assert "top secret\n" not in _texts(tmp_path / "o.h5")
+
+
+def test_a_source_that_is_itself_a_loop_says_so(tmp_path: Path) -> None:
+    os.symlink("src", tmp_path / "src")
+    shown = CliRunner().invoke(main, ["convert", str(tmp_path / "src"), str(tmp_path / "o.lmdb")])
+    assert shown.exit_code != 0 and "symbolic link loop" in shown.output, shown.output
+    os.symlink("dst.lmdb", tmp_path / "dst.lmdb")
+    (tmp_path / "ok").mkdir()
+    shown = CliRunner().invoke(main, ["convert", str(tmp_path / "ok"), str(tmp_path / "dst.lmdb")])
+    assert shown.exit_code != 0 and "symbolic link loop" in shown.output, shown.output

@@ -104,6 +104,11 @@ def is_video_name(name: str) -> bool:
 def check_source_folder(root: Path) -> None:
     """Raise SourceError unless ``root`` is an existing folder."""
     if not root.exists():
+        if root.is_symlink():
+            raise SourceError(
+                f"source {str(root)!r} is a symbolic link to nothing (dangling, or a loop); "
+                "give the folder it should name"
+            )
         raise SourceError(f"source {str(root)!r} does not exist")
     if not root.is_dir():
         raise SourceError(

@@ -23,7 +23,7 @@ from typing import Any
 from packer.core.cpus import available_cpus
 from packer.core.sizes import parse_size
 from packer.decode.check import DEFAULT_CHECK, DEFAULT_MAX_PIXELS
-from packer.errors import InputFileError, PackerError
+from packer.errors import DestinationError, InputFileError, PackerError, SourceError
 from packer.formats import by_name, default_layout, format_for
 from packer.remote.fetch import fetch_tars
 from packer.remote.storage import is_url
@@ -223,6 +223,8 @@ def plan_conversion(
     elif source_options:
         raise PackerError(f"source_options apply to a URL source, not the path {str(src)!r}")
     src_path, dst_path = Path(src), Path(os.fspath(dst).rstrip("/") or "/")
+    _check_resolvable(src_path, "source", SourceError)
+    _check_resolvable(dst_path, "destination", DestinationError)
     fmt = by_name(format) if format else format_for(dst_path)
     if workers is not None and workers < 1:
         raise PackerError(f"invalid workers {workers}; expected 1 or more")
@@ -268,6 +270,17 @@ def plan_conversion(
     if wanted:
         return _plan_splits(plan, found, wanted, labels)
     return _plan_folder(plan, labels)
+
+
+def _check_resolvable(path: Path, what: str, error: type[PackerError]) -> None:
+    """Refuse a path whose links loop (``src -> src``): nothing could be read or written."""
+    try:
+        path.resolve()
+    except (RuntimeError, OSError) as exc:  # Python 3.11's resolve: RuntimeError on a loop
+        raise error(
+            f"{what} {str(path)!r} cannot be resolved: a symbolic link loop on its way ({exc}); "
+            f"give the folder it should name"
+        ) from exc
 
 
 def _prepare_split(plan: ConversionPlan) -> functools.partial[Prepared]:
