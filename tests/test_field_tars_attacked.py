@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import tarfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -169,3 +171,68 @@ def test_a_linked_tar_leaving_the_folder_of_shards_is_skipped_unless_followed(
     assert "--follow-links" in " ".join(result.notes)
     followed = packer.convert(folder, tmp_path / "f.lmdb", progress=False, follow_links=True)
     assert list(packer.FieldDataset(followed.dst).keys) == ["g1", "g2", "x0"]
+
+
+class _Shards(BaseHTTPRequestHandler):
+    """Range requests over ``files`` (name -> bytes), one validator header as ``validator`` says."""
+
+    files: dict[str, bytes] = {}
+    validator = "ETag"
+    version = 1
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _head(self) -> bytes | None:
+        data = self.files.get(self.path.lstrip("/"))
+        if data is None:
+            self.send_error(404)
+            return None
+        start, stop = 0, len(data)
+        ranged = self.headers.get("Range", "")
+        if ranged.startswith("bytes="):
+            first, _, last = ranged[6:].partition("-")
+            start, stop = int(first), min(len(data), int(last) + 1 if last else len(data))
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{len(data)}")
+        else:
+            self.send_response(200)
+        self.send_header("Content-Length", str(stop - start))
+        self.send_header("Accept-Ranges", "bytes")
+        if self.validator == "ETag":
+            self.send_header("ETag", f'"v{self.version}"')
+        else:
+            self.send_header("Last-Modified", f"Mon, 07 Dec 2026 0{self.version}:00:00 GMT")
+        self.end_headers()
+        return data[start:stop]
+
+    def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
+        self._head()
+
+    def do_GET(self) -> None:  # noqa: N802
+        data = self._head()
+        if data is not None:
+            self.wfile.write(data)
+
+
+@pytest.mark.parametrize("validator", ["ETag", "Last-Modified"])
+def test_an_http_shard_replaced_with_the_same_size_is_fetched_anew(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, validator: str
+) -> None:
+    """W8: the fetch cache keeps an HTTP(S) shard's ETag or Last-Modified, not its size alone."""
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
+    handler = type("Handler", (_Shards,), {"files": {}, "validator": validator})
+    handler.files["a.tar"] = _member("s0.txt", b"old!") + END
+    served = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=served.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{served.server_address[1]}/a.tar"
+        first = packer.convert(url, tmp_path / "one.lmdb", progress=False)
+        assert packer.FieldDataset(first.dst, output="bytes")[0]["txt"] == b"old!"
+        handler.files["a.tar"] = _member("s0.txt", b"new!") + END  # the same size
+        handler.version = 2
+        again = packer.convert(url, tmp_path / "two.lmdb", progress=False)
+        assert packer.FieldDataset(again.dst, output="bytes")[0]["txt"] == b"new!"
+    finally:
+        served.shutdown()
+        served.server_close()

@@ -22,7 +22,7 @@ from typing import Any
 from packer.core.cpus import packer_home
 from packer.errors import PackerError, SourceError
 from packer.remote.storage import RemoteFolder
-from packer.source.tars import COMPRESSED, expand_braces, unique_names
+from packer.source.tars import COMPRESSED, expand_braces, shard_tag, unique_names
 
 __all__ = ["fetch_tars", "source_folder"]
 
@@ -71,7 +71,7 @@ def _fetch(remote: RemoteFolder, name: str, size: int, path: Path) -> None:
     """Download object ``name`` (``size`` bytes) to ``path`` unless the copy there is of this
     same object (size and ETag, when the store gives one) and still holds the bytes it was
     fetched with (xxh3, recorded beside it)."""
-    tag = remote.identity.get(name, (size, None))[1]
+    tag = shard_tag(remote, name, size)  # ETag; for HTTP(S) ETag or Last-Modified (a HEAD)
     record = path.with_name(f".{path.name}.fetched.json")
     try:
         kept = json.loads(record.read_text())

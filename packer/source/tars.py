@@ -19,6 +19,7 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from packer.errors import InputFileError, SourceError
 from packer.source.images import SkippedInput
@@ -33,11 +34,20 @@ from packer.source.samples import (
 )
 from packer.source.tar_headers import Listing, Member, list_fd, list_tar
 
-__all__ = ["expand_braces", "looks_tars", "scan_tars", "tar_paths", "unique_names"]
+__all__ = [
+    "HTTP_VALIDATORS",
+    "expand_braces",
+    "looks_tars",
+    "scan_tars",
+    "shard_tag",
+    "tar_paths",
+    "unique_names",
+]
 
 _RANGE = re.compile(r"^(\d+)\.\.(\d+)$")
 MAX_SHARDS = 1_000_000
 COMPRESSED = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
+HTTP_VALIDATORS = ("ETag", "Content-MD5", "Digest", "Last-Modified")  # a shard's tag, in order
 
 
 def _closing(pattern: str, start: int) -> int:
@@ -127,6 +137,25 @@ def unique_names(names: list[str], same: Callable[[str], str] = str) -> list[str
             seen.add(same(name))
             out.append(name)
     return out
+
+
+def shard_tag(remote: Any, name: str, size: int) -> str | None:
+    """What tells tar shard ``name`` of ``remote`` (a :class:`packer.remote.storage.RemoteFolder`)
+    from another object of the same size, for the fetch cache: its listed ETag; for HTTP(S),
+    one HEAD's first validator (``"Last-Modified: ..."``, kept by fsspec's ``info()``); None
+    when the server gives none. A shard replaced at the server is then fetched anew, and the
+    new copy's time changes the ``--resume`` fingerprint.
+
+    Raises:
+        PackerError: the server cannot be reached (after retries).
+    """
+    tag: str | None = remote.identity.get(name, (size, None))[1]
+    if tag is not None or remote.url.split("://", 1)[0] not in ("http", "https"):
+        return tag
+    url, fs = remote.url_of(name), remote.fs()
+    info = remote.call(url, lambda: fs.info(url, **remote.limit(0)))
+    found = [f"{field}: {info[field]}" for field in HTTP_VALIDATORS if info.get(field)]
+    return found[0] if found else None
 
 
 def looks_tars(src: str | os.PathLike[str]) -> bool:
