@@ -201,7 +201,7 @@ class _Shards(BaseHTTPRequestHandler):
         self.send_header("Accept-Ranges", "bytes")
         if self.validator == "ETag":
             self.send_header("ETag", f'"v{self.version}"')
-        else:
+        elif self.validator == "Last-Modified":
             self.send_header("Last-Modified", f"Mon, 07 Dec 2026 0{self.version}:00:00 GMT")
         self.end_headers()
         return data[start:stop]
@@ -215,11 +215,12 @@ class _Shards(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
 
-@pytest.mark.parametrize("validator", ["ETag", "Last-Modified"])
+@pytest.mark.parametrize("validator", ["ETag", "Last-Modified", "none"])
 def test_an_http_shard_replaced_with_the_same_size_is_fetched_anew(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, validator: str
 ) -> None:
-    """W8: the fetch cache keeps an HTTP(S) shard's ETag or Last-Modified, not its size alone."""
+    """W8: the fetch cache keeps an HTTP(S) shard's ETag or Last-Modified, else its bytes'
+    digest, not its size alone; an unchanged shard's copy is kept (its time too: --resume)."""
     monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
     handler = type("Handler", (_Shards,), {"files": {}, "validator": validator})
     handler.files["a.tar"] = _member("s0.txt", b"old!") + END
@@ -229,6 +230,10 @@ def test_an_http_shard_replaced_with_the_same_size_is_fetched_anew(
         url = f"http://127.0.0.1:{served.server_address[1]}/a.tar"
         first = packer.convert(url, tmp_path / "one.lmdb", progress=False)
         assert packer.FieldDataset(first.dst, output="bytes")[0]["txt"] == b"old!"
+        (copy,) = (tmp_path / "cache").rglob("*-a.tar")
+        kept = copy.stat().st_mtime_ns
+        packer.convert(url, tmp_path / "same.lmdb", progress=False)
+        assert copy.stat().st_mtime_ns == kept  # not fetched again
         handler.files["a.tar"] = _member("s0.txt", b"new!") + END  # the same size
         handler.version = 2
         again = packer.convert(url, tmp_path / "two.lmdb", progress=False)

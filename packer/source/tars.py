@@ -142,8 +142,8 @@ def unique_names(names: list[str], same: Callable[[str], str] = str) -> list[str
 def shard_tag(remote: Any, name: str, size: int) -> str | None:
     """What tells tar shard ``name`` of ``remote`` (a :class:`packer.remote.storage.RemoteFolder`)
     from another object of the same size, for the fetch cache: its listed ETag; for HTTP(S),
-    one HEAD's first validator (``"Last-Modified: ..."``, kept by fsspec's ``info()``); None
-    when the server gives none. A shard replaced at the server is then fetched anew, and the
+    one HEAD's first validator (``"Last-Modified: ..."``, kept by fsspec's ``info()``), else
+    the digest of its bytes (``"xxh3: ..."``). A shard replaced at the server is then fetched anew, and the
     new copy's time changes the ``--resume`` fingerprint.
 
     Raises:
@@ -155,7 +155,18 @@ def shard_tag(remote: Any, name: str, size: int) -> str | None:
     url, fs = remote.url_of(name), remote.fs()
     info = remote.call(url, lambda: fs.info(url, **remote.limit(0)))
     found = [f"{field}: {info[field]}" for field in HTTP_VALIDATORS if info.get(field)]
-    return found[0] if found else None
+    return found[0] if found else _content_tag(remote, name, size)
+
+
+def _content_tag(remote: Any, name: str, size: int, chunk: int = 8 << 20) -> str:
+    """The xxh3_64 of an object's bytes, read by ranged GETs: the tag of a shard whose server
+    gives no validator (it costs one read of the shard; a copy of the same bytes is kept)."""
+    import xxhash
+
+    digest = xxhash.xxh3_64()
+    for start in range(0, size, chunk):
+        digest.update(remote.read_runs([name], [start], [min(size, start + chunk)])[0])
+    return f"xxh3: {digest.hexdigest()}"
 
 
 def looks_tars(src: str | os.PathLike[str]) -> bool:
