@@ -83,8 +83,8 @@ class Writer:
         shard_size: roll to a new shard past this many bytes (``"256MB"``, an int); also the
             most the writer holds in memory.
         overwrite: replace an existing dataset at ``dst`` (only once the new one is complete).
-        storage_options: for a URL ``dst``, which is refused for now (a Writer writes a local
-            folder).
+        storage_options: for a URL ``dst``, which ``packer.Writer``
+            (:class:`packer.upload.url_writer.Writer`) writes.
         jpeg_quality: the quality pixels are encoded at in a ``jpg``/``jpeg`` field (1-100).
         progress: show a tqdm bar of the samples written.
 
@@ -106,9 +106,8 @@ class Writer:
     ) -> None:
         if is_url(dst):
             raise DestinationError(
-                f"packer.Writer writes a local folder; writing to the URL {dst!r} is not "
-                "supported yet: write a local dataset, or convert key-grouped files to the URL "
-                "with packer.convert_to_url"
+                f"this Writer writes a local folder, not the URL {dst!r}: use packer.Writer "
+                "(packer.upload.url_writer.Writer), which stages and uploads it"
             )
         if storage_options:
             raise PackerError(f"storage_options apply to a URL, not the path {os.fspath(dst)!r}")
