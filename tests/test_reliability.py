@@ -115,8 +115,14 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_disk_full_keeps_a_resumable_partial(
-    tree_files: Any, tree: DemoTree, tmp_path: Path, small_disk: Path, suffix: str
+    tree_files: Any,
+    tree: DemoTree,
+    tmp_path: Path,
+    small_disk: Path,
+    suffix: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    _past_the_preflight_check(monkeypatch)
     reference = tmp_path / f"ref{suffix}"
     packer.convert(tree.root, reference, shard_size="10kB", workers=1, progress=False)
     dst = small_disk / f"out{suffix}"
@@ -208,11 +214,18 @@ def _needed(message: str) -> int:
     return parse_size(match.group(1).replace(" ", ""))
 
 
+def _past_the_preflight_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let the conversion start on a disk too small for it, to reach the mid-write guard (the
+    pre-flight check has its own tests: tests/test_first_day2_disk_space.py)."""
+    monkeypatch.setattr("packer.write.convert.check_room", lambda *args, **kwargs: None)
+
+
 def test_disk_full_states_a_need_that_covers_the_real_one(
-    tree: DemoTree, tmp_path: Path, small_disk: Path
+    tree: DemoTree, tmp_path: Path, small_disk: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """BMP writes decoded pixels (~4× its JPEGs here): the need is estimated from the bytes
     written per input byte, not from the inputs' size."""
+    _past_the_preflight_check(monkeypatch)
     reference = tmp_path / "ref.bmp"
     packer.convert(tree.root, reference, shard_size="10kB", workers=1, progress=False)
     subprocess.run(["mount", "-o", "remount,size=80k", str(small_disk)], check=True)

@@ -137,7 +137,11 @@ def _staged(
                 "choose another with --staging DIR"
             )
         if not mark.is_file():
-            mark.write_text(json.dumps({"url": url.rstrip("/")}) + "\n", encoding="utf-8")
+            try:
+                mark.write_text(json.dumps({"url": url.rstrip("/")}) + "\n", encoding="utf-8")
+            except OSError as exc:  # a disk already full: the staging error, not a bare one
+                mark.unlink(missing_ok=True)
+                raise _staging_full(DestinationError(f"disk full: {exc}"), url) from exc
         yield folder
     finally:
         if alone and {e.name for e in folder.iterdir()} <= {_LOCK, _MARK}:  # done, or refused
@@ -217,7 +221,9 @@ def _remove(path: Path) -> None:
 def _staging_full(exc: DestinationError, url: str) -> DestinationError:
     """A full disk while staging: the same message, saying where staging is and how to move it."""
     return DestinationError(
-        f"{exc} (this is the local staging folder of the upload to {url!r}: choose a disk "
+        f"{exc} (this is the local staging folder of the upload to {url!r}; the space needed "
+        "there is --staging-limit plus two shards, the whole output with --keep-staging: "
+        "choose a disk "
         "with room with --staging DIR, or lower --staging-limit, then run the same command "
         "with --resume)"
     )
@@ -286,7 +292,7 @@ def convert_to_url(
         try:
             result = convert(src, local, resume=resume, progress=progress, part=part, **kwargs)
         except DestinationError as exc:
-            if str(exc).startswith("disk full"):
+            if str(exc).startswith(("disk full", "not enough space")):
                 raise _staging_full(exc, url) from exc
             raise
         else:

@@ -40,7 +40,8 @@ def _run(plan: ConversionPlan, fp: dict, resume: bool) -> Manifest:
     manifest; a full disk or a failed write is a :class:`DestinationError`."""
     job, partial, part = plan.job(), plan.partial, plan.part
     progress = Progress(partial)
-    check_room(partial, plan.format, job.source, plan.options, resume)
+    if plan.after_shard is None:  # else shards leave as they finish (an upload's staging)
+        check_room(partial, plan.format, job.source, plan.options, resume)
     try:
         if resume and partial.is_dir():
             done = progress.resume(fp, job.source)

@@ -24,6 +24,7 @@ the lock; nothing is left for the user to delete.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import time
@@ -294,7 +295,12 @@ class DestinationLock:
         else:
             raise busy_error(self.dst, "?")
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:  # a full disk: the lock holds without the holder's pid; the
+            if exc.errno != errno.ENOSPC:  # conversion's own check then says what is needed
+                os.close(fd)
+                raise DestinationError(f"cannot write {str(self.path)!r}: {exc}") from exc
         self.fd = fd
         _HELD.add(str(self.path))
         return self

@@ -5,6 +5,14 @@ The remaining need is not the source's size minus what was written: a format tha
 come last. So the data still to write is estimated at the ratio of bytes written per input
 byte in the finished shards, plus the tables not yet written; the message says it is an estimate
 and how it was made.
+
+Before a conversion starts, :func:`check_room` estimates the whole output from the plan (per
+format: LMDB rounds each value above half a page up to whole overflow pages; NPY and HDF5 store
+the inputs' bytes; BMP stores pixels, read from a sample of the inputs' headers; every file
+rounds up to the destination's block) and refuses a destination without that much free space.
+Measured within ±20 % of the space a conversion takes (``tests/test_first_day2_disk_space.py``).
+A write-time resize or re-encode (``--max-side``, ``--size``, ...) cannot be estimated: no
+pre-flight check then, only the error on a full disk.
 """
 
 from __future__ import annotations
@@ -20,7 +28,11 @@ from packer.core.tablefile import temp_name
 from packer.errors import DestinationError
 from packer.write.resume import Progress
 
-__all__ = ["disk_full_error", "estimate_need"]
+__all__ = ["check_room", "disk_full_error", "estimate_need", "estimate_output"]
+
+_RESIZING = ("quality", "max_side", "short_side", "reencode", "size")
+_PAGE = 4096  # LMDB's page (the OS page size on Linux x86/arm)
+_HEADERS_READ = 32  # BMP: image headers read to tell the pixels-per-input-byte ratio
 
 _TABLES = frozenset(  # every name a table or the manifest has, finished or being written
     n for t in (INDEX_NAME, RECORDS_NAME, KEYS_NAME, MANIFEST_NAME) for n in (t, temp_name(t))
@@ -45,12 +57,27 @@ def _written(partial: Path) -> tuple[int, int]:
     return data, tables
 
 
-def estimate_need(partial: Path, source: Any) -> tuple[int, str]:
+def estimate_need(
+    partial: Path, source: Any, fmt: str | None = None, options: dict[str, Any] | None = None
+) -> tuple[int, str]:
     """How many more bytes ``partial`` needs to be complete, and how that was estimated: the
     data still to write at the ratio of bytes written per input byte in the finished shards
     (BMP writes pixels: ~10× its JPEG inputs), plus the tables (16 bytes a sample, 24 a
     record, the keys, ~4 kB of manifest) not yet written. Without a finished shard, the source's
     size stands for the data (said so: a transcoding format needs more)."""
+    whole = None
+    if fmt is not None:
+        try:
+            block = os.statvfs(partial.parent).f_frsize or 4096
+        except OSError:
+            block = 4096
+        whole = estimate_output(fmt, source, options or {}, block)
+    if whole is not None:
+        written = sum(_written(partial)) if partial.is_dir() else 0
+        return max(whole - written, 0), (
+            f"an estimate for {fmt} from the source's {len(source.samples)} input(s), less "
+            f"the {format_size(written)} already written"
+        )
     done = Progress(partial).finished()
     keys = {k for c in done for k in c.keys}
     dropped = {s["path"] for c in done for s in c.skipped}
@@ -77,11 +104,96 @@ def estimate_need(partial: Path, source: Any) -> tuple[int, str]:
     )
 
 
-def disk_full_error(partial: Path, source: Any) -> DestinationError:
+def _lmdb_value(size: int) -> int:
+    """Bytes an LMDB value takes: above half a page, whole overflow pages; else a node."""
+    if size + 16 > _PAGE // 2:
+        return -(-(size + 16) // _PAGE) * _PAGE
+    return size + 24
+
+
+def _bmp_ratio(samples: list[Any]) -> float | None:
+    """BMP bytes per input byte over up to ``_HEADERS_READ`` inputs spread over the source
+    (their headers only), or None when none can be read."""
+    from PIL import Image
+
+    step = max(len(samples) // _HEADERS_READ, 1)
+    pixels = inputs = 0
+    for sample in samples[::step][:_HEADERS_READ]:
+        try:
+            with Image.open(sample.path) as image:
+                width, height = image.size
+        except Exception:  # noqa: BLE001 - any unreadable header (a bomb, a truncation) is skipped
+            continue
+        pixels += 54 + (width * 3 + 3) // 4 * 4 * height
+        inputs += max(int(sample.size), 1)
+    return pixels / inputs if inputs else None
+
+
+def estimate_output(fmt: str, source: Any, options: dict[str, Any], block: int) -> int | None:
+    """The bytes a conversion of ``source`` into format ``fmt`` will take on a file system of
+    ``block``-byte blocks (see the module docstring), or None where it cannot be told."""
+    if source.kind not in ("image", "fields") or any(options.get(k) for k in _RESIZING):
+        return None
+    samples = list(source.samples)
+    sizes = [int(getattr(s, "size", 0)) for s in samples]
+    n = len(samples)
+    tables = 16 * n + 24 * n + sum(len(os.fsencode(s.key)) + 1 for s in samples) + 4096
+    tables += 4 * block  # the tables' and manifest's files round up to a block each
+    if fmt == "lmdb":
+        return sum(_lmdb_value(size) for size in sizes) + 24 * n + 8 * _PAGE + tables
+    if fmt in ("npy", "hdf5"):
+        return sum(sizes) + 4 * block + tables
+    if fmt == "bmp":
+        ratio = _bmp_ratio(samples) if source.kind == "image" else None
+        if ratio is None:
+            return None
+        per_file = [-(-int(size * ratio) // block) * block for size in sizes]
+        return sum(per_file) + tables
+    return None
+
+
+def check_room(
+    partial: Path, fmt: str, source: Any, options: dict[str, Any], resume: bool = False
+) -> None:
+    """Refuse a conversion the destination cannot hold (before any work): estimated from the
+    plan (:func:`estimate_output`) less what ``partial`` already holds when resuming it (else
+    it is removed first, and its space counts as free)."""
+    try:
+        stat = os.statvfs(partial.parent)
+    except OSError:
+        return
+    need = estimate_output(fmt, source, options, stat.f_frsize or 4096)
+    if need is None:
+        return
+    data, tables = _written(partial) if partial.is_dir() else (0, 0)
+    free = stat.f_bavail * stat.f_frsize
+    if resume:
+        need = max(need - data - tables, 0)
+    else:
+        free += data + tables
+    if need > free:
+        raise DestinationError(
+            f"not enough space for {str(partial.parent / partial.stem)!r}: about "
+            f"{format_size(need)} is needed (an estimate for {fmt} from the source's "
+            f"{len(source.samples)} input(s)) and {format_size(free)} is free on "
+            f"{str(partial.parent)!r}. Free space or choose another destination; an interrupted "
+            "conversion continues with --resume"
+        )
+
+
+def disk_full_error(
+    partial: Path, source: Any, fmt: str | None = None, options: dict[str, Any] | None = None
+) -> DestinationError:
     """The error for a full disk: how much more is needed (an estimate, said so), what is free,
     how to go on."""
-    free = shutil.disk_usage(partial.parent).free
-    need, how = estimate_need(partial, source)
+    try:
+        free = shutil.disk_usage(partial.parent).free
+    except OSError:
+        free = 0
+    try:
+        need, how = estimate_need(partial, source, fmt, options)
+    except OSError:  # a resume's checkpoints unreadable: the whole estimate still stands
+        need, how = estimate_output(fmt or "", source, options or {}, 4096) or 0, "an estimate"
     return DestinationError(
         f"disk full while writing {str(partial)!r}: about {format_size(need)} more is needed "
         f"({how}) and {format_size(free)} is free. The finished shards are kept: free space, "
