@@ -456,3 +456,39 @@ def test_a_failed_writer_to_a_url_leaves_no_dataset_there(server: Any, tmp_path:
     assert "packer.json" not in names
     with pytest.raises(packer.PackerError):
         packer.open_dataset(url, storage_options=server.options)
+
+
+KILLED_URL = textwrap.dedent(
+    """
+    import sys, packer, numpy as np
+    options = {"endpoint_url": sys.argv[2]}
+    with packer.Writer(sys.argv[1], shard_size=4096, storage_options=options, staging=sys.argv[3]) as w:
+        for i in range(10**9):
+            w.write({"__key__": f"{i:08d}", "npy": np.full(256, i), "txt": "x" * 100})
+    """
+)
+
+
+def test_a_kill_9_mid_write_to_a_url_leaves_no_dataset_there(server: Any, tmp_path: Path) -> None:
+    url = f"s3://{BUCKET}/killed.lmdb"
+    fs = server.filesystem()
+    args = [sys.executable, "-c", KILLED_URL, url, server.endpoint, str(tmp_path / "staging")]
+    child = subprocess.Popen(args)
+    try:
+        deadline = time.monotonic() + 120
+        while len(fs.find(url)) < 3:  # shards already uploaded while it writes
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+            fs.invalidate_cache()
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    finally:
+        child.kill()
+    fs.invalidate_cache()
+    names = [p.rsplit("/", 1)[-1] for p in fs.find(url)]
+    assert names and "packer.json" not in names
+    with pytest.raises(packer.PackerError):
+        packer.open_dataset(url, storage_options=server.options)
+    with packer.Writer(url, storage_options=server.options, staging=tmp_path / "staging") as w:
+        w.write({"__key__": "again", "txt": "after the kill"})
+    assert packer.open_dataset(url, storage_options=server.options)[0]["txt"] == "after the kill"
