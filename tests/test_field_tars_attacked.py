@@ -118,11 +118,12 @@ def test_an_old_gnu_sparse_member_is_skipped_not_stored_as_archive_bytes(tmp_pat
     assert "sparse" in skipped["b.tar:s1.*"]
 
 
-def test_a_pax_size_that_is_no_size_skips_that_sample_only(tmp_path: Path) -> None:
-    tar = _sample("s0") + _pax({"size": "-5"}) + _member("s1.txt") + _sample("s2") + END
-    keys, skipped = _convert(tmp_path, {"b.tar": tar})
-    assert keys == ["s0", "s2"]
-    assert "pax size '-5'" in skipped["b.tar:s1.*"]
+@pytest.mark.parametrize("size", ["-5", "²", "0x10"])
+def test_a_pax_size_that_is_no_size_skips_that_sample_only(tmp_path: Path, size: str) -> None:
+    tar = _sample("s0") + _pax({"size": size}) + _member("s1.txt") + _sample("s2") + END
+    keys, skipped = _convert(tmp_path, {"a.tar": GOOD, "b.tar": tar})
+    assert keys == ["g1", "g2", "s0", "s2"]
+    assert f"pax size {size!r}" in skipped["b.tar:s1.*"]
 
 
 def test_a_tar_cut_at_a_member_boundary_is_listed_as_truncated(tmp_path: Path) -> None:

@@ -162,7 +162,7 @@ class _Walk:
         name = records.get("path", self.long_name if self.long_name is not None else name)
         problem, self.problem, self.pax, self.long_name = self.problem, "", {}, None
         if "size" in records:
-            if records["size"].isdigit():
+            if records["size"].isascii() and records["size"].isdigit():  # not "²", not "-5"
                 size = int(records["size"])
             else:
                 problem = problem or f"pax size {records['size']!r} is not a size"

@@ -260,6 +260,9 @@ def _listing(path: str, scan: FieldScan, root: str | None, follow: bool) -> List
     except OSError as exc:
         scan.skipped.append(SkippedInput(path, f"cannot read: {exc.strerror or exc}"))
         return None
+    except Exception as exc:  # noqa: BLE001 - one shard's problem, whatever its type
+        scan.skipped.append(SkippedInput(path, f"unreadable tar: {type(exc).__name__}: {exc}"))
+        return None
     if listing.stopped is not None and not listing.members:
         scan.skipped.append(SkippedInput(path, f"not a readable tar: {listing.stopped}"))
         return None
