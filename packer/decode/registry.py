@@ -7,7 +7,10 @@ handles everything Pillow can open. A faster or GPU decoder is one :func:`regist
 
 Built in: ``"bmp"`` maps the pixel rows of an uncompressed 24-bit BMP (bottom-up or top-down)
 straight from the buffer, no Pillow; ``"pillow"`` decodes anything else to RGB (grayscale,
-palette, CMYK, RGBA and 16-bit sources converted as torchvision's ``ImageFolder`` loader does).
+palette, CMYK and RGBA sources converted as torchvision's ``ImageFolder`` loader does). 16-bit
+(and 32-bit) grayscale differs on purpose: packer scales it to 8 bits by 1/257 (65535 -> 255,
+the whole range kept), where ``ImageFolder``'s ``convert("RGB")`` clips every value above 255 to
+white, which loses real 16-bit data.
 The JPEG decoders of :mod:`packer.decode.fast` (``"simplejpeg"``, ``"turbojpeg"``,
 ``"opencv"``) register themselves, fastest first, the first time a chain is built in a process
 — those whose library loads; :func:`check_decoder` explains why one is missing.
