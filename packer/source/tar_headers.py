@@ -22,7 +22,7 @@ import os
 import struct
 from typing import NamedTuple
 
-__all__ = ["MAX_EXTENDED", "Listing", "Member", "list_fd", "list_tar", "read_members"]
+__all__ = ["MAX_EXTENDED", "Listing", "Member", "list_fd", "list_tar"]
 
 BLOCK = 512
 MAX_EXTENDED = 1 << 20  # a pax or GNU long-name header's data; real ones are a few hundred bytes
@@ -244,9 +244,3 @@ def list_fd(fd: int) -> Listing:
         OSError: the file cannot be read.
     """
     return _walk(_Walk(fd, os.fstat(fd).st_size))
-
-
-def read_members(path: str) -> tuple[list[Member], str | None]:
-    """The members of tar ``path`` and why the listing ended early (None: it did not)."""
-    listing = list_tar(path)
-    return listing.members, listing.stopped
