@@ -6,11 +6,13 @@ without everything from the first dot of its file name, the rest (lower-cased) i
 ``0001.jpg`` and ``0001.txt`` are sample ``0001``'s ``jpg`` and ``txt``. Members are found by
 their headers alone; the loader reads each one's bytes by range (no extraction, no copy).
 
-Skipped, each with its reason: a member that is absolute, climbs out of its tar (``../x``),
-is a link or not a regular file, has a name that is not UTF-8 or not a plain field; a
-sample with two members for one field; keys repeated across shards or differing only by case;
-the sample a truncated tar cuts (and the tar named as truncated). A compressed tar is refused:
-its members cannot be read by range.
+Skipped, each with its reason: a sample one of whose members is absolute, climbs out of its
+tar (``../x``), is a link, sparse or not a regular file, has a name that is not UTF-8 or not a
+plain field (the sample whole, never kept without that field); a sample with two members for
+one field; keys repeated across shards or differing only by case; the sample a truncated tar
+cuts (and the tar named as truncated); in a folder of shards, a ``.tar`` linked outside the
+folder (unless ``follow_links``). How a damaged tar's listing ends: :mod:`tar_headers`. A
+compressed tar is refused: its members cannot be read by range.
 """
 
 from __future__ import annotations
