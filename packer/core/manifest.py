@@ -42,7 +42,7 @@ import xxhash
 
 from packer._version import __version__
 from packer.core.keytable import escape_key, unescape_key
-from packer.core.manifest_schema import Invalid, check_manifest
+from packer.core.manifest_schema import Invalid, check_manifest, check_manifest_size
 from packer.core.tablefile import check_runs, fd_checksum, parse_table, read_checked, temp_name
 from packer.errors import FormatError
 
@@ -241,6 +241,7 @@ def load_manifest(root: str | os.PathLike[str]) -> Manifest:
             f"{str(root)!r} is not a complete packer dataset: no {MANIFEST_NAME}{hint}"
         )
     try:
+        check_manifest_size(str(path), path.stat().st_size)
         raw = path.read_bytes()
     except OSError as exc:
         raise FormatError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from exc
@@ -249,7 +250,8 @@ def load_manifest(root: str | os.PathLike[str]) -> Manifest:
 
 def parse_manifest(raw: bytes, path: str, root: str) -> Manifest:
     """The manifest whose bytes ``raw`` were read from ``path`` (a file or a URL) of the
-    dataset ``root``, checked as :func:`load_manifest` does."""
+    dataset ``root``, checked as :func:`load_manifest` does (bounded in bytes and shards)."""
+    check_manifest_size(path, len(raw))
     try:
         data = json.loads(raw.decode("utf-8"))
     except ValueError as exc:  # not UTF-8, not JSON, a number of over 4,300 digits

@@ -15,6 +15,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from packer.errors import FormatError
+
 __all__ = [
     "FIELD_KINDS",
     "FIELD_NAME",
@@ -22,7 +24,10 @@ __all__ = [
     "KINDS",
     "TABLE_NAMES",
     "Invalid",
+    "MAX_MANIFEST_BYTES",
+    "MAX_MANIFEST_SHARDS",
     "check_manifest",
+    "check_manifest_size",
 ]
 
 FORMAT_NAMES = ("bmp", "hdf5", "lmdb", "npy")  # the registry's names (a test keeps them equal)
@@ -34,6 +39,24 @@ LAYOUTS = ("shards", "per-sample")
 TABLE_NAMES = ("index.npy", "records.npy", "keys.txt")  # manifest.py's INDEX/RECORDS/KEYS_NAME
 INT64_MAX = 2**63 - 1  # tables and readers hold counts, sizes and offsets as int64
 _HEX64 = re.compile(r"[0-9a-f]{16}")
+# Bounds on a manifest, checked before it is parsed (its bytes) and before its shards are built
+# (their count): an ImageNet-scale output (1.28 M samples, ~1,000 shards, thousands skipped)
+# writes ~2 MB. docs/reliability.md states them.
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_MANIFEST_SHARDS = 200_000
+
+
+def check_manifest_size(path: str, size: int) -> None:
+    """A manifest of ``size`` bytes at ``path`` is within :data:`MAX_MANIFEST_BYTES`.
+
+    Raises:
+        FormatError: it is larger (refused before it is read whole or parsed).
+    """
+    if size > MAX_MANIFEST_BYTES:
+        raise FormatError(
+            f"{path!r} is {size:,} bytes, over the {MAX_MANIFEST_BYTES:,} a packer manifest may "
+            "hold: it was damaged or not written by packer; convert the source again"
+        )
 
 
 class Invalid(Exception):
@@ -228,8 +251,12 @@ def check_manifest(data: Any) -> None:
     """Check a parsed ``packer.json`` against the schema.
 
     Raises:
-        Invalid: the first field that breaks it.
+        Invalid: the first field that breaks it (over MAX_MANIFEST_SHARDS shards: before any
+            shard entry is checked).
     """
+    shards = data.get("shards") if isinstance(data, dict) else None
+    if isinstance(shards, list) and len(shards) > MAX_MANIFEST_SHARDS:
+        raise Invalid("shards", f"a list of {len(shards):,}", f"at most {MAX_MANIFEST_SHARDS:,}")
     MANIFEST(data, "")
     if data["kind"] == "splits":
         if "splits" not in data["options"]:
