@@ -98,7 +98,7 @@ os.register_at_fork(after_in_child=_forget_inherited)
 
 _OPEN: dict[tuple[int, int], _Env] = {}
 _OPEN_PID = os.getpid()
-_OPEN_LOCK = threading.Lock()
+_OPEN_LOCK = threading.RLock()  # re-entered when GC finalizes a dropped reader (it closes its handles) while this thread opens one
 
 
 class Handle:
