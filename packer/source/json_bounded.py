@@ -66,13 +66,13 @@ def text_value(value: Any) -> Any:
     return value
 
 
-def plain_text(text: str, what: str) -> bytes:
-    """``text`` as UTF-8.
+def plain_text(text: str, what: str, nul: bool = False) -> bytes:
+    """``text`` as UTF-8 (a NUL in it refused unless ``nul``: a path or a key cannot hold one).
 
     Raises:
         ValueError: it holds a NUL or a lone surrogate (no UTF-8 for it), ``what`` named.
     """
-    if "\x00" in text:
+    if not nul and "\x00" in text:
         raise ValueError(f"{what} holds a NUL character")
     try:
         return text.encode()

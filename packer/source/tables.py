@@ -8,18 +8,19 @@ kind follows from its name as a key-grouped file's does (``caption`` and ``txt``
 a CSV; in JSONL and Parquet integers, text, or JSON for anything else (floats, lists, objects).
 A row's key is its ``key`` column when there is one, else its row number (``000000000``).
 
-Skipped, each with its reason: a row whose image path is empty, absolute or climbs out of the
-table's folder, or names no file; a JSONL line that does not parse; a value its column's
-kind refuses (checked when the sample is loaded). An empty cell (CSV), a ``null`` or a missing
-key (JSONL, Parquet) is an absent field. Refused in one line: a table that cannot be read, a
-column name that is not a plain field name, an image column that is missing or (Parquet) does
-not hold strings.
+Skipped, each with its reason: a row whose image path is empty, absolute, climbs out of the
+table's folder, holds a NUL or names no file; a CSV row with fewer or more cells than the
+header; a JSONL line that does not parse (or nests too deep); a cell that is not UTF-8 (a lone
+surrogate); a value its column's kind refuses (checked when the sample is loaded). An empty cell
+(CSV), a ``null`` or a missing key (JSONL, Parquet) is an absent field. Parquet dates, times and
+timestamps are stored as ISO text, decimals as decimal strings. Refused in one line: a table
+that cannot be read, a CSV column named twice, a column name that is not a plain field name, an
+image column that is missing or (Parquet) does not hold strings.
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +29,15 @@ from typing import Any
 from packer.core.fields import MAX_FIELDS, field_kind
 from packer.errors import SourceError
 from packer.source.images import SkippedInput
-from packer.source.samples import FieldSample, FieldScan, Part, declare_fields, finish_scan
+from packer.source.json_bounded import dumps_utf8, loads_bounded, plain_text, text_value
+from packer.source.samples import (
+    FieldSample,
+    FieldScan,
+    Part,
+    declare_fields,
+    finish_scan,
+    why_none,
+)
 
 __all__ = ["TABLE_SUFFIXES", "looks_table", "scan_table"]
 
@@ -42,7 +51,7 @@ def looks_table(src: str | os.PathLike[str]) -> bool:
     return os.fspath(src).lower().endswith(TABLE_SUFFIXES) and os.path.isfile(src)
 
 
-def _csv_rows(path: Path, delimiter: str) -> tuple[list[str], Iterator[tuple[int, Row]]]:
+def _csv_rows(path: Path, delimiter: str) -> tuple[list[str], Iterator[tuple[int, Row | str]]]:
     handle = open(path, newline="", encoding="utf-8-sig")  # noqa: SIM115 (closed by the rows)
     reader = csv.DictReader(handle, delimiter=delimiter)
     try:
@@ -50,18 +59,36 @@ def _csv_rows(path: Path, delimiter: str) -> tuple[list[str], Iterator[tuple[int
     except (UnicodeDecodeError, csv.Error) as exc:
         handle.close()
         raise SourceError(f"{str(path)!r} cannot be read as CSV: {exc}") from exc
+    twice = sorted({c for c in columns if columns.count(c) > 1})
+    if twice:
+        handle.close()
+        raise SourceError(
+            f"{str(path)!r}: column {twice[0]!r} is named twice in the header (one would hide "
+            "the other); name each column once"
+        )
 
-    def rows() -> Iterator[tuple[int, Row]]:
+    def rows() -> Iterator[tuple[int, Row | str]]:
         with handle:
             try:
                 for n, row in enumerate(reader):
-                    yield n, {k: v for k, v in row.items() if k is not None and v != ""}
+                    yield n, _csv_row(row, len(columns))
             except (UnicodeDecodeError, csv.Error) as exc:
                 raise SourceError(
                     f"{str(path)!r} line {reader.line_num}: cannot be read as CSV: {exc}"
                 ) from exc
 
     return columns, rows()
+
+
+def _csv_row(row: dict[Any, Any], width: int) -> Row | str:
+    """A CSV row's non-empty cells, or why the row cannot be used (its cells do not match the
+    header's columns: a missing cell would be read as no value, an extra one lost)."""
+    if None in row:
+        return f"{width + len(row[None])} cells, the header names {width} columns"
+    if any(v is None for v in row.values()):
+        have = sum(v is not None for v in row.values())
+        return f"{have} cells, the header names {width} columns"
+    return {k: v for k, v in row.items() if v != ""}
 
 
 def _jsonl_rows(path: Path, skipped: list[SkippedInput]) -> tuple[list[str], list[tuple[int, Row]]]:
@@ -73,8 +100,8 @@ def _jsonl_rows(path: Path, skipped: list[SkippedInput]) -> tuple[list[str], lis
                 if not line.strip():
                     continue
                 try:
-                    row = json.loads(line)
-                except (UnicodeDecodeError, ValueError) as exc:
+                    row = loads_bounded(line)
+                except ValueError as exc:
                     skipped.append(SkippedInput(f"{path}:{n + 1}", f"not a JSON line: {exc}"))
                     continue
                 if not isinstance(row, dict):
@@ -109,7 +136,7 @@ def _parquet_rows(path: Path, image_column: str | None) -> tuple[list[str], list
                 f"{str(path)!r}: image column {column!r} holds {dtype}, not paths (strings)"
             )
     rows = [
-        (n, {k: v for k, v in row.items() if v is not None})
+        (n, {k: text_value(v) for k, v in row.items() if v is not None})
         for n, row in enumerate(table.to_pylist())
     ]
     return columns, rows
@@ -151,16 +178,20 @@ def _encode(value: Any, kind: str, text_is_raw: bool) -> bytes:
     if isinstance(value, bytes):
         return value
     if isinstance(value, str) and text_is_raw:
-        return value.encode()
+        return plain_text(value, "its text", nul=True)
     if kind == "json" or not isinstance(value, (str, int)) or isinstance(value, bool):
-        return json.dumps(value, ensure_ascii=False).encode()
-    return str(value).encode()
+        return dumps_utf8(value, "its value")
+    return plain_text(str(value), "its text", nul=True)
 
 
 def _image_part(table_dir: str, field: str, value: Any) -> tuple[Part | None, str]:
     """The image column's part of a row, or why the row cannot be used."""
     if not isinstance(value, str) or not value.strip():
         return None, "no image path"
+    try:
+        plain_text(value, "its image path")
+    except ValueError as exc:
+        return None, str(exc)
     if os.path.isabs(value) or ".." in Path(value).parts:
         return None, f"image path {value!r} is outside the table's folder"
     path = os.path.join(table_dir, value)
@@ -171,6 +202,41 @@ def _image_part(table_dir: str, field: str, value: Any) -> tuple[Part | None, st
     if not os.path.isfile(path):
         return None, f"image {value!r} is not a file"
     return Part(field, path, size), ""
+
+
+def _row_sample(
+    row: Row | str,
+    at: str,
+    key: str,
+    table: Path,
+    columns: tuple[str, str | None, list[str]],
+    kinds: dict[str, str],
+    raw: dict[str, bool],
+) -> FieldSample | str:
+    """The sample of one row, or why the row is skipped (the whole row: one unusable cell).
+    ``columns``: the image column, the key column, every field column."""
+    if isinstance(row, str):
+        return row
+    image, key_column, names = columns
+    part, why = _image_part(str(table.parent), image, row.get(image))
+    if part is None:
+        return why
+    if key_column and key_column in row:
+        key = str(row[key_column])
+        try:
+            plain_text(key, "its key")
+        except ValueError as exc:
+            return str(exc)
+    parts = [part]
+    for name in names:
+        if name != image and name in row:
+            try:
+                data = _encode(row[name], kinds[name], raw[name])
+            except ValueError as exc:
+                return f"column {name!r}: {exc}"
+            parts.append(Part(name, str(table), len(data), data=data))
+    size = sum(p.size for p in parts)
+    return FieldSample(key, at, size, tuple(sorted(parts, key=lambda p: p.field)))
 
 
 def scan_table(
@@ -212,25 +278,19 @@ def scan_table(
             kinds[name] = field_kind(name)
             raw[name] = suffix in (".csv", ".tsv") or kinds[name] != "bytes"
             if kinds[name] == "bytes":
-                found = [r[name] for _, r in rows if name in r]
+                found = [r[name] for _, r in rows if isinstance(r, dict) and name in r]
                 kinds[name] = _value_kind(found, suffix in (".csv", ".tsv"))
-    table_dir = str(path.parent)
     samples = []
     for n, row in rows:
         at = f"{path}:{n + 2 if suffix in ('.csv', '.tsv') else n + 1}"
-        part, why = _image_part(table_dir, image, row.get(image))
-        if part is None:
-            scan.skipped.append(SkippedInput(at, why))
-            continue
-        key = str(row[key_column]) if key_column and key_column in row else f"{n:09d}"
-        parts = [part] + [
-            Part(name, str(path), len(data), data=data)
-            for name in names
-            if name != image and name in row
-            for data in [_encode(row[name], kinds[name], raw[name])]
-        ]
-        size = sum(p.size for p in parts)
-        samples.append(FieldSample(key, at, size, tuple(sorted(parts, key=lambda p: p.field))))
+        got = _row_sample(row, at, f"{n:09d}", path, (image, key_column, names), kinds, raw)
+        if isinstance(got, str):
+            scan.skipped.append(SkippedInput(at, got))
+        else:
+            samples.append(got)
     if not samples:
-        raise SourceError(f"{where} holds no usable row (an image path relative to the table)")
+        raise SourceError(
+            f"{where} holds no usable row (an image path relative to the table): "
+            f"{why_none(scan.skipped)}"
+        )
     return finish_scan(scan, samples, required, where, kinds)

@@ -26,6 +26,7 @@ from packer.decode.values import check_value
 from packer.errors import InputFileError, PackerError
 from packer.source.coco import scan_coco
 from packer.source.grouped import scan_grouped
+from packer.source.json_bounded import INT64
 from packer.source.samples import FieldSample, FieldScan, Part
 from packer.source.tables import scan_table
 from packer.source.tars import scan_tars
@@ -138,6 +139,8 @@ def load_fields(
             try:
                 data = read_part(part, max_file_size, opened)
                 check_value(data, kind, check, max_pixels)
+                if kind == "int" and not INT64[0] <= int(bytes(data).strip()) <= INT64[1]:
+                    raise InputFileError(f"an integer outside int64 ({bytes(data)[:40]!r})")
                 if kind == "image" and resize is not None:
                     data = resize.apply(data)
             except InputFileError as exc:
