@@ -245,3 +245,14 @@ def test_resume_after_the_second_annotations_file_changed_is_refused_naming_it(
     got = CliRunner().invoke(main, [*args, "--annotations", files[0], "--annotations", files[1]])
     assert got.exit_code == 1, got.output
     assert "captions.json" in got.output and ".jpg" not in got.output, got.output
+
+
+def test_an_image_file_that_is_a_fifo_skips_its_sample_whole(tmp_path: Path) -> None:
+    root, written = _set(tmp_path)
+    name = written["instances"]["images"][0]["file_name"]
+    os.remove(root / "images" / name)
+    os.mkfifo(root / "images" / name)
+    result = _convert(root, tmp_path / "o.lmdb", [str(root / "instances.json")])
+    assert result.manifest.num_samples == 3
+    assert [s.path.endswith(name) for s in result.skipped] == [True]
+    assert "regular file" in result.skipped[0].reason, result.skipped[0].reason
