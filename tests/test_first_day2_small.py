@@ -39,3 +39,23 @@ def test_shell_completion_script_is_produced_as_documented() -> None:
         )
         assert done.returncode == 0, done.stderr
         assert "_PACKER_COMPLETE" in done.stdout and "complete" in done.stdout, shell
+
+
+def test_the_key_is_accepted_as_a_field(tmp_path: Path) -> None:
+    import packer
+    from packer.tools.field_demo import make_caption_set
+
+    written = make_caption_set(tmp_path / "pairs", 6, seed=1)
+    dst = tmp_path / "pairs.lmdb"
+    packer.convert(tmp_path / "pairs", dst, progress=False)
+    keys_only = packer.open_dataset(dst, fields=("__key__",))
+    assert keys_only.fields == ("__key__",)
+    assert sorted(keys_only[i][0] for i in range(len(keys_only))) == sorted(written)
+    pairs = packer.open_dataset(dst, fields=("txt", "__key__"))
+    for i in range(len(pairs)):
+        caption, key = pairs[i]
+        assert caption == written[key]["txt"].decode()
+    from torch.utils.data import DataLoader
+
+    batches = list(DataLoader(pairs, batch_size=4, collate_fn=packer.collate_fields))
+    assert sorted(k for _, keys in batches for k in keys) == sorted(written)

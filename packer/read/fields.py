@@ -77,7 +77,7 @@ class FieldDataset(PackedSamples, SampleDataset):
         )
         packed = open_packed(root, "fields", None, **options.given())
         specs = fields_of(packed.manifest.options)
-        self.specs: list[FieldSpec] = _chosen(specs, fields, root)
+        self.specs, self.key_place = _chosen(specs, fields, root)
         self.as_tuple = fields is not None
         by_name = {s.name: j for j, s in enumerate(specs)}
         self.columns = np.array([by_name[s.name] for s in self.specs], dtype=np.int64)
@@ -107,7 +107,10 @@ class FieldDataset(PackedSamples, SampleDataset):
     @property
     def fields(self) -> tuple[str, ...]:
         """The names of the fields read, in the order a sample gives them."""
-        return tuple(s.name for s in self.specs)
+        names = [s.name for s in self.specs]
+        if self.key_place is not None:
+            names.insert(self.key_place, KEY)
+        return tuple(names)
 
     @property
     def categories(self) -> dict[int, str]:
@@ -139,6 +142,8 @@ class FieldDataset(PackedSamples, SampleDataset):
         for j, data in zip(wanted.tolist(), self.reader.read_many(records[wanted])):
             stored[j] = data
         width = len(self.specs)
+        if width == 0:  # only the key asked for
+            return [[] for _ in positions.tolist()]
         return [stored[k : k + width] for k in range(0, len(stored), width)]
 
     def _finish(self, values: list[bytes | None], i: int) -> Any:
@@ -161,7 +166,13 @@ class FieldDataset(PackedSamples, SampleDataset):
                     f"{self._describe(i)} field {spec.name!r} cannot be decoded: {exc}"
                 ) from exc
             out[spec.name] = value
-        item: Any = tuple(out.values()) if self.as_tuple else {"__key__": self.keys[i], **out}
+        if self.as_tuple:
+            values_out = list(out.values())
+            if self.key_place is not None:
+                values_out.insert(self.key_place, self.keys[i])
+            item: Any = tuple(values_out)
+        else:
+            item = {KEY: self.keys[i], **out}
         return self.transform(item) if self.transform is not None else item
 
     def _item(self, values: list[bytes | None], i: int) -> Any:
@@ -184,21 +195,27 @@ class FieldDataset(PackedSamples, SampleDataset):
         return "fields=" + ",".join(self.fields)
 
 
+KEY = "__key__"  # a sample's key, asked for as a field
+
+
 def _chosen(
     specs: list[FieldSpec], fields: Sequence[str] | None, root: str | os.PathLike[str]
-) -> list[FieldSpec]:
+) -> tuple[list[FieldSpec], int | None]:
+    """The fields ``fields`` names, and where the key (``__key__``, told, never read) stands
+    among them (None when it is not asked for)."""
     if fields is None:
-        return list(specs)
+        return list(specs), None
     if isinstance(fields, str):
         fields = (fields,)
     by_name = {s.name: s for s in specs}
-    unknown = [f for f in fields if f not in by_name]
+    unknown = [f for f in fields if f not in by_name and f != KEY]
     if unknown or not fields or len(set(fields)) != len(fields):
         what = f"no field {unknown[0]!r}" if unknown else "a list of distinct field names"
         raise PackerError(
             f"{str(root)!r} has {what}; its fields are {', '.join(by_name) or '(none)'}"
         )
-    return [by_name[f] for f in fields]
+    place = list(fields).index(KEY) if KEY in fields else None
+    return [by_name[f] for f in fields if f != KEY], place
 
 
 def collate_fields(batch: Sequence[Any]) -> Any:
