@@ -48,6 +48,7 @@ _EXPORTS = {
     "convert_to_url": "packer.upload.staging",
     "merge_to_url": "packer.upload.staging",
     "Writer": "packer.upload.url_writer",
+    "pack": "packer.write.pack",
     # old names: they resolve with a DeprecationWarning (and are not in __all__)
     "NpyDataset": "packer.read.datasets",
     "NpyVideoDataset": "packer.read.video_datasets",
@@ -89,6 +90,7 @@ __all__ = [
     "merge_to_url",
     "open_dataset",
     "open_video_dataset",
+    "pack",
     "unpack_bytes",
     "verify",
     "worker_init_fn",
@@ -106,6 +108,7 @@ if TYPE_CHECKING:
     from packer.read.fields import FieldDataset, collate_fields
     from packer.read.mixture import Mixture
     from packer.read.open import open_dataset, open_video_dataset
+    from packer.write.pack import pack
     from packer.read.sampler import ShardedSampler
     from packer.read.video_datasets import (
         BMPVideoDataset,

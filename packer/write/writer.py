@@ -23,7 +23,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from packer.core.contained import check_relative
-from packer.core.fields import ABSENT, MAX_FIELDS, FieldSpec, check_field_name, field_kind
+from packer.core.fields import ABSENT, MAX_FIELDS, FieldSpec, field_kind
 from packer.core.manifest import Manifest, bytes_checksum
 from packer.core.sizes import parse_size
 from packer.decode.check import DEFAULT_CHECK, DEFAULT_MAX_PIXELS
@@ -46,7 +46,7 @@ from packer.write.writer_values import (
     DEFAULT_JPEG_QUALITY,
     check_jpeg_quality,
     declared_fields,
-    encode_value,
+    encode_fields,
 )
 
 __all__ = ["DEFAULT_JPEG_QUALITY", "Writer"]
@@ -148,7 +148,7 @@ class Writer:
         """Check ``dst``, take its lock, start ``DST.partial``."""
         self.dst, self.partial = dst, partial_path(dst)
         self._refuse_partial(overwrite)
-        check_destination(dst, overwrite)
+        self._check_destination(overwrite)
         self._lock = DestinationLock(dst)
         self._lock.__enter__()
         try:
@@ -169,15 +169,26 @@ class Writer:
                 "writing it); pass overwrite=True to start over (a Writer does not resume)"
             )
 
+    def _check_destination(self, overwrite: bool) -> None:
+        check_destination(self.dst, overwrite)
+
     def _start(self, overwrite: bool) -> None:
-        check_destination(self.dst, overwrite)  # again, under the lock
+        self._check_destination(overwrite)  # again, under the lock
         self._refuse_partial(overwrite)
         if self.partial.exists():
             shutil.rmtree(self.partial)
         self.partial.mkdir()
+        self._setup()
+        self._progress.start(self._fingerprint())
+
+    def _fingerprint(self) -> dict[str, Any]:
+        """What ``DST.partial/_progress/fingerprint.json`` records (a Writer does not resume)."""
+        return {"format": self.fmt.NAME, "options": {}, "root": "packer.Writer"}
+
+    def _setup(self) -> None:
+        """The manifest's source, the progress folder and the storage core's job."""
         self._source = _Source(fields=[])
         self._progress = Progress(self.partial)
-        self._progress.start({"format": self.fmt.NAME, "options": {}, "root": "packer.Writer"})
         self._job = Job(
             fmt=self.fmt,
             layout="shards",
@@ -227,12 +238,12 @@ class Writer:
                 f"this Writer of {self.name!r} is {self._state}: nothing more is written"
             )
         key = self._key(sample)
-        encoded: dict[str, bytes] = {}
-        for name, value in sample.items():
-            if name != "__key__":
-                encoded[name] = self._encode(key, name, value)
-        if not encoded:
-            raise InputFileError(f"sample {key!r} has no field besides '__key__'")
+        declared = self._fields if self._declared else None
+        self._append(key, encode_fields(key, sample, declared, self.jpeg_quality))
+
+    def _append(self, key: str, encoded: dict[str, bytes]) -> None:
+        """Buffer one checked sample's encoded fields (the shard before it written first if
+        this one starts the next)."""
         size = sum(len(data) for data in encoded.values())
         starts_shard = bool(self._buffer) and self._buffer_bytes + size > self.shard_size
         self._check_new_fields(key, encoded, starts_shard)
@@ -279,27 +290,6 @@ class Writer:
             )
         return key
 
-    def _encode(self, key: str, name: Any, value: Any) -> bytes:
-        try:
-            check_field_name(name)
-        except PackerError as exc:
-            raise InputFileError(f"sample {key!r}: {exc}") from None
-        spec = (self._fields or {}).get(name) or FieldSpec(name, field_kind(name))
-        if self._declared and name not in (self._fields or {}):
-            raise InputFileError(
-                f"sample {key!r}, field {name!r}: not one of the fields declared "
-                f"({', '.join(self.fields)})"
-            )
-        if value is None:
-            raise InputFileError(
-                f"sample {key!r}, field {name!r}: None; leave the field out of the sample to "
-                "mark it absent"
-            )
-        try:
-            return encode_value(value, spec, self.jpeg_quality)
-        except PackerError as exc:
-            raise InputFileError(f"sample {key!r}, field {name!r} ({spec.kind}): {exc}") from None
-
     def _flush(self) -> None:
         """Write the buffered samples as the next shard, durably, and checkpoint it."""
         if not self._buffer:
@@ -313,6 +303,8 @@ class Writer:
         shard = len(self._planned)
         self._planned.append(self._buffer_bytes)
         job, buffer = self._job, self._buffer
+        self._source.files += len(buffer)
+        self._source.total_bytes += self._buffer_bytes
         try:
             with self.fmt.Writer(self.partial, self._planned, "shards", "fields") as writer:
                 rows = Rows()
@@ -330,13 +322,15 @@ class Writer:
                         Loaded(records, checksums=sums),
                         shard,
                     )
+                self._before_checkpoint()
                 end_shard(job, writer, self._progress, self._done, rows, shard)
         except BaseException:
             self._state = "failed"
             raise
-        self._source.files += len(buffer)
-        self._source.total_bytes += self._buffer_bytes
         self._buffer, self._buffer_bytes = [], 0
+
+    def _before_checkpoint(self) -> None:
+        """Called once a shard's samples are written, before its checkpoint (nothing here)."""
 
     def close(self) -> Manifest:
         """Write the last shard, the tables and the manifest, and publish ``dst``; returns its

@@ -26,7 +26,7 @@ from __future__ import annotations
 import io
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,7 @@ __all__ = [
     "MAX_RECORD",
     "check_jpeg_quality",
     "declared_fields",
+    "encode_fields",
     "encode_value",
 ]
 
@@ -235,3 +236,47 @@ def encode_value(value: Any, spec: FieldSpec, jpeg_quality: int = DEFAULT_JPEG_Q
     if len(data) > MAX_RECORD:
         raise InputFileError(f"{len(data)} bytes, over the largest record ({MAX_RECORD} bytes)")
     return data
+
+
+def encode_fields(
+    key: str,
+    sample: Mapping[str, Any],
+    declared: dict[str, FieldSpec] | None,
+    jpeg_quality: int = DEFAULT_JPEG_QUALITY,
+) -> dict[str, bytes]:
+    """Every field of ``sample`` but ``__key__`` as the bytes it stores, in the sample's order.
+
+    The same in any process (``packer.pack`` encodes in its workers): it depends only on the
+    sample, the ``declared`` fields (None: any plain name, its kind by its suffix) and the
+    quality.
+
+    Raises:
+        InputFileError: naming ``key`` and the field: a name that is not plain or not declared,
+            a ``None`` value, a value the field's kind cannot take, or no field at all.
+    """
+    encoded: dict[str, bytes] = {}
+    for name, value in sample.items():
+        if name == "__key__":
+            continue
+        try:
+            check_field_name(name)
+        except PackerError as exc:
+            raise InputFileError(f"sample {key!r}: {exc}") from None
+        if declared is not None and name not in declared:
+            raise InputFileError(
+                f"sample {key!r}, field {name!r}: not one of the fields declared "
+                f"({', '.join(sorted(declared))})"
+            )
+        if value is None:
+            raise InputFileError(
+                f"sample {key!r}, field {name!r}: None; leave the field out of the sample to "
+                "mark it absent"
+            )
+        spec = (declared or {}).get(name) or FieldSpec(name, field_kind(name))
+        try:
+            encoded[name] = encode_value(value, spec, jpeg_quality)
+        except PackerError as exc:
+            raise InputFileError(f"sample {key!r}, field {name!r} ({spec.kind}): {exc}") from None
+    if not encoded:
+        raise InputFileError(f"sample {key!r} has no field besides '__key__'")
+    return encoded
