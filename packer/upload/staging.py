@@ -36,6 +36,7 @@ from packer.core.cpus import packer_home
 from packer.core.sizes import parse_size
 from packer.errors import DatasetExistsError, DestinationError, PackerError
 from packer.source.images import check_source_folder
+from packer.upload.identity import store_identity
 from packer.upload.stream import ShardStream, stream_limit
 from packer.upload.uploader import JOURNAL_NAME, Journal, Uploader
 from packer.write.convert import convert
@@ -63,31 +64,15 @@ def staging_root(staging: str | os.PathLike[str] | None = None) -> Path:
     return packer_home() / "staging"
 
 
-_SECRETS = frozenset(
-    {"key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key"}
-    | {"aws_session_token", "session_token", "account_key", "sas_token", "client_secret"}
-)
-
-
-def store_identity(storage_options: dict[str, Any] | None) -> str:
-    """What names the store behind a URL besides the URL: every storage option but the
-    credentials (``endpoint_url``, ``client_kwargs``, ``profile``, ...), and the endpoint the
-    environment sets (``AWS_ENDPOINT_URL``), as canonical JSON."""
-    options = {k: v for k, v in (storage_options or {}).items() if k.lower() not in _SECRETS}
-    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-        if os.environ.get(name):
-            options.setdefault(f"env:{name}", os.environ[name])
-    return json.dumps(options, sort_keys=True, default=repr) if options else ""
-
-
 def staging_folder(
     url: str, staging: Any = None, storage_options: dict[str, Any] | None = None
 ) -> Path:
     """The staging folder of ``url`` under :func:`staging_root`: named by a hash of the URL and
-    of the options that pick the store (:func:`store_identity`), so a run to the same URL on
-    another endpoint never adopts this one's journal (and with it, the right to replace or
-    delete objects there); a resumed run must name the store as the first run did."""
-    identity = url.rstrip("/") + ("\n" + store_identity(storage_options)).rstrip("\n")
+    of the store it reaches (:func:`packer.upload.identity.store_identity`: for s3 the endpoint
+    the client resolves, a profile's and fsspec's configuration included), so a run to the same
+    URL on another store never adopts this one's journal (and with it, the right to replace or
+    delete objects there), and a resumed run reaching the same store finds it."""
+    identity = url.rstrip("/") + ("\n" + store_identity(storage_options, url)).rstrip("\n")
     key = hashlib.sha256(identity.encode()).hexdigest()[:20]
     return staging_root(staging) / key
 
