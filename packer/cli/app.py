@@ -385,16 +385,11 @@ def verify(
 
 
 def _register_measure_commands() -> None:
-    from packer.cli.cache import cache
-    from packer.cli.describe import inspect
-    from packer.cli.measure import bench, doctor
-    from packer.cli.merge import merge
+    from packer.cli import cache, describe, measure, merge, pack
 
-    main.add_command(bench)
-    main.add_command(cache)
-    main.add_command(doctor)
-    main.add_command(inspect)
-    main.add_command(merge)
+    for command in (measure.bench, cache.cache, measure.doctor, describe.inspect, merge.merge):
+        main.add_command(command)
+    main.add_command(pack.pack)
 
 
 _register_measure_commands()

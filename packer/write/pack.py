@@ -214,7 +214,7 @@ def pack(
         dst=writer.dst,
         manifest=manifest,
         seconds=time.perf_counter() - started,
-        bytes_in=0,
+        bytes_in=writer._source.total_bytes,  # the samples' encoded bytes
         bytes_out=sum(s.bytes for s in manifest.shards),
         skipped=list(writer._source.skipped),
         notes=notes,
