@@ -1,7 +1,8 @@
 """Which objects under a dataset's URL are packer's to delete (issue 28, findings 2 and 3).
 
 An upload deletes an object only when it knows packer wrote it: the old dataset's manifests
-list it (``--overwrite`` replaces that dataset: its manifests, tables, shards and, in a
+(the top ``packer.json`` and the splits it names, :func:`old_manifests`; no other object named
+``packer.json``) list it (``--overwrite`` replaces that dataset: its manifests, tables, shards and, in a
 per-sample layout, each sample's files, named from its ``keys.txt`` and ``index.npy``), or this
 staging folder's journal says it was sent (an upload of ours that a kill interrupted). A user's
 ``notes/README.txt`` or ``checkpoints/model.pt`` inside the prefix is neither, and is kept.
@@ -32,6 +33,7 @@ __all__ = [
     "expected_checksums",
     "is_manifest",
     "listed_by_manifests",
+    "old_manifests",
     "sample_files",
     "upload_order",
 ]
@@ -53,14 +55,37 @@ def sample_files(
     return names
 
 
+def old_manifests(cat: Any, listing: dict[str, Any]) -> list[str]:
+    """The manifests of the dataset in ``listing`` (relative names), the top one first: its
+    ``packer.json`` and, for a root of splits, the ``<split>/packer.json`` of each split it
+    names. Nothing else is, whatever its name: a user's nested copy of a dataset
+    (``mycopy-v1.npy/packer.json``) or a ``train/packer.json`` the top manifest does not name.
+    ``cat(name)`` returns an object's bytes; an unreadable top manifest names no split."""
+    if MANIFEST_NAME not in listing:
+        return []
+    names = [MANIFEST_NAME]
+    try:
+        top = parse_manifest(cat(MANIFEST_NAME), MANIFEST_NAME, ".")
+    except (PackerError, OSError, ValueError):
+        return names
+    splits = top.options.get("splits") if top.kind == "splits" else None
+    for split in sorted(splits) if isinstance(splits, dict) else []:
+        name = f"{split}/{MANIFEST_NAME}"
+        plain = isinstance(split, str) and "/" not in split and split not in ("", ".", "..")
+        if plain and name in listing:
+            names.append(name)
+    return names
+
+
 def listed_by_manifests(cat: Any, listing: dict[str, Any]) -> set[str]:
-    """The names in ``listing`` (relative to the dataset's URL) that the packer manifests in
-    it list, the manifests included. ``cat(name)`` returns an object's bytes. A manifest or
-    table that cannot be read or fails its checksum lists only what could be read."""
+    """The names in ``listing`` (relative to the dataset's URL) that the dataset's manifests
+    (:func:`old_manifests`) list, the manifests included. ``cat(name)`` returns an object's
+    bytes. A manifest or table that cannot be read or fails its checksum lists only what could
+    be read."""
     from packer.formats import by_name
 
     owned: set[str] = set()
-    for name in [n for n in listing if n.rsplit("/", 1)[-1] == MANIFEST_NAME]:
+    for name in old_manifests(cat, listing):
         prefix = name[: -len(MANIFEST_NAME)]
         owned.add(name)
         try:

@@ -5,8 +5,9 @@ A reader opens a dataset through its ``packer.json``; so the order is:
 
 1. the destination is checked: empty, or a packer dataset (its ``packer.json``) only with
    ``overwrite``, or an upload of ours that a kill interrupted (recorded in the journal);
-2. with ``overwrite``, the old manifests are deleted first (the top one, then the splits'), so
-   no reader opens the old dataset while its objects are replaced;
+2. with ``overwrite``, the old manifests are deleted first (the top one, then those of the
+   splits it names; no other object named ``packer.json``), so no reader opens the old dataset
+   while its objects are replaced;
 3. every data file and table is uploaded (small ones several at once, a large one alone,
    multipart as the backend does it: s3fs from 100 MiB, in 50 MiB parts, 4 in flight, so
    memory stays near 200 MiB), then each split's ``packer.json``, then the top one last;
@@ -41,6 +42,7 @@ from packer.upload.owned import (
     expected_checksums,
     is_manifest,
     listed_by_manifests,
+    old_manifests,
     upload_order,
 )
 from packer.upload.report import Sent, UploadReport, progress_bar
@@ -253,9 +255,12 @@ class Uploader:
             )
 
     def _drop_old_manifests(self, staged: Path, listing: dict[str, tuple[int, str | None]]) -> None:
-        """Delete every manifest at the destination that is not this upload's (the top one
-        first), so that no reader opens an old dataset whose objects are being replaced."""
-        old = [n for n in listing if is_manifest(n)]
+        """Delete the old dataset's manifests (the top one first, then the splits it names:
+        :func:`packer.upload.owned.old_manifests`) and those an earlier upload from here sent,
+        but not this upload's, so that no reader opens an old dataset whose objects are being
+        replaced. Another object named ``packer.json`` (a user's nested dataset) is kept."""
+        sent = self.journal.deletable({n for n in listing if is_manifest(n)})
+        old = sorted(set(old_manifests(self.cat, listing)) | sent)
         old = [n for n in old if not (self.resume and self.ours(n, staged / n, listing))]
         fs = self.folder.fs()
         for name in sorted(old, key=lambda n: (n.count("/"), n)):
