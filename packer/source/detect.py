@@ -29,6 +29,7 @@ from pathlib import Path
 
 from packer.errors import SourceError
 from packer.source.grouped import looks_grouped
+from packer.source.hf_features import hf_source
 from packer.source.images import class_dirs, is_image_name, is_video_name
 from packer.source.tables import looks_table
 from packer.source.tars import looks_tars
@@ -210,6 +211,9 @@ def detect_fields(root: str | os.PathLike[str]) -> Detection | None:
             images with captions, or shards of grouped files: either could be meant).
     """
     root_path = Path(root)
+    hf = hf_source(root_path)
+    if hf is not None:
+        return Detection("hf", f"Hugging Face datasets: {hf.what}")
     if looks_tars(root):
         return Detection("tars", "WebDataset tar shards")
     if looks_table(root):

@@ -28,9 +28,11 @@ from packer.formats import by_name, default_layout, format_for
 from packer.remote.fetch import fetch_tars
 from packer.remote.storage import is_url
 from packer.source.detect import detect, detect_fields, find_splits
+from packer.source.hf_features import hf_source
 from packer.source.images import class_dirs
 from packer.source.labels import Labels, one_labels_file
 from packer.write.destination import check_destination, check_reach, partial_path
+from packer.write.hf import plan_hf_splits, prepare_hf, prepare_hf_source
 from packer.write.loading import DEFAULT_MAX_FILE_SIZE
 from packer.write.pipeline import Event, Job, Prepared, ShardHook
 from packer.write.prepare import prepare, prepare_split
@@ -232,7 +234,8 @@ def plan_conversion(
     limits = Limits(parse_size(max_file_size), int(max_pixels))
     if limits.max_pixels < 1:
         raise PackerError(f"invalid max_pixels {max_pixels}; expected 1 or more")
-    found = find_splits(src_path) if kind != "video" else []
+    hf = hf_source(src_path) if kind in (None, "hf") else None  # a DatasetDict has splits too
+    found = hf.splits if hf is not None else find_splits(src_path) if kind != "video" else []
     wanted = [split] if isinstance(split, str) else list(split or found)
     unknown = [w for w in wanted if w not in found]
     if unknown:
@@ -290,6 +293,18 @@ def _prepare_split(plan: ConversionPlan) -> functools.partial[Prepared]:
     )
 
 
+def _prepare_hf(plan: ConversionPlan) -> functools.partial[Prepared]:
+    limits, options = dataclasses.asdict(plan.limits), plan.extra_options
+    return functools.partial(
+        prepare_hf,
+        fmt=plan.fmt,
+        check=plan.check,
+        limits=limits,
+        options=options,
+        follow_links=plan.follow_links,
+    )
+
+
 def _plan_splits(
     plan: ConversionPlan, found: list[str], wanted: list[str], labels: Labels | None
 ) -> ConversionPlan:
@@ -299,9 +314,13 @@ def _plan_splits(
         raise PackerError("--part does not take a root of splits; convert each --split")
     check_destination(plan.dst, plan.overwrite, plan.src, plan.resume, published_ok=plan.resume)
     classes = list(plan.classes) if plan.classes is not None else None
-    split_plan = plan_splits(
-        plan.src, wanted, _prepare_split(plan), labels, classes, plan.strict, found
-    )
+    hf = hf_source(plan.src) if plan.kind in ("", "hf") else None
+    if hf is not None:
+        split_plan = plan_hf_splits(hf, wanted, _prepare_hf(plan), classes, plan.strict)
+    else:
+        split_plan = plan_splits(
+            plan.src, wanted, _prepare_split(plan), labels, classes, plan.strict, found
+        )
     return dataclasses.replace(plan, kind="splits", splits=split_plan)
 
 
@@ -325,7 +344,10 @@ def _plan_folder(plan: ConversionPlan, labels: Labels | None) -> ConversionPlan:
     fmt = plan.fmt
     classes = list(plan.classes) if plan.classes is not None else None
     limits = dataclasses.asdict(plan.limits)
-    prepared = prepare(
+    prepare_kind = (
+        functools.partial(prepare_hf_source, _prepare_hf(plan)) if kind == "hf" else prepare
+    )
+    prepared = prepare_kind(
         kind,
         plan.src,
         fmt,

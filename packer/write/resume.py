@@ -66,7 +66,7 @@ def _files(sample: Any) -> tuple[str, ...]:
 def sample_folders(source: Any) -> set[str]:
     """The folders the scan found samples in (a frame folder, or a file's folder); none for tar
     shards, a table, COCO (they name the files they read; no folder is listed)."""
-    if getattr(source, "source_kind", "") in ("tars", "table", "coco"):
+    if getattr(source, "source_kind", "") in ("tars", "table", "coco", "hf"):
         return set()
     return {os.path.dirname(_files(s)[0]) for s in source.samples}
 
