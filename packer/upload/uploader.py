@@ -151,6 +151,21 @@ class Uploader:
         this journal recorded, sent from bytes whose xxh3 is ``expected`` where known."""
         return self.journal.holds(name, local, listing.get(name), expected)
 
+    def sent_here(self, name: str, local: Path, listing: dict[str, tuple[int, str | None]]) -> bool:
+        """Whether the manifest ``name`` at the store is this upload's of ``local``: journaled
+        (:meth:`ours`), or begun from here and holding ``local``'s very bytes, its journal line
+        lost (a kill between the PUT and the line, a HEAD that failed after the PUT): then
+        journaled now, so ``--resume`` finishes the upload instead of refusing its own work."""
+        if self.ours(name, local, listing):
+            return True
+        if name not in self.journal.sending or name not in listing or not local.is_file():
+            return False
+        st, (size, etag) = local.stat(), listing[name]
+        if size != st.st_size or self.cat(name) != local.read_bytes():
+            return False
+        self.journal.record(name, st, size, etag, file_checksum(local))
+        return True
+
     def check(
         self, overwrite: bool, staged: Path | None = None
     ) -> dict[str, tuple[int, str | None]]:
@@ -164,10 +179,10 @@ class Uploader:
         listing = self.listing()
         if not listing:
             return listing
-        mine = (  # resumed after its manifest was uploaded
+        mine = (  # resumed after its manifest was uploaded (its journal line maybe lost)
             self.resume
             and staged is not None
-            and self.ours(MANIFEST_NAME, staged / MANIFEST_NAME, listing)
+            and self.sent_here(MANIFEST_NAME, staged / MANIFEST_NAME, listing)
         )
         if MANIFEST_NAME in listing and not (overwrite or mine):
             raise DatasetExistsError(
@@ -261,7 +276,7 @@ class Uploader:
         replaced. Another object named ``packer.json`` (a user's nested dataset) is kept."""
         sent = self.journal.deletable({n for n in listing if is_manifest(n)})
         old = sorted(set(old_manifests(self.cat, listing)) | sent)
-        old = [n for n in old if not (self.resume and self.ours(n, staged / n, listing))]
+        old = [n for n in old if not (self.resume and self.sent_here(n, staged / n, listing))]
         fs = self.folder.fs()
         for name in sorted(old, key=lambda n: (n.count("/"), n)):
             url, self.wrote = join_url(self.url, name), True
