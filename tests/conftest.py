@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import compileall
 import json
+import multiprocessing
+import os
 from collections.abc import Callable, Iterator
+from multiprocessing import forkserver
 from pathlib import Path
 
 import pytest
 from fault_proxy import FaultProxy, fault_proxy
-from s3_server import S3Server, s3_server
+from s3_server import CREDENTIALS, S3Server, s3_server
 
 import packer
 from packer.core.manifest import MANIFEST_NAME
@@ -33,6 +36,29 @@ def pytest_configure(config: pytest.Config) -> None:
     """
     if not hasattr(config, "workerinput"):  # the xdist controller, or a plain run
         compileall.compile_dir(Path(packer.__file__).parent, quiet=1, workers=1)
+    _start_forkserver()
+
+
+def _start_forkserver() -> None:
+    """One forkserver per test process, torch imported in it once: a DataLoader worker under
+    ``forkserver`` is a fresh process (its dataset pickled, nothing of the test's state
+    inherited, as under spawn) that costs a fork instead of a ~2 CPU-s import of torch. It
+    starts now, with the S3 test credentials in its environment (the forkserver's children
+    inherit its environment, not the test's), so the remote tests' workers reach moto."""
+    multiprocessing.set_forkserver_preload(["torch", "torch.utils.data"])
+    saved = dict(os.environ)
+    os.environ.update(CREDENTIALS)
+    try:
+        forkserver.ensure_running()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Stop the forkserver and wait for it: its CPU and its children's (the DataLoader workers
+    it forked and reaped) count in this process's, as a spawned worker's would."""
+    forkserver._forkserver._stop()
 
 
 @pytest.fixture(scope="session")

@@ -120,7 +120,7 @@ def test_bad_arguments_are_named() -> None:
         RandomHorizontalFlip(p=1.5)
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork", "forkserver"])
 def test_uint8_batches_from_workers_finish_in_the_training_process(
     packed: dict[str, Path], context: str
 ) -> None:

@@ -69,7 +69,7 @@ class _Three:
         return full[i]["__key__"], full[i]["jpg"], captions[i], exact[i]
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork", "forkserver"])
 def test_three_views_in_dataloader_workers(pairs: tuple, context: str) -> None:
     dst, written = pairs
     three = _Three(dst)

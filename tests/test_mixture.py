@@ -141,7 +141,7 @@ def test_the_order_is_a_pure_function_of_seed_and_epoch(keyed: dict[str, Keyed])
     assert not np.array_equal(np.stack(other.layout(0)), np.stack(one.layout(0)))
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork", "forkserver"])
 def test_dataloader_workers_read_the_rules_multiset(keyed: dict[str, Keyed], context: str) -> None:
     mixture = packer.Mixture(keyed, weights={"a": 1, "b": 2}, epoch_size=16, seed=1, block=2)
     mixture.set_epoch(2)
@@ -153,7 +153,7 @@ def test_dataloader_workers_read_the_rules_multiset(keyed: dict[str, Keyed], con
     assert Counter(key[0] for key in got) == {"a": 5, "b": 11}
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork", "forkserver"])
 def test_persistent_workers_follow_set_epoch(keyed: dict[str, Keyed], context: str) -> None:
     mixture = packer.Mixture(keyed, weights={"a": 1, "b": 2}, epoch_size=16, seed=1, block=2)
     loader = DataLoader(

@@ -52,7 +52,7 @@ def test_decoded_npy_reads_pixels_without_decoding(tree: DemoTree, tmp_path: Pat
     image, _ = tensors[0]
     assert image.shape == (3, 24, 24) and image.is_contiguous()
     assert torch.equal(image.permute(1, 2, 0), torch.from_numpy(ds[0][0].copy()))
-    loader = DataLoader(tensors, batch_size=5, num_workers=2, multiprocessing_context="spawn")
+    loader = DataLoader(tensors, batch_size=5, num_workers=2, multiprocessing_context="forkserver")
     batches = list(loader)
     assert torch.cat([b[0] for b in batches]).shape == (len(ds), 3, 24, 24)
     assert torch.cat([b[1] for b in batches]).tolist() == ds.targets.tolist()

@@ -74,7 +74,7 @@ def test_layouts_are_the_ones_covered(local: dict[str, Path]) -> None:
         assert load_manifest(local[name]).options["layout"] == "per-sample"
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork", "forkserver"])
 @pytest.mark.parametrize("name", IMAGES)
 def test_images_through_workers_equal_local(
     server: S3Server, local: dict[str, Path], urls: dict[str, str], name: str, context: str
@@ -86,7 +86,7 @@ def test_images_through_workers_equal_local(
     assert list(remote.keys) == list(packer.open_dataset(local[name]).keys)
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork", "forkserver"])
 @pytest.mark.parametrize("name", VIDEOS)
 def test_videos_through_workers_equal_local(
     server: S3Server, local: dict[str, Path], urls: dict[str, str], name: str, context: str

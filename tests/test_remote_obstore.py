@@ -87,8 +87,8 @@ def _as_list(batch: list) -> list:
 def test_every_format_through_spawned_and_forked_workers(
     proxy: FaultProxy, local: dict[str, Path], urls: dict[str, str], tmp_path: Path
 ) -> None:
-    """One loader over all four formats (spawn starts its workers once): bytes equal to the
-    local datasets, every request of the spawned workers through obstore."""
+    """One loader over all four formats (a fresh process starts its workers once): bytes equal
+    to the local datasets, every request of the forkserver's workers through obstore."""
     remote = [
         packer.open_dataset(
             urls[n], output="bytes", storage_options=_obstore(proxy), cache_dir=tmp_path / n
@@ -96,7 +96,7 @@ def test_every_format_through_spawned_and_forked_workers(
         for n in NAMES
     ]
     expected = [b for n in NAMES for b in _every(packer.open_dataset(local[n], output="bytes"))]
-    for context in ("spawn", "fork"):
+    for context in ("forkserver", "fork"):
         loader = DataLoader(
             Tagged(ConcatDataset(remote)),
             batch_size=4,
@@ -107,7 +107,7 @@ def test_every_format_through_spawned_and_forked_workers(
         )
         got = [item for batch in loader for item in batch]
         assert [data for data, _ in got] == expected
-        if context == "spawn":  # each worker's requests went through obstore; a sample
+        if context == "forkserver":  # each worker's requests went through obstore; a sample
             # found in the cache another worker filled needs none (before the worker's first)
             tags = [tag for _, tag in got]
             for pid in {pid for pid, _ in tags}:

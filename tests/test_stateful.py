@@ -56,7 +56,7 @@ def keyed(packed: dict[str, Path]) -> Keyed:
     return Keyed(packer.open_dataset(packed[".lmdb"], output="bytes"))
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork", "forkserver"])
 def test_a_mid_epoch_checkpoint_resumes_exactly(keyed: Keyed, context: str) -> None:
     first, _ = loader(keyed, 1, 0, 2, context)
     seen: list[str] = []

@@ -246,7 +246,7 @@ def test_bad_arguments() -> None:
 def test_dataloader_workers(packed: dict[str, Path]) -> None:
     transform = RandomResizedCrop(32, decoder="simplejpeg", seed=0)
     dataset = open_dataset(packed[".lmdb"], output="bytes", transform=transform)
-    loader = DataLoader(dataset, batch_size=5, num_workers=2, multiprocessing_context="spawn")
+    loader = DataLoader(dataset, batch_size=5, num_workers=2, multiprocessing_context="forkserver")
     images, labels = [], []
     for x, y in loader:
         images.append(x)

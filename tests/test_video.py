@@ -198,7 +198,7 @@ def tag(suffix: str, label: int) -> tuple[str, int]:
     return suffix, label
 
 
-@pytest.mark.parametrize(("context", "persistent"), [("fork", False), ("spawn", True)])
+@pytest.mark.parametrize(("context", "persistent"), [("fork", False), ("forkserver", True)])
 def test_dataloader_workers_every_format(
     frames_tree: VideoTree, packed: dict, context: str, persistent: bool
 ) -> None:

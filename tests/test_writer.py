@@ -360,7 +360,7 @@ def test_memory_stays_bounded_by_a_shard(tmp_path: Path) -> None:
     assert ds[count]["bin"] == payloads[(count - 1) % 4]
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork", "forkserver"])
 def test_workers_read_a_written_dataset(context: str, written: dict[str, Path]) -> None:
     ds = packer.open_dataset(written[".npy"], fields=("cls", "txt", "f64.npy"))
     loader = DataLoader(
