@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 from PIL import Image
 
@@ -236,3 +237,63 @@ def test_memory_is_a_row_group_not_the_file(tmp_path: Path) -> None:
     # groups, never the file (~4 MB)
     assert peak < 1.5 * meta.serialized_size + 4 * group < src.stat().st_size / 4, (peak, group)
     _check_images(out, hf)
+
+
+def test_process_pool_conversion_trains_like_a_class_tree(tmp_path: Path) -> None:
+    hf = _images(30)
+    hf.to_parquet(tmp_path / "t.parquet", batch_size=7)  # row groups straddle load batches
+    result = packer.convert(
+        tmp_path / "t.parquet", tmp_path / "o.lmdb", check="full", workers=2, progress=False
+    )  # decoding check: a process pool, the loader and its samples pickled
+    assert not result.skipped
+    _check_images(tmp_path / "o.lmdb", hf)
+    ds = packer.open_dataset(tmp_path / "o.lmdb", output="bytes")
+    sampler = packer.ShardedSampler(ds, num_replicas=1, rank=0, seed=3)
+    loader = torch.utils.data.DataLoader(
+        ds, sampler=sampler, batch_size=4, num_workers=2, collate_fn=list
+    )
+    labels = [label for batch in loader for _, label in batch]
+    assert sorted(labels) == sorted(hf["label"]) and labels != hf["label"]  # shuffled, all
+
+
+def _arrow_like_datasets(table: pa.Table, path: Path, compression: str | None = None) -> None:
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    with pa.OSFile(str(path), "wb") as sink:
+        with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+            writer.write_table(table, max_chunksize=3)
+
+
+def test_arrow_files_compressed_or_truncated_are_one_line_errors(tmp_path: Path) -> None:
+    _images(3).save_to_disk(tmp_path / "saved")
+    arrow = tmp_path / "saved" / "data-00000-of-00001.arrow"
+    with pa.memory_map(str(arrow)) as mm:
+        table = pa.ipc.open_stream(mm).read_all()  # its schema keeps the features
+    _arrow_like_datasets(table, tmp_path / "plain.arrow")
+    result = packer.convert(tmp_path / "plain.arrow", tmp_path / "plain.lmdb", progress=False)
+    assert result.manifest.classes == NAMES and result.manifest.num_samples == 3
+    _arrow_like_datasets(table, tmp_path / "z.arrow", compression="zstd")
+    cut = tmp_path / "cut.arrow"
+    cut.write_bytes(arrow.read_bytes()[: arrow.stat().st_size // 2])
+    for name, says in [("z.arrow", "compressed Arrow file"), ("cut.arrow", "cannot be read")]:
+        code, out = _run("convert", tmp_path / name, tmp_path / f"{name}.lmdb")
+        assert code != 0 and len(out.strip().splitlines()) == 1 and says in out, out
+
+
+def test_audio_column_is_kept_as_bytes_beside_the_label(tmp_path: Path) -> None:
+    features = {
+        "audio": {"_type": "Audio"},
+        "label": {"names": ["yes", "no"], "_type": "ClassLabel"},
+    }
+    struct = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    schema = pa.schema(
+        [("audio", struct), ("label", pa.int64())],
+        metadata={"huggingface": json.dumps({"info": {"features": features}})},
+    )
+    clips = [b"RIFF....WAVEfmt one", b"RIFF....WAVEfmt two"]
+    rows = [{"audio": {"bytes": c, "path": f"{i}.wav"}, "label": i} for i, c in enumerate(clips)]
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp_path / "speech.parquet")
+    result = packer.convert(tmp_path / "speech.parquet", tmp_path / "o.lmdb", progress=False)
+    kinds = {f["name"]: f["kind"] for f in result.manifest.options["fields"]}
+    assert kinds == {"audio": "bytes", "label": "int"}
+    ds = packer.open_dataset(tmp_path / "o.lmdb", output="bytes")
+    assert [bytes(ds[i]["audio"]) for i in range(2)] == clips
