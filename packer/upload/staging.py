@@ -22,6 +22,7 @@ under ``flock``).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -40,6 +41,7 @@ from packer.upload.identity import store_identity
 from packer.upload.stream import ShardStream, stream_limit
 from packer.upload.uploader import JOURNAL_NAME, Journal, Uploader
 from packer.write.convert import convert
+from packer.write.disk_full import streamed
 from packer.write.merge import merge
 from packer.write.plan import DEFAULT_SHARD_SIZE
 from packer.write.result import ConvertResult
@@ -268,14 +270,16 @@ def convert_to_url(
             _clear(folder, keep=(_LOCK, _MARK, JOURNAL_NAME))
             journal.reset(url.rstrip("/"))
         stream = None
+        room: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if not keep_staging:
-            limit = stream_limit(
-                parse_size(kwargs.get("shard_size", DEFAULT_SHARD_SIZE)), staging_limit
-            )
+            shard = parse_size(kwargs.get("shard_size", DEFAULT_SHARD_SIZE))
+            limit = stream_limit(shard, staging_limit)
             stream = ShardStream(uploader, local, limit, overwrite, kwargs.pop("on_event", None))
             kwargs.update(after_shard=stream.after_shard, on_event=stream.on_event)
+            room = streamed(limit, shard)  # a full disk asks for what streaming holds
         try:
-            result = convert(src, local, resume=resume, progress=progress, part=part, **kwargs)
+            with room:
+                result = convert(src, local, resume=resume, progress=progress, part=part, **kwargs)
         except DestinationError as exc:
             if str(exc).startswith(("disk full", "not enough space")):
                 raise _staging_full(exc, url) from exc

@@ -13,12 +13,19 @@ rounds up to the destination's block) and refuses a destination without that muc
 Measured within ±20 % of the space a conversion takes (``tests/test_first_day2_disk_space.py``).
 A write-time resize or re-encode (``--max-side``, ``--size``, ...) cannot be estimated: no
 pre-flight check then, only the error on a full disk.
+
+An upload that streams its shards (:func:`streamed`, :mod:`packer.upload.stream`) holds only a
+few of them: its full disk asks for ``--staging-limit`` plus two shards and the tables
+(:func:`streaming_need`), not the whole output.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +35,7 @@ from packer.core.tablefile import temp_name
 from packer.errors import DestinationError
 from packer.write.resume import Progress
 
-__all__ = ["check_room", "disk_full_error", "estimate_need", "estimate_output"]
+__all__ = ["check_room", "disk_full_error", "estimate_need", "estimate_output", "streamed"]
 
 _RESIZING = ("quality", "max_side", "short_side", "reencode", "size")
 _PAGE = 4096  # LMDB's page (the OS page size on Linux x86/arm)
@@ -57,6 +64,63 @@ def _written(partial: Path) -> tuple[int, int]:
     return data, tables
 
 
+# (limit, shard size) of the upload streaming this thread's conversion (packer.upload.stream)
+_STREAMED: ContextVar[tuple[int, int] | None] = ContextVar("packer_streamed", default=None)
+
+
+@contextmanager
+def streamed(limit: int, shard_size: int) -> Iterator[None]:
+    """Within it, the conversion's shards leave as they are checkpointed (an upload's staging:
+    ``limit`` bytes of finished shards may wait for their upload, ``shard_size`` the plan's), so
+    a full disk asks for what streaming holds (:func:`streaming_need`), not the whole output."""
+    token = _STREAMED.set((limit, shard_size))
+    try:
+        yield
+    finally:
+        _STREAMED.reset(token)
+
+
+def _held(partial: Path) -> int:
+    """Bytes of disk blocks the files in ``partial`` hold (a released copy, all holes, none)."""
+    held = 0
+    for root, _, names in os.walk(partial):
+        for name in names:
+            try:
+                held += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                continue
+    return held
+
+
+def streaming_need(
+    partial: Path, source: Any, stream: tuple[int, int], whole: int | None, block: int
+) -> tuple[int, str]:
+    """How many more bytes a streamed conversion into ``partial`` needs (``stream``: the bytes
+    of finished shards that may wait for their upload, the shard size): those shards (at least
+    one), the shard being written and the one being finished (a shard passes its size by up to
+    one input), the checkpoints every shard leaves until the end (four files of a
+    ``block`` or more each, holding its share of the tables), the tables and the journal; never
+    more than the ``whole`` output (where estimated) with its checkpoints; less the blocks its
+    files hold now."""
+    limit, shard_size = stream
+    n = len(source.samples)
+    tables = 40 * n + sum(len(os.fsencode(s.key)) + 1 for s in source.samples) + 4096
+    data = whole if whole is not None else int(source.total_bytes)
+    largest = max((int(getattr(s, "size", 0)) for s in source.samples), default=0)
+    shard = min(shard_size + largest, max(data, 1))
+    checkpoints = -(-data // max(shard_size, 1)) * 4 * block + tables  # four files a shard
+    peak = max(limit, shard) + 2 * shard + checkpoints + tables + 8 * block
+    if whole is not None:
+        peak = min(peak, whole + checkpoints + 8 * block)
+    held = _held(partial) if partial.is_dir() else 0
+    return max(peak - held, 0), (
+        f"an estimate for an upload that streams its shards: {format_size(limit)} of shards "
+        f"waiting (--staging-limit), two of up to {format_size(shard)} being written and "
+        f"finished, {format_size(checkpoints + tables)} of checkpoints and tables, less the "
+        f"{format_size(held)} staged now"
+    )
+
+
 def estimate_need(
     partial: Path, source: Any, fmt: str | None = None, options: dict[str, Any] | None = None
 ) -> tuple[int, str]:
@@ -64,14 +128,15 @@ def estimate_need(
     data still to write at the ratio of bytes written per input byte in the finished shards
     (BMP writes pixels: ~10× its JPEG inputs), plus the tables (16 bytes a sample, 24 a
     record, the keys, ~4 kB of manifest) not yet written. Without a finished shard, the source's
-    size stands for the data (said so: a transcoding format needs more)."""
-    whole = None
-    if fmt is not None:
-        try:
-            block = os.statvfs(partial.parent).f_frsize or 4096
-        except OSError:
-            block = 4096
-        whole = estimate_output(fmt, source, options or {}, block)
+    size stands for the data (said so: a transcoding format needs more). Within
+    :func:`streamed` (an upload's staging), what streaming holds: :func:`streaming_need`."""
+    try:
+        block = os.statvfs(partial.parent).f_frsize or 4096
+    except OSError:
+        block = 4096
+    whole = None if fmt is None else estimate_output(fmt, source, options or {}, block)
+    if (stream := _STREAMED.get()) is not None:
+        return streaming_need(partial, source, stream, whole, block)
     if whole is not None:
         written = sum(_written(partial)) if partial.is_dir() else 0
         return max(whole - written, 0), (
