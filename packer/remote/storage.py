@@ -24,8 +24,10 @@ from packer.core.sizes import WHOLE, bounds, deadline, read_advice
 from packer.errors import FormatError, PackerError
 from packer.formats.files import coalesce
 from packer.remote.obstore_backend import POOL, fsspec_options
+from packer.remote.watchdog import cut_reason, watched_options
 
-__all__ = ["GAP", "POOL", "RETRY", "RemoteFolder", "Retry", "coalesce", "is_url", "join_url"]
+__all__ = ["GAP", "POOL", "RETRY", "RemoteFolder", "Retry", "coalesce", "failure", "is_url"]
+__all__ += ["join_url"]
 
 T = TypeVar("T")
 
@@ -103,11 +105,19 @@ def passing(exc: BaseException) -> bool:
     return False
 
 
+def failure(exc: BaseException) -> str:
+    """``exc`` as a message names it: its type and text, and the watchdog's reason when it cut
+    the connection (a client's wrapping says "could not connect" instead)."""
+    what = f"{type(exc).__name__}: {exc}".strip()
+    why = cut_reason(exc)
+    return what if why is None or why in what else f"{what} ({why})"
+
+
 def remote_error(url: str, exc: BaseException) -> PackerError:
     """A packer error naming ``url`` for any exception of fsspec or its backend."""
     if isinstance(exc, PackerError):
         return exc
-    what = f"{type(exc).__name__}: {exc}".strip()
+    what = failure(exc)
     if "not satisfiable" in str(exc) or "InvalidRange" in str(exc):
         return FormatError(
             f"{url!r} is shorter than a record the dataset's tables place in it ({what}): the "
@@ -166,7 +176,7 @@ class RemoteFolder:
         def give_up(exc: Exception, attempts: int, spent: float) -> PackerError:
             return PackerError(
                 f"cannot read {url!r}: {attempts} attempts over {spent:.1f}s all failed, the "
-                f"last with {type(exc).__name__}: {exc}. {read_advice(self.bounds, exc)}"
+                f"last with {failure(exc)}. {read_advice(self.bounds, exc)}"
             )
 
         return retried(RETRY, lambda _: request(), retry_on, give_up)
@@ -202,6 +212,7 @@ class RemoteFolder:
             protocol = self.url.split("://", 1)[0]
             try:
                 options = fsspec_options(protocol, self.options)
+                options = watched_options(protocol, options, self.bounds)
                 self._fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
             except PackerError:  # it names the option and the way out
                 raise
@@ -270,7 +281,8 @@ class RemoteFolder:
     def download(self, name: str, fd: int, size: int) -> str:
         """Write the first ``size`` bytes of object ``name`` into the file ``fd`` (from its
         start, truncated first) by ranged GETs of :data:`_CHUNK`, :data:`_IN_FLIGHT` at once,
-        each retried on its own (:meth:`read_runs`); return the xxh3_64 hex digest of the
+        each retried on its own (:meth:`read_runs`), through fsspec (its sockets are watched:
+        :mod:`packer.remote.watchdog`, a trickle is cut at ``read_timeout``); return the xxh3_64 hex digest of the
         bytes written."""
         import xxhash
 
@@ -280,7 +292,8 @@ class RemoteFolder:
         while done < size:
             starts = list(range(done, min(size, done + _CHUNK * _IN_FLIGHT), _CHUNK))
             stops = [min(a + _CHUNK, size) for a in starts]
-            for start, block in zip(starts, self.read_runs([name] * len(starts), starts, stops)):
+            runs = self.read_runs([name] * len(starts), starts, stops, self.fs())
+            for start, block in zip(starts, runs):
                 digest.update(block)
                 view = memoryview(block)
                 while view:
@@ -301,9 +314,11 @@ class RemoteFolder:
         self.identity.update((n, found[n]) for n in names if n in found)
         return {name: found[name][0] for name in names if name in found}
 
-    def read_runs(self, names: list[str], starts: list[int], stops: list[int]) -> list[bytes]:
+    def read_runs(
+        self, names: list[str], starts: list[int], stops: list[int], via: Any = None
+    ) -> list[bytes]:
         """``names[k]``'s bytes ``starts[k]:stops[k]`` for every ``k``, the requests in flight
-        together (one ranged GET each).
+        together (one ranged GET each), through ``via`` (else :meth:`ranges`).
 
         Raises:
             FormatError: an object ends before a range does (truncated or replaced).
@@ -313,7 +328,7 @@ class RemoteFolder:
 
         def attempt() -> list[bytes]:  # only the ranges not yet read are asked again
             todo = [k for k, block in enumerate(got) if block is None]
-            size, ranges = sum(stops[k] - starts[k] for k in todo), self.ranges()
+            size, ranges = sum(stops[k] - starts[k] for k in todo), via or self.ranges()
             blocks = ranges.cat_ranges(
                 [urls[k] for k in todo],
                 [starts[k] for k in todo],
