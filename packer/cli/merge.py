@@ -36,6 +36,9 @@ def merge(
     folder; each part has sent its shards already), then uploads the tables and packer.json,
     last; run it again to resume.
 
+    The parts of packer pack FUNCTION INPUTS DST --part I/N join the same way: the samples
+    and keys of one run, in input order.
+
     \b
     Example:
       packer convert imagenet/train train.lmdb --part 0/2   # on one node

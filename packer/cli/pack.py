@@ -105,6 +105,9 @@ def read_inputs(path: Path) -> list[str]:
 @click.option("--fields", help="Declare the field names up front: jpg,cls (names tuple parts).")
 @size_option("--shard-size", "1GiB", "Roll to a new shard past this size; the unit of --resume.")
 @positive_int("--jpeg-quality", text="Quality of pixels encoded in a jpg field.", default=90)
+@click.option(
+    "--part", help="I/N: pack the I-th of N runs of inputs into DST.part-I (packer merge)."
+)
 @quiet_flag()
 @json_flag("Print the summary as one JSON object.")
 @friendly
@@ -119,6 +122,7 @@ def pack(
     fields: str | None,
     shard_size: str,
     jpeg_quality: int,
+    part: str | None,
     quiet: bool,
     as_json: bool,
 ) -> None:
@@ -133,13 +137,17 @@ def pack(
       ls /data/wav/*/*.wav > clips.txt
       packer pack prep:to_spectrogram clips.txt mels.lmdb --workers 8
       packer pack prep:to_spectrogram clips.txt mels.lmdb --resume   # after a kill
+      packer pack prep:to_spectrogram clips.txt mels.lmdb --part $SLURM_ARRAY_TASK_ID/8
+      packer merge mels.lmdb                                        # once all 8 are done
     """
     from packer.write.pack import pack as run
+    from packer.write.tasks import parse_part
 
     names = [n.strip() for n in fields.split(",")] if fields else None
     result = run(
         read_inputs(inputs), dst, load_function(function), workers=workers, resume=resume,
         strict=strict, progress=not (quiet or as_json), fields=names, shard_size=shard_size,
         overwrite=overwrite, jpeg_quality=jpeg_quality,
+        part=parse_part(part) if part is not None else None,
     )  # fmt: skip
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())

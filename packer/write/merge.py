@@ -26,6 +26,7 @@ from packer.remote.storage import is_url
 from packer.source.images import SkippedInput
 from packer.write.convert import ConvertResult
 from packer.write.destination import DestinationLock, check_destination, partial_path, publish
+from packer.write.pack_merge import is_pack_part, merge_packed
 from packer.write.pipeline import Job, finalize
 from packer.write.resume import PROGRESS_DIR, Checkpoint, Progress, describe_change
 from packer.write.tasks import PART_MANIFEST, PART_VERSION
@@ -173,6 +174,9 @@ def merge(
         )
     start = time.perf_counter()
     dst = Path(os.fspath(dst).rstrip("/") or "/")
+    complete, _ = find_parts(dst)
+    if complete and is_pack_part(next(iter(complete.values()))):
+        return merge_packed(dst, complete, overwrite=overwrite, progress=progress)
     parts, records = _load_parts(dst)
     first = records[0]
     check_destination(dst, overwrite, Path(first["source"]["root"]), resume=True)

@@ -34,9 +34,10 @@ from packer.write.pack_inputs import (
     inputs_digest,
 )
 from packer.write.pack_map import outcomes
-from packer.write.pack_writer import PackWriter
+from packer.write.pack_writer import PACK_PART_VERSION, PackWriter, part_manifest
 from packer.write.plan import DEFAULT_SHARD_SIZE
 from packer.write.result import ConvertResult
+from packer.write.tasks import PART_MANIFEST, check_part, part_path
 from packer.write.writer_values import DEFAULT_JPEG_QUALITY, declared_fields
 
 __all__ = ["pack"]
@@ -96,14 +97,17 @@ def _write(writer: PackWriter, inputs: Any, outcome: Outcome, strict: bool, skip
         writer._append(key, encoded)
 
 
-def _complete(dst: Path) -> ConvertResult | None:
+def _complete(dst: Path, is_part: bool) -> ConvertResult | None:
     """With ``resume``: ``dst`` already published by a pack (a kill after it appeared) and no
     ``DST.partial``: nothing to do."""
-    if partial_path(dst).exists() or not (dst / MANIFEST_NAME).is_file():
+    if (
+        partial_path(dst).exists()
+        or not (dst / (PART_MANIFEST if is_part else MANIFEST_NAME)).is_file()
+    ):
         return None
     try:
-        manifest = load_manifest(dst)
-    except PackerError:
+        manifest = part_manifest(dst) if is_part else load_manifest(dst)
+    except (PackerError, OSError, ValueError, KeyError, TypeError):
         return None
     if manifest.options.get("source_kind") != "pack":
         return None
@@ -132,6 +136,7 @@ def pack(
     shard_size: int | str = DEFAULT_SHARD_SIZE,
     overwrite: bool = False,
     jpeg_quality: int = DEFAULT_JPEG_QUALITY,
+    part: tuple[int, int] | None = None,
 ) -> ConvertResult:
     """Run ``fn`` on every input and pack the samples it returns into a new dataset at ``dst``.
 
@@ -154,6 +159,8 @@ def pack(
         shard_size: roll to a new shard past this many bytes; the unit of ``resume``.
         overwrite: replace an existing dataset at ``dst`` (only once the new one is complete).
         jpeg_quality: the quality pixels are encoded at in a ``jpg`` field.
+        part: ``(i, n)``: pack only the ``i``-th of ``n`` equal runs of consecutive inputs,
+            into ``DST.part-i``, for :func:`packer.merge` to join (keys stay those of one run).
 
     Returns:
         What was written: the manifest, the skipped inputs and the time it took.
@@ -177,6 +184,11 @@ def pack(
         raise PackerError("inputs is empty: nothing to pack")
     options = {"fn": fn_identity(fn), "fields": spec.names, "jpeg_quality": jpeg_quality}
     options["shard_size"] = shard_size
+    lo, hi, target, part_record = 0, len(sequence), Path(os.fspath(dst).rstrip("/")), None
+    if part is not None:
+        check_part(part)
+        lo, hi = part[0] * len(sequence) // part[1], (part[0] + 1) * len(sequence) // part[1]
+        target = part_path(target, part[0])
     fingerprint = {
         "format": format_for(os.fspath(dst).rstrip("/")).NAME,
         "options": options,
@@ -186,17 +198,25 @@ def pack(
         "bytes": 0,
         "inputs_xxh3_64": inputs_digest(sequence),
     }
-    if resume and (done := _complete(Path(os.fspath(dst)))) is not None:
+    if part is not None:  # every part has the job's fingerprint; its progress, its own part too
+        part_record = {
+            "packer_pack_part": PACK_PART_VERSION,
+            "part": list(part),
+            "dst": os.fspath(dst),
+            "job": fingerprint,
+        }
+        fingerprint = {**fingerprint, "options": {**options, "part": list(part)}}
+    if resume and (done := _complete(target, part is not None)) is not None:
         return done
     writer = PackWriter(
-        dst, fingerprint=fingerprint, resume=resume, fields=fields, shard_size=shard_size,
-        overwrite=overwrite, jpeg_quality=jpeg_quality, progress=progress,
+        target, fingerprint=fingerprint, resume=resume, part=part_record, fields=fields,
+        shard_size=shard_size, overwrite=overwrite, jpeg_quality=jpeg_quality, progress=progress,
     )  # fmt: skip
     with writer:
-        start, skip_to = writer.resumed_at or (0, 0)
-        for outcome in outcomes(sequence, spec, start, count_workers, executor):
+        start, skip_to = writer.resumed_at or (lo, 0)
+        for outcome in outcomes(sequence, spec, start, count_workers, executor, hi):
             _write(writer, sequence, outcome, strict, skip_to if outcome.index == start else 0)
-        writer.position = (len(sequence), 0)
+        writer.position = (hi, 0)
     manifest = writer.manifest
     assert manifest is not None
     notes = (

@@ -94,14 +94,16 @@ def outcomes(
     start: int = 0,
     workers: int = 1,
     executor: Any = None,
+    stop: int | None = None,
 ) -> Iterator[Outcome]:
-    """The outcome of every input from position ``start`` on, in input order.
+    """The outcome of every input from position ``start`` to ``stop`` (default: the end), in
+    input order.
 
     Raises:
         PackerError: ``fn`` or the inputs cannot be sent to the workers, or a worker process
             died (killed, out of memory): the message says to resume.
     """
-    count = len(inputs)
+    count = len(inputs) if stop is None else stop
     step = chunk_size(count - start, max(workers, 2 if executor is not None else 1))
     ranges = [(a, min(a + step, count)) for a in range(start, count, step)]
     if executor is None and workers <= 1:

@@ -16,14 +16,42 @@ from pathlib import Path
 from typing import Any
 
 from packer.core.fields import FieldSpec
-from packer.core.manifest import fsync_dir, shard_name
+from packer.core.manifest import Manifest, fsync_dir, shard_name
 from packer.errors import DestinationError
 from packer.source.images import SkippedInput
-from packer.write.destination import check_destination, lock_holder
-from packer.write.resume import unstarted
+from packer.write.destination import check_destination, lock_holder, publish
+from packer.write.resume import Checkpoint, Progress, unstarted
+from packer.write.tasks import PART_MANIFEST
 from packer.write.writer import Writer
 
 __all__ = ["PackWriter"]
+
+
+PACK_PART_VERSION = 1  # part.json of a pack's part (a conversion's part has "packer_part")
+
+
+def part_manifest(part: Path) -> Manifest:
+    """A pack part's manifest as its ``part.json`` and checkpoints tell it (in memory)."""
+    record = json.loads((part / PART_MANIFEST).read_bytes().decode("utf-8", "surrogateescape"))
+    progress = Progress(part)
+    done = [progress.load(k) for k in range(record["shards"])]
+    if any(c is None for c in done):
+        raise DestinationError(f"part {str(part)!r} lacks a shard's checkpoint")
+    return _manifest(record, [c for c in done if c is not None])
+
+
+def _manifest(record: dict[str, Any], done: list[Checkpoint]) -> Manifest:
+    options = record["options"] or {}
+    return Manifest(
+        format=record["job"]["format"],
+        kind="fields",
+        num_samples=sum(len(c.keys) for c in done),
+        classes=[],
+        shards=[c.shard for c in done if c.shard is not None],
+        skipped=record["skipped"],
+        source={"root": "packer.pack", "files": record["files"], "bytes": record["bytes"]},
+        options=dict(options, source_kind="pack", part=list(record["part"])),
+    )
 
 
 def _state_path(partial: Path, shard: int) -> Path:
@@ -43,13 +71,18 @@ class PackWriter(Writer):
 
     def __init__(
         self, dst: str | os.PathLike[str], *, fingerprint: dict[str, Any], resume: bool,
-        **options: Any,
+        part: dict[str, Any] | None = None, **options: Any,
     ) -> None:  # fmt: skip
-        self._fp, self._resume = fingerprint, resume
+        self._fp, self._resume, self._part = fingerprint, resume, part
         self.position: tuple[int, int] = (0, 0)  # the next sample: (input, sample of it)
         self.resumed_at: tuple[int, int] | None = None
         self.left_out = 0  # inputs fn returned None for
         super().__init__(dst, **options)
+
+    def _configure(self, dst: Any, *rest: Any) -> None:
+        named = self._part["dst"] if self._part is not None else dst  # a part's format: DST's
+        super()._configure(named, *rest)
+        self.name = os.fspath(dst)
 
     def _fingerprint(self) -> dict[str, Any]:
         return self._fp
@@ -139,6 +172,37 @@ class PackWriter(Writer):
             os.fsync(fh.fileno())
         os.replace(tmp, path)
         fsync_dir(path.parent)
+
+    def close(self) -> Manifest:
+        """Publish the dataset; a part (``part=``) instead keeps its checkpoints and records
+        ``part.json`` for ``packer merge`` (the manifest returned is then the part's, in memory
+        only)."""
+        if self._part is None or self._state != "open":
+            return super().close()
+        try:
+            self._flush()
+            record = {
+                **self._part,
+                "options": self._options() if self._fields is not None else None,
+                "shards": len(self._done),
+                "files": self._source.files,
+                "bytes": self._source.total_bytes,
+                "skipped": [{"path": s.path, "reason": s.reason} for s in self._source.skipped],
+                "left_out": self.left_out,
+            }
+            path = self.partial / PART_MANIFEST
+            path.write_bytes(json.dumps(record).encode("utf-8", "surrogateescape"))
+            fsync_dir(self.partial)
+            publish(self.partial, self.dst)
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            self._bar.close()
+        self._state = "closed"
+        self._lock.__exit__(None, None, None)
+        self.manifest = _manifest(record, self._done)
+        return self.manifest
 
     def skip(self, where: str, reason: str) -> None:
         """List an input that failed (``fn`` raised, a value its field cannot take)."""

@@ -49,11 +49,11 @@ from packer.write.writer_values import (
     encode_fields,
 )
 
-__all__ = ["DEFAULT_JPEG_QUALITY", "Writer"]
+__all__ = ["DEFAULT_JPEG_QUALITY", "Writer", "WrittenSource"]
 
 
 @dataclass
-class _Source:
+class WrittenSource:
     """The manifest's view of what was written: no source tree, samples given one by one
     (none of them skipped, none listed: ``samples`` is what finalize counts as inputs)."""
 
@@ -187,7 +187,7 @@ class Writer:
 
     def _setup(self) -> None:
         """The manifest's source, the progress folder and the storage core's job."""
-        self._source = _Source(fields=[])
+        self._source = WrittenSource(fields=[])
         self._progress = Progress(self.partial)
         self._job = Job(
             fmt=self.fmt,
