@@ -144,15 +144,35 @@ except packer.PackerError as exc:
 """
 
 
-def run_briefly(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``python args`` with a deadline: a hang is killed (by subprocess.run) and fails."""
+def run_briefly(*args: str, fifo: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python args`` (beside a watch on ``fifo`` if given): every 2 s while it runs, a
+    writer's non-blocking open finds whether a reader holds the FIFO open (a reader blocked in
+    its open, or in a read of it: a hang); such a reader is released (the open-then-close gives
+    it an end of file) and the run fails. A slow run is never a failure; a cap of 600 s, which
+    only a hang elsewhere reaches, kills it."""
     env = {**os.environ, "PYTHONPATH": str(Path(packer.__file__).parents[1])}
-    try:
-        return subprocess.run(
-            [sys.executable, *args], capture_output=True, text=True, timeout=60, env=env
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{args} hung on a FIFO (killed after 60 s)")
+    child = subprocess.Popen(
+        [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    held = 0
+    for _ in range(300):
+        try:
+            out, err = child.communicate(timeout=2)
+            break
+        except subprocess.TimeoutExpired:
+            if fifo is None:
+                continue
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+                held += 1  # a reader had it open: released
+            except OSError:  # ENXIO: no reader, the run is only slow
+                pass
+    else:
+        child.kill()
+        out, err = child.communicate()
+        pytest.fail(f"{args} still running after 600 s")
+    assert held == 0, f"{args} held the FIFO {fifo} open for reading (a hang on a FIFO)"
+    return subprocess.CompletedProcess(child.args, child.returncode, out, err)
 
 
 def replace_by_fifo(path: Path) -> None:
@@ -165,12 +185,15 @@ def test_a_fifo_named_like_a_table_never_hangs(
     packed: dict[str, Path], tmp_path: Path, name: str
 ) -> None:
     root = copy(packed, ".npy", tmp_path)
-    replace_by_fifo(root / name)
-    opened = run_briefly("-c", OPEN_AND_READ, str(root))
+    fifo = root / name
+    replace_by_fifo(fifo)
+    opened = run_briefly("-c", OPEN_AND_READ, str(root), fifo=fifo)
     assert opened.returncode == 3 and "is not a regular file" in opened.stdout, opened
-    done = run_briefly("-m", "packer", "verify", str(root))
+    done = run_briefly("-m", "packer", "verify", str(root), fifo=fifo)
     assert done.returncode == 1 and "not a regular file" in done.stdout + done.stderr, done
-    shown = run_briefly("-m", "packer", "inspect", str(root))  # inspect never reads records
+    shown = run_briefly(
+        "-m", "packer", "inspect", str(root), fifo=fifo
+    )  # inspect never reads records
     if name != "records.npy":
         assert shown.returncode == 1 and "not a regular file" in shown.stderr, shown
 
@@ -182,9 +205,9 @@ def test_a_fifo_as_a_per_sample_file_never_hangs(
     root = copy(videos, suffix, tmp_path)
     victim = per_sample_files(root)[0]
     replace_by_fifo(victim)
-    opened = run_briefly("-c", OPEN_AND_READ, str(root))
+    opened = run_briefly("-c", OPEN_AND_READ, str(root), fifo=victim)
     assert opened.returncode == 3 and "is not a regular file" in opened.stdout, opened
-    done = run_briefly("-m", "packer", "verify", str(root))
+    done = run_briefly("-m", "packer", "verify", str(root), fifo=victim)
     assert done.returncode == 1 and "regular file" in done.stdout, done
 
 
