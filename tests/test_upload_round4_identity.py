@@ -113,21 +113,26 @@ def profiles(tmp_path: Path, a: S3Server, b: S3Server) -> Path:
     return config
 
 
+@pytest.mark.parametrize("route", ["AWS_PROFILE", "AWS_ENDPOINT_URL"])
 def test_a_profile_on_another_store_never_touches_its_objects(
     server: S3Server,
     store_b: S3Server,
     source: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    route: str,
 ) -> None:
-    url, staging = f"s3://{BUCKET}/profile.lmdb", tmp_path / "staging"
+    """Store A, then store B, chosen by the profile (``AWS_PROFILE`` in ``AWS_CONFIG_FILE``)
+    or by botocore's ``AWS_ENDPOINT_URL``; no storage option names either."""
+    url, staging = f"s3://{BUCKET}/{route}.lmdb", tmp_path / "staging"
     monkeypatch.setenv("AWS_CONFIG_FILE", str(profiles(tmp_path, server, store_b)))
-    monkeypatch.setenv("AWS_PROFILE", "pa")
+    use = {"AWS_PROFILE": ("pa", "pb"), "AWS_ENDPOINT_URL": (server.endpoint, store_b.endpoint)}
+    monkeypatch.setenv(route, use[route][0])
     killed(source, url, {}, staging)
     sent = sorted(objects(server, url))
     assert len(sent) >= 2, "some shards were sent to A"
     theirs = plant_like(store_b, url, sent)  # B holds objects named as A's journal knows
-    monkeypatch.setenv("AWS_PROFILE", "pb")
+    monkeypatch.setenv(route, use[route][1])
     with pytest.raises(DestinationError, match="packer did not write"):
         convert_to_url(source, url, staging=staging, workers=1, progress=False)
     assert objects(store_b, url) == theirs  # none overwritten, none deleted as stale
