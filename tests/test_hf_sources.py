@@ -297,3 +297,21 @@ def test_audio_column_is_kept_as_bytes_beside_the_label(tmp_path: Path) -> None:
     assert kinds == {"audio": "bytes", "label": "int"}
     ds = packer.open_dataset(tmp_path / "o.lmdb", output="bytes")
     assert [bytes(ds[i]["audio"]) for i in range(2)] == clips
+
+
+def test_glob_and_brace_patterns_of_parquet_files(tmp_path: Path) -> None:
+    parts = [_images(4), _images(3), _images(2)]
+    for i, part in enumerate(parts):
+        part.to_parquet(tmp_path / "data" / f"train-{i:05d}-of-00003.parquet")
+    _images(5).to_parquet(tmp_path / "data" / "test-00000-of-00001.parquet")
+    hf = datasets.concatenate_datasets(parts)
+    brace = tmp_path / "data" / "train-{00000..00002}-of-00003.parquet"
+    code, out = _run("convert", brace, tmp_path / "brace.lmdb")
+    assert code == 0 and "3 Parquet files of datasets matching" in out, out
+    _check_images(tmp_path / "brace.lmdb", hf)
+    keys = packer.open_dataset(tmp_path / "brace.lmdb").keys
+    assert keys[4] == "train-00001-of-00003/000000000"  # each file's rows keyed by its name
+    result = packer.convert(tmp_path / "data" / "*.parquet", tmp_path / "glob.lmdb", progress=False)
+    assert result.manifest.options["splits"] == {"train": 9, "test": 5}
+    code, out = _run("convert", tmp_path / "data" / "val-*.parquet", tmp_path / "none.lmdb")
+    assert code != 0 and "matches no Parquet file" in out, out

@@ -26,12 +26,14 @@ structs (``List(Image())``) cannot be JSON and is left out, its reason recorded.
 :func:`hf_source` tells a Hugging Face source from any other, reading only a schema or a small
 JSON file: a ``.parquet`` file with the metadata or an image struct, an ``.arrow`` file, a
 ``save_to_disk`` folder (``state.json`` naming its ``*.arrow`` files, ``dataset_info.json``), a
-``DatasetDict`` folder (``dataset_dict.json`` and a folder per split) and a folder of Parquet
-files (``train-00000-of-00002.parquet``: the split is the name's first part).
+``DatasetDict`` folder (``dataset_dict.json`` and a folder per split), a folder of Parquet
+files (``train-00000-of-00002.parquet``: the split is the name's first part) and a glob or brace
+pattern of Parquet files.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.errors import SourceError
+from packer.source.tars import expand_braces
 
 __all__ = ["Column", "HFSource", "columns_of", "hf_source", "schema_of"]
 
@@ -251,17 +254,39 @@ def _parquet_folder(folder: Path) -> HFSource | None:
         return None
     if not any(schema_features(_schema_or_none(folder / n)) for n in names[:1]):
         return None
-    matched = [_SHARD_NAME.fullmatch(n) for n in names]
+    files = _by_split([str(folder / n) for n in names])
+    return HFSource(folder, "parquet", files, what=f"{len(names)} Parquet files of datasets")
+
+
+def _by_split(paths: list[str]) -> dict[str, list[str]]:
+    """Parquet files by split when every name is ``<split>-00000-of-00002.parquet``, else all
+    in one dataset (split ``""``)."""
+    matched = [_SHARD_NAME.fullmatch(os.path.basename(p)) for p in paths]
     files: dict[str, list[str]] = {}
     if all(matched):
-        for m, n in zip(matched, names):
-            files.setdefault(m.group("split") if m else "", []).append(str(folder / n))
+        for m, p in zip(matched, paths):
+            files.setdefault(m.group("split") if m else "", []).append(p)
         files = {s: files[s] for s in _ordered(list(files))}
-    else:
-        files = {"": [str(folder / n) for n in names]}
-    if len(files) == 1:
-        files = {"": next(iter(files.values()))}
-    return HFSource(folder, "parquet", files, what=f"{len(names)} Parquet files of datasets")
+    if len(files) <= 1:
+        return {"": paths}
+    return files
+
+
+def _pattern(pattern: str) -> HFSource | None:
+    """The Parquet files a glob or brace pattern names (``data/train-*.parquet``,
+    ``data/train-{00000..00007}-of-00008.parquet``), or None when it is no such pattern.
+
+    Raises:
+        SourceError: a pattern of Parquet files that matches none.
+    """
+    if not pattern.lower().endswith(".parquet") or not any(c in pattern for c in "*?[{"):
+        return None
+    names = [n for p in expand_braces(pattern) for n in (sorted(glob.glob(p)) or [p])]
+    paths = list(dict.fromkeys(n for n in names if os.path.isfile(n)))
+    if not paths:
+        raise SourceError(f"{pattern!r} matches no Parquet file")
+    what = f"{len(paths)} Parquet files of datasets matching {pattern!r}"
+    return HFSource(Path(paths[0]).parent, "parquet", _by_split(paths), what=what)
 
 
 def _schema_or_none(path: Path) -> Any:
@@ -297,7 +322,7 @@ def hf_source(src: str | os.PathLike[str]) -> HFSource | None:
             path.parent, "parquet", {"": [str(path)]}, what="a Parquet file of datasets"
         )
     if not path.is_dir():
-        return None
+        return None if path.exists() else _pattern(os.fspath(src))
     if (path / "dataset_dict.json").is_file():
         listed = _json(path / "dataset_dict.json")
         where = repr(str(path / "dataset_dict.json"))
