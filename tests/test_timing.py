@@ -10,7 +10,22 @@ import pytest
 from torch.utils.data import DataLoader
 
 from packer.errors import PackerError
+from packer.tools import timing as timing_module
 from packer.tools.timing import Throughput, measure_throughput, median_run, time_batches
+
+
+class CountedClock:
+    """The real clock for :mod:`packer.tools.timing`, each of its sleeps recorded: a step is an
+    event counted, not a time compared."""
+
+    perf_counter = staticmethod(time.perf_counter)
+
+    def __init__(self) -> None:
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        time.sleep(seconds)
 
 
 def test_one_pass_times_every_batch() -> None:
@@ -25,11 +40,14 @@ def test_steps_run_over_several_epochs_and_stop_exactly() -> None:
     assert seen == [1, 2, 3, 1, 2, 3, 1] and len(timing.waits) == 7 and timing.epochs == 3
 
 
-def test_step_sleep_follows_every_batch_but_the_last_step() -> None:
+def test_step_sleep_follows_every_batch_but_the_last_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = CountedClock()
+    monkeypatch.setattr(timing_module, "time", clock)
     timing = time_batches(range(3), step_s=0.01)  # one pass: a step after each of 3 batches
-    assert timing.seconds >= 0.03
+    assert clock.sleeps == [0.01] * 3 and timing.seconds >= 0.03
+    clock.sleeps.clear()
     timing = time_batches(range(3), steps=2, step_s=0.05)  # stops before the second step
-    assert 0.05 <= timing.seconds < 0.1
+    assert clock.sleeps == [0.05] and len(timing.waits) == 2 and timing.seconds >= 0.05
 
 
 def test_wait_measures_the_time_inside_next() -> None:
@@ -49,7 +67,8 @@ def test_time_limit_stops_early() -> None:
             yield 0
 
     timing = time_batches(forever(), time_limit_s=0.05)
-    assert 3 <= len(timing.waits) < 20
+    # each batch takes >= 10 ms: the 6th at the latest ends past 50 ms (a count, whatever the load)
+    assert 1 <= len(timing.waits) <= 6 and timing.epochs == 1
 
 
 def test_empty_loader_with_steps_is_an_error() -> None:
