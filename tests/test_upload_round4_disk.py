@@ -1,5 +1,5 @@
 """Issue 40 item 10: a full staging disk during an upload that streams its shards asks for what
-streaming needs (``--staging-limit`` plus two shards and the tables), not the whole output; and
+streaming needs (``--staging-limit`` plus two shards, their checkpoints and the tables), not the whole output; and
 that much room is enough: given it, ``--resume`` finishes. On a small real tmpfs, against a real
 S3 server (moto on the loopback)."""
 

@@ -209,10 +209,9 @@ def _staging_full(exc: DestinationError, url: str) -> DestinationError:
     """A full disk while staging: the same message, saying where staging is and how to move it."""
     return DestinationError(
         f"{exc} (this is the local staging folder of the upload to {url!r}; the space needed "
-        "there is --staging-limit plus two shards, the whole output with --keep-staging: "
-        "choose a disk "
-        "with room with --staging DIR, or lower --staging-limit, then run the same command "
-        "with --resume)"
+        "there is --staging-limit plus two shards and their checkpoints, the whole output with "
+        "--keep-staging: choose a disk with room with --staging DIR, or lower --staging-limit, "
+        "then run the same command with --resume)"
     )
 
 
