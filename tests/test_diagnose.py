@@ -85,7 +85,7 @@ def test_diagnose_finds_the_stall_with_period_num_workers() -> None:
     report = diagnose(loader, steps=16, step_ms=5)
     assert report.steps == 16 and report.num_workers == 3 and report.batch_size == 4
     assert report.stall.kind == "periodic" and report.stall.period == 3, report.waits
-    assert report.sample_ms is not None and 50 <= report.sample_ms < 100  # a 50 ms sleep each
+    assert report.sample_ms is not None and report.sample_ms >= 50  # a 50 ms sleep each
     assert report.batch_ms == pytest.approx(4 * report.sample_ms)
     assert report.workers.needed == recommend_workers(report.batch_ms / 1e3, 0.005)
     # a sleeping sample hardly computes: workers beyond the CPUs hide its wait, said so
@@ -109,11 +109,15 @@ def test_diagnose_gives_the_same_count_whatever_the_workers_given() -> None:
         text, data = str(report), json.loads(json.dumps(report.to_dict()))
         assert re.findall(r"num_workers=(\d+)", text) == [str(data["recommended_workers"])]
         assert data["workers"]["workers"] == data["recommended_workers"]
-        # the cost of a batch does not depend on the workers given: 4 × 20 ms, whatever they are
-        assert report.workers.needed == 2, report.workers.reason
+        # the cost of a batch is measured in one process, apart from the workers given: 4 samples
+        # of >= 20 ms, and the count follows from that measurement alone (issue 19's bug: the
+        # workers' contention counted in it); no bound on how long a sleep took under load
+        assert report.sample_ms is not None and report.sample_ms >= 20
+        assert report.batch_ms == pytest.approx(4 * report.sample_ms)
+        assert report.workers.needed == recommend_workers(report.batch_ms / 1e3, 0.07)
+        assert report.recommended_workers == min(report.workers.needed, 20 * report.cpus)
         counts.append(report.recommended_workers)
     assert max(counts) - min(counts) <= 1, counts
-    assert counts[1] == 2  # 2 workers given and measured as needed: "your current 2 is enough"
 
 
 @pytest.mark.parametrize(
