@@ -8,6 +8,8 @@ requests matching a pattern get the faults of a schedule:
   truncated on the way, well formed to the client);
 - ``"flip"``: the whole body, one byte in its middle flipped (corrupted on the way);
 - ``"slow"``: the whole answer, after :data:`SLOW` seconds (a download in progress);
+- ``"held"``: the whole answer, once the test calls ``let_held_go()`` (60 s at most): a download
+  in progress for as long as the test needs, ``holding`` counting the answers held now;
 - ``"stall"``: the headers and half the body, then nothing until ``release()`` (or 60 s), then
   the connection is closed (a client killed mid-download);
 - a bad answer to a ranged GET: ``"whole"`` (200 and the whole object: the Range ignored),
@@ -55,6 +57,8 @@ class FaultProxy:
         self.sent: list[tuple[str, str | None, int]] = []  # (METHOD path, Range, body bytes)
         self.lock = threading.Lock()
         self.released = threading.Event()
+        self.unheld = threading.Event()
+        self.holding = 0  # "held" answers waiting for let_held_go() now
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -63,6 +67,12 @@ class FaultProxy:
         """The next ``len(faults)`` requests whose ``METHOD path`` contains ``match`` get them."""
         with self.lock:
             self.faults, self.match = list(faults), match
+            if "held" in faults:
+                self.unheld.clear()
+
+    def let_held_go(self) -> None:
+        """Answer every ``"held"`` request now (the next ``inject`` of ``"held"`` holds again)."""
+        self.unheld.set()
 
     def release(self) -> None:
         """End every stalled response now."""
@@ -100,6 +110,12 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 proxy.in_flight -= 1
             if fault == "slow":
                 time.sleep(SLOW)
+            if fault == "held":
+                with proxy.lock:
+                    proxy.holding += 1
+                proxy.unheld.wait(60)
+                with proxy.lock:
+                    proxy.holding -= 1
             conn = http.client.HTTPConnection(*proxy.upstream, timeout=30)
             headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
             if fault == "whole" and ranged:

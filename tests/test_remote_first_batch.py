@@ -5,6 +5,7 @@ shows every request, its Range and the bytes it carried."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from fault_proxy import SLOW, FaultProxy
+from fault_proxy import FaultProxy
 from s3_server import S3Server
 from torch.utils.data import DataLoader, RandomSampler
 
@@ -82,11 +83,24 @@ def _shard_traffic(proxy: FaultProxy, name: str) -> list[tuple[str, str | None, 
     ]
 
 
-def _wait_for(test: Any, seconds: float = 10.0) -> None:
+def _wait_for(test: Any, seconds: float = 60.0) -> None:
+    """Poll ``test`` until true; the cap is a hang guard, not a bound any test is about."""
     deadline = time.monotonic() + seconds
     while not test():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+def _still_waiting(read: Any) -> tuple[threading.Thread, list[Any]]:
+    """Start ``read()`` in a thread while a download is held; it must still be waiting for the
+    download half a second on (a read served by range would have returned: no download can
+    end before ``let_held_go``). The thread and the list its result goes to."""
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(read()), daemon=True)
+    thread.start()
+    thread.join(0.5)
+    assert thread.is_alive() and got == [], "the read did not wait for its shard's download"
+    return thread, got
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -97,13 +111,12 @@ def test_first_read_is_served_while_its_shard_downloads(
     shard = manifest.shards[0]
     expected = packer.open_dataset(local[name], output="bytes")
     remote = _open(urls[name], proxy, tmp_path)
-    proxy.inject(["slow"], match=f"GET /{BUCKET}/{name}/{shard.name} Range={_whole(shard)};")
-    began = time.monotonic()
-    assert remote[0] == expected[0]  # sample 0 lies in shard 0
-    assert time.monotonic() - began < SLOW / 2  # not held by the download
-    _wait_for(lambda: not proxy.faults)  # the whole shard was asked for: still on its way
+    proxy.inject(["held"], match=f"GET /{BUCKET}/{name}/{shard.name} Range={_whole(shard)};")
+    assert remote[0] == expected[0]  # sample 0 lies in shard 0: served, the download held
+    _wait_for(lambda: proxy.holding == 1)  # the whole shard was asked for: still on its way
     assert _cached(tmp_path) == set() and list(tmp_path.glob("*.part"))
-    assert wait_for_downloads(10) and _cached(tmp_path) == {shard.name}
+    proxy.let_held_go()
+    assert wait_for_downloads(60) and _cached(tmp_path) == {shard.name}
     proxy.sent.clear()
     in_shard = np.flatnonzero(remote.shard_of_sample() == 0).tolist()
     assert len(in_shard) >= 2
@@ -167,18 +180,19 @@ def test_a_corrupt_ranged_record_is_never_served(
     remote = _open(urls[name], proxy, tmp_path / "a")
     partial = f"GET /{BUCKET}/{name}/{shard.name} Range=bytes="
     whole = f"{partial}0-{shard.bytes - 1};"
-    proxy.inject(["slow"], match=whole)  # the download waits: the read goes by range
+    proxy.inject(["held"], match=whole)  # the download waits: the read goes by range
     assert remote.reader.prefetch([0]) == 1
-    _wait_for(lambda: not proxy.faults)
+    _wait_for(lambda: proxy.holding == 1)
     proxy.inject(["flip"], match=partial)
     assert remote[0] == expected[0] and proxy.faults == []
     again = _open(urls[name], proxy, tmp_path / "b")
-    proxy.inject(["slow"], match=whole)
+    proxy.inject(["held"], match=whole)
     assert again.reader.prefetch([0]) == 1  # another cache folder: its own download
-    _wait_for(lambda: not proxy.faults)
+    _wait_for(lambda: proxy.holding == 2)
     proxy.inject(["flip"] * 3, match=partial)
     with pytest.raises(PackerError, match=f"{shard.name}.*differs from its checksum"):
         again[0]
+    proxy.let_held_go()
     remote.close()
     again.close()
 
@@ -201,13 +215,14 @@ def test_past_its_share_a_read_waits_for_the_download(
     first = len(expected[in_shard[0]][0])
     monkeypatch.setattr(remote_cached, "RANGED_SHARE", 0.0)
     monkeypatch.setattr(remote_cached, "RANGED_FLOOR", first)
-    proxy.inject(["slow"], match=f"GET /{BUCKET}/{name}/{shard.name} Range={_whole(shard)};")
+    proxy.inject(["held"], match=f"GET /{BUCKET}/{name}/{shard.name} Range={_whole(shard)};")
     proxy.sent.clear()
-    began = time.monotonic()
-    assert remote[in_shard[0]] == expected[in_shard[0]]
-    assert time.monotonic() - began < SLOW / 2  # within its share: by range
-    assert remote[in_shard[1]] == expected[in_shard[1]]
-    assert time.monotonic() - began > SLOW / 2  # past it: waited for the download
+    assert remote[in_shard[0]] == expected[in_shard[0]]  # within its share: by range, held
+    _wait_for(lambda: proxy.holding == 1)
+    thread, got = _still_waiting(lambda: remote[in_shard[1]])  # past it: waits for the download
+    proxy.let_held_go()
+    thread.join(60)
+    assert got == [expected[in_shard[1]]]
     assert shard.name in _cached(tmp_path)  # (two reads in order: the next two on their way)
     traffic = _shard_traffic(proxy, name)
     ranged = [n for s, r, n in traffic if s == shard.name and r != _whole(shard)]
@@ -233,11 +248,12 @@ def test_an_lmdb_record_of_unknown_offset_waits_for_its_shard(
     url = server.upload(out, "unknown.lmdb")
     shard = load_manifest(out).shards[0]
     remote = _open(url, proxy, tmp_path / "cache")
-    proxy.inject(["slow"], match=f"GET /{BUCKET}/unknown.lmdb/{shard.name} Range={_whole(shard)};")
+    proxy.inject(["held"], match=f"GET /{BUCKET}/unknown.lmdb/{shard.name} Range={_whole(shard)};")
     proxy.sent.clear()
-    began = time.monotonic()
-    assert remote[0] == packer.open_dataset(out, output="bytes")[0]
-    assert time.monotonic() - began > SLOW / 2  # waited for the download
+    thread, got = _still_waiting(lambda: remote[0])  # waits for the download
+    proxy.let_held_go()
+    thread.join(60)
+    assert got == [packer.open_dataset(out, output="bytes")[0]]
     assert [r for _, r, _ in _shard_traffic(proxy, "unknown.lmdb")] == [_whole(shard)]
     remote.close()
 
@@ -252,14 +268,14 @@ def test_read_into_mixes_cached_and_ranged_records(
     remote = _open(urls[name], proxy, tmp_path)
     reader = remote.reader
     reader.cached(1).close()  # shard 1 in the cache
-    proxy.inject(["slow"], match=f"GET /{BUCKET}/{name}/{shard.name} Range={_whole(shard)};")
+    proxy.inject(["held"], match=f"GET /{BUCKET}/{name}/{shard.name} Range={_whole(shard)};")
     records = np.flatnonzero(np.isin(reader.file, [1, 0]))[::-1]
     lengths = reader.length[records]
     where = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
     out = bytearray(int(lengths.sum()))
-    began = time.monotonic()
-    reader.read_into(records, memoryview(out), where)
-    assert time.monotonic() - began < SLOW / 2  # shard 0's records did not wait for it
+    reader.read_into(records, memoryview(out), where)  # shard 0's records did not wait for it:
+    _wait_for(lambda: proxy.holding == 1)  # its download is held still
+    proxy.let_held_go()
     expected = packer.open_dataset(local[name], output="bytes").reader.read_many(records)
     got = [bytes(out[w : w + n]) for w, n in zip(where.tolist(), lengths.tolist())]
     assert got == expected
