@@ -11,7 +11,6 @@ import functools
 import json
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -34,7 +33,9 @@ QUICK = {"connect_timeout": 1, "read_timeout": 1, "min_rate": 2_000_000}
 ATTEMPTS = 2
 # an attempt's bound: connect + read + bytes / min_rate (an unknown size counts as 4 MB)
 PER_ATTEMPT = 1 + 1 + (4 << 20) / QUICK["min_rate"]
-BOUND = ATTEMPTS * PER_ATTEMPT + 4.0  # the backoff and the machine's slack
+# A hang guard, not the assertion: the attempts' count is in the error and the relay's log;
+# a read without its bound (a trickle of a byte every 50 ms) would go on far past this
+HANG = 300.0
 
 
 @pytest.fixture(autouse=True)
@@ -79,13 +80,28 @@ def _where(relay: StallRelay, scheme: str, backend: str) -> tuple[str, dict[str,
     return f"s3://{BUCKET}/images.npy", {**options, "endpoint_url": relay.endpoint}
 
 
+def _ends(call: Any) -> Any:
+    """``call()`` in a thread: its result, or the exception it raised; a call still running
+    after :data:`HANG` seconds fails the test (a hang guard: the bounds are asserted by counts)."""
+    ended: list[Any] = []
+
+    def target() -> None:
+        try:
+            ended.append(call())
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            ended.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(HANG)
+    assert not thread.is_alive(), f"still running after {HANG:.0f} s: a hang"
+    return ended[0]
+
+
 def _fails_in_time(call: Any, error: type[Exception] = PackerError) -> str:
-    began = time.monotonic()
-    with pytest.raises(error) as caught:
-        call()
-    took = time.monotonic() - began
-    assert took < BOUND, f"took {took:.1f}s, bound {BOUND:.1f}s"
-    return str(caught.value)
+    raised = _ends(call)
+    assert isinstance(raised, error), raised
+    return str(raised)
 
 
 @pytest.mark.parametrize("mode", ["silent", "trickle"])
@@ -134,13 +150,10 @@ def test_upload_to_a_store_that_never_answers(
     args += ["--staging", str(tmp_path / "staging")]
     for option in options:
         args += ["--storage-option", option]
-    began = time.monotonic()
-    done = CliRunner().invoke(main, args)
-    took = time.monotonic() - began
+    done = _ends(lambda: CliRunner().invoke(main, args))
     assert done.exit_code != 0 and isinstance(done.exception, SystemExit), done.output
     assert "cannot upload to" in done.output and f"{ATTEMPTS} attempts" in done.output
     assert "--storage-option read_timeout=" in done.output, done.output
-    assert took < BOUND + 20, f"took {took:.1f}s"  # + the conversion itself
     assert any(line.startswith("PUT ") for line in stall.requests)
 
 
@@ -209,14 +222,18 @@ def test_a_manifest_or_table_damaged_on_the_way_is_fetched_again(
     proxy.inject([])
 
 
-def test_a_mistyped_storage_option_is_named() -> None:
+def test_a_mistyped_storage_option_is_named(
+    stall: StallRelay, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 28, item 13: s3fs swallows an unknown option and the network then fails; packer
-    names it, the option meant and the known ones, at once."""
-    began = time.monotonic()
+    names it, the option meant and the known ones, at once: no request is tried (any would
+    reach the relay, the environment's endpoint)."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", stall.endpoint)
+    stall.requests.clear()
     options = {"endpoint": "http://127.0.0.1:9"}
     with pytest.raises(PackerError, match=r"'endpoint' is unknown.*did you mean endpoint_url"):
-        packer.open_dataset("s3://b/x.npy", storage_options=options)
-    assert time.monotonic() - began < 5  # no request was tried
+        packer.open_dataset(f"s3://{BUCKET}/images.npy", storage_options=options)
+    assert stall.requests == []  # no request was tried
     done = CliRunner().invoke(main, ["inspect", "s3://b/x.npy", "--storage-option", "endpoint=x"])
     assert "did you mean endpoint_url" in done.output and "--storage-option KEY=VALUE" in (
         done.output
@@ -253,7 +270,5 @@ def test_verify_of_a_trickled_shard_ends_in_time(stall: StallRelay, local: Path)
     url, options = _where(stall, "s3", "fsspec")
     shard = sorted(p.name for p in local.glob("shard-*"))[0]
     stall.mode, stall.match = "trickle", f"GET /{BUCKET}/images.npy/{shard}"
-    began = time.monotonic()
-    report = packer.verify(url, progress=False, storage_options=options)
-    assert time.monotonic() - began < BOUND
+    report = _ends(lambda: packer.verify(url, progress=False, storage_options=options))
     assert not report.ok and "read_timeout=" in report.summary(), report.summary()
