@@ -246,13 +246,19 @@ def _ordered(names: list[str]) -> list[str]:
 
 def _parquet_folder(folder: Path) -> HFSource | None:
     """A folder holding Parquet files (and nothing else but hidden files) with HF features."""
+    names = []
     try:
-        names = sorted(e.name for e in os.scandir(folder) if not e.name.startswith("."))
+        with os.scandir(folder) as entries:
+            for entry in entries:  # a class tree or a million images: its first name says no
+                if entry.name.startswith("."):
+                    continue
+                if not entry.name.lower().endswith(".parquet"):
+                    return None
+                names.append(entry.name)
     except OSError:
         return None
-    if not names or not all(n.lower().endswith(".parquet") for n in names):
-        return None
-    if not any(schema_features(_schema_or_none(folder / n)) for n in names[:1]):
+    names.sort()
+    if not names or not schema_features(_schema_or_none(folder / names[0])):
         return None
     files = _by_split([str(folder / n) for n in names])
     return HFSource(folder, "parquet", files, what=f"{len(names)} Parquet files of datasets")
