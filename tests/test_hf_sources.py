@@ -147,6 +147,7 @@ def test_a_richer_table_reads_as_fields_equal_to_datasets(tmp_path: Path) -> Non
         **{"image": "image", "label": "int", "caption": "text", "count": "int"},
         **{"score": "json", "tags": "json", "box": "json"},
     }
+    assert result.manifest.options["class_names"] == {"label": NAMES}  # the ClassLabel's
     ds = packer.open_dataset(tmp_path / "o.lmdb")
     images = _hf_bytes(hf)
     for i, row in enumerate(hf):

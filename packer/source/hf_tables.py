@@ -321,6 +321,7 @@ def scan_hf(
     fields = FieldScan(root=root, kind="fields", classes=names, samples=[], skipped=skipped)
     fields.source_kind = "hf"
     fields.recorded = {"hf_features": {c.name: c.kind for c in columns}}
+    fields.recorded["class_names"] = {c.name: list(c.names) for c in columns if c.kind == "label"}
     if left_out:
         fields.recorded["hf_left_out"] = left_out
     kinds = {c.name: c.field_kind for c in columns if c.kind != "none"}
