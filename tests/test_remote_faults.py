@@ -8,7 +8,6 @@ botocore's and s3fs's own retries are off for s3 by default (packer.remote.obsto
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -75,17 +74,16 @@ def test_endless_faults_end_in_a_clear_error(
     remote = packer.open_dataset(url, output="bytes", storage_options=_through(proxy))
     shard = load_manifest(local).shards[0].name
     proxy.inject([fault] * 10, match=f"GET /faults/images.h5/{shard}")
-    began = time.monotonic()
     with pytest.raises(PackerError, match=rf"{shard}'.*4 attempts over .*s all failed") as info:
         remote.reader.read_many([0])
     assert not isinstance(info.value, FormatError)
-    assert len(proxy.faults) == 6 and time.monotonic() - began < 5  # 4 tries, bounded waits
+    assert len(proxy.faults) == 6  # 4 tries (a count: no bound on how long the machine took)
     proxy.inject([])
 
 
 def test_missing_object_is_not_retried(proxy: FaultProxy, server: S3Server) -> None:
     proxy.served.clear()
-    with pytest.raises(FormatError, match=r"gone\.h5/packer\.json.*missing or access is denied"):
+    with pytest.raises(FormatError, match=r"gone\.h5/packer\.json' is not there"):
         packer.open_dataset("s3://faults/gone.h5", storage_options=_through(proxy))
     asked = [s for s in proxy.served if "gone.h5" in s]
     assert asked and len(asked) == len(set(asked))  # s3fs's one try (HEAD, listing), once

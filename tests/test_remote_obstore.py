@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -202,10 +201,9 @@ def test_endless_503_ends_in_packers_bounded_error(
     remote = packer.open_dataset(urls["images.h5"], output="bytes", storage_options=_obstore(proxy))
     shard = _shard(local, "images.h5")
     proxy.inject(["503"] * 10, match=f"GET /{BUCKET}/images.h5/{shard}")
-    began = time.monotonic()
     with pytest.raises(PackerError, match=rf"{shard}'.*4 attempts over .*s all failed.*503"):
         remote.reader.read_many([0])
-    assert len(proxy.faults) == 6 and time.monotonic() - began < 5
+    assert len(proxy.faults) == 6  # 4 tries (a count: no bound on how long the machine took)
 
 
 def test_denied_and_missing_objects_are_clear_at_once(
