@@ -8,7 +8,8 @@
   a client that never gives up fails then, never hangs the suite).
 - :class:`FileServer`: a plain HTTP/1.1 server of a folder with Range requests, HEAD, ETag, and
   faults per request: ``fail(pattern, [status, ...])`` answers the next requests whose
-  ``METHOD path`` contains ``pattern`` with those statuses (``"stall"``: read, never answered);
+  ``METHOD path`` (`` Range=bytes=A-B`` after it for a ranged GET) ``pattern`` searches (a
+  regular expression) with those statuses (``"stall"``: read, never answered);
   ``always(pattern, status)`` every one. ``seen`` logs ``METHOD path -> answer``.
 
 Every connection ends by itself at ``close()``; the threads are daemons.
@@ -150,11 +151,11 @@ class FileServer:
     def answer(self, request: str) -> str:
         with self.lock:
             for k, (pattern, answer) in enumerate(self.once):
-                if pattern in request:
+                if re.search(pattern, request):
                     del self.once[k]
                     return answer
             for pattern, answer in self.forever.items():
-                if pattern in request:
+                if re.search(pattern, request):
                     return answer
         return "ok"
 

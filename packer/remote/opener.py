@@ -145,7 +145,19 @@ def _fetch_manifest(folder: RemoteFolder) -> Manifest:
     url = folder.url_of(MANIFEST_NAME)
     one = {"max_concurrency": 1} if url.startswith(("s3://", "s3a://")) else {}
     check = lambda data: parse_manifest(data, url, folder.url)  # noqa: E731
-    return _refetched(folder, MANIFEST_NAME, check, **one)
+    try:
+        return _refetched(folder, MANIFEST_NAME, check, **one)
+    except storage.MissingObject as exc:
+        if exc.denied:
+            raise
+        found = storage.failure(exc.__cause__ or exc)
+        raise FormatError(
+            f"{folder.url!r} holds no packer dataset now: {url!r} is not there ({found}). The "
+            "URL or the endpoint (storage_options={'endpoint_url': ...}) is wrong, nothing was "
+            "uploaded there yet, or an upload is replacing the "
+            f"dataset right now (an upload with --overwrite deletes the old {MANIFEST_NAME} "
+            "first and writes the new one last: open it again once it ends)"
+        ) from exc
 
 
 # The manifest an open_dataset fetched to choose its class, handed to the open of that same

@@ -27,7 +27,7 @@ from packer.remote.obstore_backend import POOL, fsspec_options
 from packer.remote.watchdog import cut_reason, watched_options
 
 __all__ = ["GAP", "POOL", "RETRY", "RemoteFolder", "Retry", "coalesce", "failure", "is_url"]
-__all__ += ["join_url"]
+__all__ += ["MissingObject", "http_status", "join_url"]
 
 T = TypeVar("T")
 
@@ -64,6 +64,20 @@ def _import_fsspec() -> Any:
 _MISSING_TEXT = re.compile(r"(?<![\w:/.-])(403|404)(?![\w.])|NoSuchKey|NoSuchBucket|Forbidden")
 
 
+def http_status(exc: BaseException | None) -> int | None:
+    """The HTTP status an exception or what it was raised from carries (aiohttp's
+    ``ClientResponseError``, which fsspec's HTTP ``info`` raises a FileNotFoundError from
+    whatever the status: a 500 too), or None."""
+    for _ in range(8):
+        if exc is None:
+            return None
+        status = getattr(exc, "status", None)
+        if isinstance(status, int) and 100 <= status < 600:
+            return status
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def _missing(exc: BaseException) -> bool:
     if isinstance(exc, (FileNotFoundError, PermissionError)):
         return True
@@ -93,6 +107,9 @@ class Passing(Exception):
 def passing(exc: BaseException) -> bool:
     """Whether ``exc`` is worth another try: a reset or timed-out connection, a body cut
     short, HTTP 429 or 5xx. A missing object or a denied access (404, 403) is not."""
+    status = http_status(exc)  # fsspec's HTTP info raises FileNotFoundError from a 500 too
+    if status is not None and (status >= 500 or status in (408, 429)):
+        return True
     seen: BaseException | None = exc
     for _ in range(8):  # the exception and what it was raised from
         if seen is None or _missing(seen) or isinstance(seen, PackerError):
@@ -109,8 +126,40 @@ def failure(exc: BaseException) -> str:
     """``exc`` as a message names it: its type and text, and the watchdog's reason when it cut
     the connection (a client's wrapping says "could not connect" instead)."""
     what = f"{type(exc).__name__}: {exc}".strip()
+    status = http_status(exc)
+    if status is not None and str(status) not in what:
+        kind = "a server error" if status >= 500 else "the server's answer"
+        what += f" (HTTP {status} from the server: {kind})"
     why = cut_reason(exc)
     return what if why is None or why in what else f"{what} ({why})"
+
+
+class MissingObject(FormatError):
+    """An object the store says is not there (``denied``: or that access to it is denied)."""
+
+    def __init__(self, message: str, denied: bool = True) -> None:
+        super().__init__(message)
+        self.denied = denied
+
+
+_DENIED_TEXT = re.compile(
+    r"(?<![\w:/.-])403(?![\w.])|Forbidden|AccessDenied|InvalidAccessKeyId|Signature"
+)
+
+
+def _denied(exc: BaseException) -> bool:
+    """Whether a missing-or-denied failure may be a denial (403, a refused key), not a 404."""
+    status = http_status(exc)
+    if status is not None:
+        return status == 403
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, PermissionError) or _DENIED_TEXT.search(str(seen)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def remote_error(url: str, exc: BaseException) -> PackerError:
@@ -124,10 +173,11 @@ def remote_error(url: str, exc: BaseException) -> PackerError:
             "object is truncated or was replaced after the conversion; upload the output again"
         )
     if _missing(exc):
-        return FormatError(
+        return MissingObject(
             f"cannot read {url!r}: the object is missing or access is denied ({what}). Check "
             "the URL, the credentials (AWS_ACCESS_KEY_ID, a profile, an instance role) and the "
-            "endpoint (storage_options={'endpoint_url': ...})"
+            "endpoint (storage_options={'endpoint_url': ...})",
+            denied=_denied(exc),
         )
     return PackerError(f"cannot read {url!r}: {what}. Check the network and the endpoint")
 
