@@ -316,3 +316,14 @@ def test_glob_and_brace_patterns_of_parquet_files(tmp_path: Path) -> None:
     assert result.manifest.options["splits"] == {"train": 9, "test": 5}
     code, out = _run("convert", tmp_path / "data" / "val-*.parquet", tmp_path / "none.lmdb")
     assert code != 0 and "matches no Parquet file" in out, out
+
+
+def test_an_unlabelled_split_is_refused_naming_the_splits_that_convert(tmp_path: Path) -> None:
+    test = _images(3).map(lambda row: {"label": -1})  # the Hub's test splits: label -1
+    datasets.DatasetDict({"train": _images(4), "test": test}).save_to_disk(tmp_path / "dd")
+    code, out = _run("convert", tmp_path / "dd", tmp_path / "o.lmdb")
+    assert code != 0 and "split 'test'" in out and "3 × no label (label is -1)" in out, out
+    assert "--split train" in out
+    code, out = _run("convert", tmp_path / "dd", tmp_path / "o.lmdb", "--split", "train")
+    assert code == 0, out
+    assert packer.open_dataset(tmp_path / "o.lmdb", split="train").classes == NAMES

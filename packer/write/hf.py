@@ -280,7 +280,9 @@ def plan_hf_splits(
         plan.prepared[split] = prepared
         plan.index_of[split] = f"{len(hf.files[split])} file(s), {index_from}"
     if problems:
-        raise SourceError("; ".join(problems))
+        good = [s for s in wanted if s in plan.prepared]
+        hint = f"; convert the others alone with --split {' --split '.join(good)}" if good else ""
+        raise SourceError("; ".join(problems) + hint)
     return plan
 
 
