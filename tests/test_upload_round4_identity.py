@@ -261,3 +261,24 @@ def test_a_second_writer_through_another_spelling_is_refused_as_a_second_writer(
         thread.join(120)
     assert not failures, failures
     assert len(packer.open_dataset(url, storage_options={"endpoint_url": second})) == 16
+
+
+@pytest.mark.parametrize(
+    ("one", "other", "same"),
+    [
+        ("http://127.0.0.1:9000", "http://LOCALHOST:9000/", True),
+        ("http://[::1]:9000", "http://localhost:9000", True),
+        ("https://minio.example.com:443/", "HTTPS://Minio.Example.com", True),
+        ("http://minio.example.com:80", "http://minio.example.com", True),
+        ("https://s3.amazonaws.com", "https://s3.eu-west-1.amazonaws.com", True),
+        ("http://127.0.0.1:9000", "http://127.0.0.1:9001", False),
+        ("http://minio:9000", "https://minio:9000", False),
+        ("https://s3.amazonaws.com", "https://s3.cn-north-1.amazonaws.com.cn", False),
+        ("https://s3.us-gov-west-1.amazonaws.com", "https://s3.amazonaws.com", False),
+        ("http://host:9000/a", "http://host:9000/b", False),
+    ],
+)
+def test_an_endpoint_is_written_one_way(one: str, other: str, same: bool) -> None:
+    from packer.upload.identity import normal_endpoint
+
+    assert (normal_endpoint(one) == normal_endpoint(other)) is same

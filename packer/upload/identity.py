@@ -43,12 +43,12 @@ _AWS = re.compile(r"(?:^|\.)amazonaws\.com(\.cn)?$")  # s3[.-]<region>[.dualstac
 def normal_endpoint(endpoint: str) -> str:
     """``endpoint`` written one way: scheme and host in lower case, a loopback name as
     ``127.0.0.1``, the scheme's default port and a trailing ``/`` dropped; AWS's own S3
-    endpoints as their partition (``aws``, ``aws-cn``)."""
+    endpoints as their partition (``aws``, ``aws-cn``, ``aws-us-gov``)."""
     parts = urlsplit(endpoint.strip())
     host = (parts.hostname or "").lower().rstrip(".")
     aws = _AWS.search(host)
-    if aws:
-        return "aws-cn" if aws.group(1) else "aws"
+    if aws:  # a partition's buckets share one namespace, whatever the region
+        return "aws-cn" if aws.group(1) else "aws-us-gov" if "us-gov-" in host else "aws"
     host = "127.0.0.1" if host in _LOOPBACK else host
     scheme = parts.scheme.lower()
     try:
