@@ -16,7 +16,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
 	echo "$(TORCH)" > $(VENV)/torch-constraint.txt  # what depends on torch must keep this build
-	$(PY) -m pip install -q -c $(VENV)/torch-constraint.txt -e ".[dev]"  # every extra the suite needs
+	$(PY) -m pip install -q -c $(VENV)/torch-constraint.txt -e ".[dev]" \
+	  --config-settings editable_mode=compat  # every extra the suite needs; compat: a path entry, so
+	# a folder named packer/ in the current directory (this checkout, seen from its parent) cannot
+	# shadow the package as an empty namespace package
 	touch $(STAMP)
 
 demo: install

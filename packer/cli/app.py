@@ -377,7 +377,7 @@ def verify(
     """
     from packer.read.verify import verify as run
 
-    progress = not (quiet or as_json)
+    progress = not (quiet or as_json) and sys.stderr.isatty()  # no bar written into a log file
     report = run(dst, full, progress, workers or 0, storage_options or None, cache_dir)
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.summary())
     if not report.ok:

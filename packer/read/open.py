@@ -131,7 +131,15 @@ def open_dataset(
         return _open_url(str(path), split, kind, read, dataset_options)
     root = Path(path)
     if not root.exists():
+        unfinished = root.with_name(root.name + ".partial")
+        if root.suffix.lower() in FORMATS and unfinished.is_dir():
+            raise PackerError(
+                f"{str(root)!r} does not exist: {str(unfinished)!r} holds its unfinished "
+                f"conversion or write. {_FINISH}"
+            )
         raise PackerError(f"{str(root)!r} does not exist")
+    if root.is_dir() and not (root / MANIFEST_NAME).is_file():
+        _refuse_unfinished(root)
     if (root / MANIFEST_NAME).is_file():
         root = split_root(root, split)
         manifest = load_manifest(root)
@@ -152,6 +160,29 @@ def open_dataset(
         video = _expect(kind, detect_kind(root), root) == "video"
         return _make(FolderVideoDataset if video else FolderDataset, root, read, dataset_options)
     raise PackerError(f"{str(root)!r} is neither a packer output nor an image folder")
+
+
+_FINISH = (
+    "Finish it with the same packer convert (or packer pack) command and --resume, or remove "
+    "it and start again"
+)
+
+
+def _refuse_unfinished(root: Path) -> None:
+    """``DST.partial`` or a part ``DST.part-I`` opened as a dataset: say what it is (it would
+    otherwise be read as an image folder, "no class folders")."""
+    name = root.name
+    if name.endswith(".partial") and Path(name[: -len(".partial")]).suffix.lower() in FORMATS:
+        raise FormatError(
+            f"{str(root)!r} is an unfinished conversion or write (no {MANIFEST_NAME} yet), not "
+            f"a dataset. {_FINISH}"
+        )
+    stem, dot, number = name.rpartition(".part-")
+    if dot and number.isdigit() and Path(stem).suffix.lower() in FORMATS:
+        raise FormatError(
+            f"{str(root)!r} is part {number} of {stem!r} (--part I/N), not a dataset: when "
+            f"every part is done, join them with packer merge {str(root.with_name(stem))}"
+        )
 
 
 def open_video_dataset(path: Path_, split: str | None = None, **options: Any) -> VideoDataset:
