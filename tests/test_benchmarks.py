@@ -284,3 +284,32 @@ def test_transport(
     assert report[str(packed[".npy"])]["old"] > 0 and report[str(packed[".npy"])]["new"] > 0
     assert "new/old" in capsys.readouterr().out
     assert script.one_pass(root, str(fields), workers=1, epochs=1) > 0
+
+
+def test_write_throughput(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """write_throughput.py: packer's passes write and verify every sample, a changed byte is
+    caught by the verification, and a tiny run reports the pack ratio (the peers' passes run
+    in the benchmark venv of benchmarks/peers_env.sh)."""
+    script = _script("write_throughput")
+    files = script.photos(tmp_path, 12)
+    base = {"files": str(files), "samples": 12, "workers": 1, "shard_mb": 1}
+    for tool, fn in (("packer.Writer .npy", "copy"), ("packer.Writer .lmdb", "resize")):
+        out = tmp_path / ("o.npy" if tool.endswith("npy") else "o.lmdb")
+        got = script.one_pass({**base, "tool": tool, "fn": fn, "out": str(out)})
+        assert got["samples"] == 12 and got["closed_s"] > 0 and not out.exists()
+    out, script._FN = tmp_path / "kept.lmdb", "copy"
+    script.write("packer.Writer .lmdb", out, 1, 1)
+    assert script.verify("packer.Writer .lmdb", out, "copy") == 12
+    script._SAMPLES[5] = {**script._SAMPLES[5], "txt": script._SAMPLES[5]["txt"] + "!"}
+    with pytest.raises(AssertionError, match="sample 000005 differs"):
+        script.verify("packer.Writer .lmdb", out, "copy")
+    args = ["--samples", "12", "--root", str(tmp_path), "--tools", "pack", "--fns", "resize"]
+    args += ["--repeats", "1", "--no-warmup", "--shard-mb", "1", "--out", str(tmp_path)]
+    assert script.main(script.parse_args(args)) == 0
+    assert "| resize | pack(workers=2) |" in capsys.readouterr().out
+    report = json.loads((tmp_path / "write_throughput.json").read_text())
+    assert list(report)[:5] == ["benchmark", "date", "command", "machine", "options"]
+    assert [t["measure"] for t in report["targets"]] == [
+        "pack(workers=2) / pack(workers=1) (resize)"
+    ]
+    assert all(r[0]["samples"] == 12 for r in report["runs"].values())
