@@ -10,6 +10,8 @@ import io
 import json
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -327,3 +329,70 @@ def test_an_unlabelled_split_is_refused_naming_the_splits_that_convert(tmp_path:
     code, out = _run("convert", tmp_path / "dd", tmp_path / "o.lmdb", "--split", "train")
     assert code == 0, out
     assert packer.open_dataset(tmp_path / "o.lmdb", split="train").classes == NAMES
+
+
+class _Files(BaseHTTPRequestHandler):
+    """GET (ranged) and HEAD over ``files`` (name -> bytes), with an ETag."""
+
+    files: dict[str, bytes] = {}
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _head(self) -> bytes | None:
+        data = self.files.get(self.path.lstrip("/"))
+        if data is None:
+            self.send_error(404)
+            return None
+        start, stop = 0, len(data)
+        ranged = self.headers.get("Range", "")
+        if ranged.startswith("bytes="):
+            first, _, last = ranged[6:].partition("-")
+            start, stop = int(first), min(len(data), int(last) + 1 if last else len(data))
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{len(data)}")
+        else:
+            self.send_response(200)
+        self.send_header("Content-Length", str(stop - start))
+        self.send_header("ETag", '"v1"')
+        self.end_headers()
+        return data[start:stop]
+
+    def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
+        self._head()
+
+    def do_GET(self) -> None:  # noqa: N802
+        data = self._head()
+        if data is not None:
+            self.wfile.write(data)
+
+
+def test_parquet_files_at_a_url_convert_into_their_splits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
+    train, val = [_images(4), _images(3)], _images(2)
+    handler = type("Handler", (_Files,), {"files": {}})
+    for i, part in enumerate(train):
+        part.to_parquet(tmp_path / "p.parquet")
+        handler.files[f"data/train-{i:05d}-of-00002.parquet"] = (
+            tmp_path / "p.parquet"
+        ).read_bytes()
+    val.to_parquet(tmp_path / "p.parquet")
+    handler.files["data/validation-00000-of-00001.parquet"] = (tmp_path / "p.parquet").read_bytes()
+    served = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=served.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{served.server_address[1]}/data"
+        url = (
+            base + "/{train-00000-of-00002,train-00001-of-00002,validation-00000-of-00001}.parquet"
+        )
+        code, out = _run("convert", url, tmp_path / "o.lmdb")
+        assert code == 0, out
+        _check_images(tmp_path / "o.lmdb", datasets.concatenate_datasets(train), split="train")
+        _check_images(tmp_path / "o.lmdb", val, split="validation")
+        code, out = _run("convert", base + "/test-00000-of-00001.parquet", tmp_path / "t.lmdb")
+        assert code != 0 and "the object is missing" in out and len(out.splitlines()) == 1
+    finally:
+        served.shutdown()
+        served.server_close()

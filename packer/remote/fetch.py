@@ -24,7 +24,7 @@ from packer.errors import PackerError, SourceError
 from packer.remote.storage import RemoteFolder
 from packer.source.tars import COMPRESSED, expand_braces, shard_tag, unique_names
 
-__all__ = ["fetch_tars", "source_folder"]
+__all__ = ["fetch_object", "fetch_tars", "source_folder"]
 
 
 def source_folder(url: str) -> Path:
@@ -95,6 +95,9 @@ def _fetch(remote: RemoteFolder, name: str, size: int, path: Path) -> None:
         os.close(fd)
     os.replace(partial, path)
     record.write_text(json.dumps({"size": size, "tag": tag, "xxh3": digest}))
+
+
+fetch_object = _fetch  # one object fetched as a shard is (write/hf: Parquet files at a URL)
 
 
 def _digest(path: Path) -> str:

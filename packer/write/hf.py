@@ -27,10 +27,13 @@ from packer.decode.check import check_image
 from packer.decode.pixels import to_pixels
 from packer.decode.resize import RESIZE_OPTIONS, Resize
 from packer.errors import InputFileError, PackerError, SourceError
+from packer.remote.fetch import fetch_object, source_folder
+from packer.remote.storage import RemoteFolder
 from packer.source.hf_features import HFSource, hf_source
 from packer.source.hf_tables import RowPart, scan_hf
 from packer.source.links import read_source_file
 from packer.source.samples import Part
+from packer.source.tars import expand_braces, unique_names
 from packer.write.fields import FIELD_OPTIONS, prepare_fields, read_part
 from packer.write.loading import Loaded
 from packer.write.pipeline import Prepared
@@ -40,6 +43,7 @@ __all__ = [
     "HELD_GROUPS",
     "ROW_GROUPS",
     "RowGroups",
+    "fetch_parquet",
     "plan_hf_splits",
     "prepare_hf",
     "prepare_hf_source",
@@ -315,3 +319,36 @@ def prepare_hf_source(
         raise SourceError(f"--labels: {str(src)!r} labels its rows itself (its ClassLabel)")
     files = [f for split in hf.files.values() for f in split]
     return prepare_one(files, next(iter(hf.features.values()), None), classes=classes)
+
+
+def fetch_parquet(url: str, storage_options: dict[str, Any] | None = None) -> Path | None:
+    """The Parquet files ``url`` names (one, or a brace pattern of them) fetched into a local
+    folder as tar shards are (:mod:`packer.remote.fetch`: kept while size, tag and digest match),
+    each under its own name (the split names stay); None when ``url`` names no Parquet file.
+
+    Raises:
+        SourceError: two files of one name, or a file that does not exist.
+        PackerError: the store cannot be reached (after retries).
+    """
+    urls = unique_names(expand_braces(url))
+    if not all(u.lower().endswith(".parquet") for u in urls):
+        return None
+    names = [u.rpartition("/")[2] for u in urls]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        raise SourceError(f"{url!r} names two Parquet files called {twice!r}; name each once")
+    target = source_folder(url)
+    target.mkdir(parents=True, exist_ok=True)
+    by_folder: dict[str, list[str]] = {}
+    for u in urls:
+        parent, _, name = u.rpartition("/")
+        by_folder.setdefault(parent, []).append(name)
+    for parent, files in by_folder.items():
+        remote = RemoteFolder(parent, storage_options)
+        sizes = remote.sizes(files)
+        missing = [n for n in files if n not in sizes]
+        if missing:
+            raise SourceError(f"{parent + '/' + missing[0]!r} does not exist (from {url!r})")
+        for name in files:
+            fetch_object(remote, name, sizes[name], target / name)
+    return target

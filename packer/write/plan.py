@@ -32,7 +32,7 @@ from packer.source.hf_features import hf_source
 from packer.source.images import class_dirs
 from packer.source.labels import Labels, one_labels_file
 from packer.write.destination import check_destination, check_reach, partial_path
-from packer.write.hf import plan_hf_splits, prepare_hf, prepare_hf_source
+from packer.write.hf import fetch_parquet, plan_hf_splits, prepare_hf, prepare_hf_source
 from packer.write.loading import DEFAULT_MAX_FILE_SIZE
 from packer.write.pipeline import Event, Job, Prepared, ShardHook
 from packer.write.prepare import prepare, prepare_split
@@ -221,7 +221,7 @@ def plan_conversion(
         PackerError: bad arguments, a bad source or destination, or (with ``strict``) a bad file.
     """
     if is_url(src):
-        src = fetch_tars(str(src), source_options)
+        src = fetch_parquet(str(src), source_options) or fetch_tars(str(src), source_options)
     elif source_options:
         raise PackerError(f"source_options apply to a URL source, not the path {str(src)!r}")
     src_path, dst_path = Path(src), Path(os.fspath(dst).rstrip("/") or "/")
