@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from s3_server import S3Server
 from test_remote_write import assert_same_dataset, files, objects
 
 import packer
+from packer.cli.app import main
 from packer.errors import DestinationError
 from packer.tools.image_demo import make_image_tree
 from packer.upload.staging import convert_to_url, staging_folder
@@ -65,6 +67,18 @@ def cli(
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
 
 
+def run(server: S3Server, src: Path, url: str, staging: Path, *extra: str) -> Any:
+    """The same ``packer convert SRC URL`` as :func:`cli`, in this process (no kill aims at it:
+    the run after one); ``returncode`` and ``stderr`` as a process's."""
+    args = ["convert", str(src), url, "-q", "--workers", "1", "--shard-size", SHARD]
+    args += ["--staging", str(staging), "--staging-limit", "1"]
+    args += ["--storage-option", f"endpoint_url={server.endpoint}", *extra]
+    done = CliRunner().invoke(main, args)
+    error = done.exception
+    crash = "" if error is None or isinstance(error, SystemExit) else repr(error)
+    return subprocess.CompletedProcess(args, done.exit_code, done.stdout, done.stderr + crash)
+
+
 @pytest.mark.parametrize(
     ("name", "point"),
     [
@@ -86,7 +100,7 @@ def test_resume_after_a_kill_inside_a_release_publishes_the_real_bytes(
     )
     lines = [json.loads(line) for line in journal.read_text().splitlines()]
     assert any(e.get("released") for e in lines), "the kill came inside a release"
-    resumed = cli(server, source, url, staging, "--resume")
+    resumed = run(server, source, url, staging, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     local = tmp_path / name
     packer.convert(source, local, shard_size=SHARD, workers=1, progress=False)
@@ -118,7 +132,7 @@ def test_a_copy_left_half_released_is_known_as_released(
     else:
         emptied.write_bytes(b"")
     zeroed.write_bytes(bytes(zeroed.stat().st_size))  # its size, a new mtime
-    resumed = cli(server, source, url, staging, "--resume")
+    resumed = run(server, source, url, staging, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     local = tmp_path / name
     packer.convert(source, local, shard_size=SHARD, workers=1, progress=False)
@@ -185,7 +199,7 @@ def test_a_kill_while_the_staging_folder_is_removed_never_blocks_the_next_run(
         staging = tmp_path / f"staging-{n}"
         killed = cli(server, source, url, staging, "--overwrite", trace=f"{call}:when={when}")
         assert killed.returncode in (-9, 137), (call, when, killed.stderr[-2000:])
-        again = cli(server, source, url, staging, "--overwrite")
+        again = run(server, source, url, staging, "--overwrite")
         assert again.returncode == 0, (call, when, again.stderr[-2000:])
         assert not any(staging.iterdir()), (call, when, list(staging.rglob("*")))
     local = tmp_path / "local.lmdb"
