@@ -17,6 +17,7 @@ from packer.decode.outputs import check_output
 from packer.decode.registry import check_decoder
 from packer.errors import InputFileError, PackerError
 from packer.formats.base import ReaderBase
+from packer.read.scatter import OrderWatch
 from packer.read.store import Packed
 
 # The run of consecutive samples a dataset read from a URL by ranged GETs (no cache) asks
@@ -114,7 +115,12 @@ class SampleDataset(Dataset):
             raise TypeError(f"dataset indices must be integers, not {type(i).__name__}")
         if not -n <= i < n:
             raise IndexError(f"index {i} out of range for a dataset of {n} {self.UNIT}")
-        return int(i) % n
+        position = int(i) % n
+        self._watch_order(np.array([position]))
+        return position
+
+    def _watch_order(self, positions: np.ndarray) -> None:
+        """Note the order samples are read in (a packed dataset at a URL warns if scattered)."""
 
     def _positions(self, indices: Sequence[int]) -> list[int]:
         return self._position_array(indices).tolist()
@@ -127,14 +133,16 @@ class SampleDataset(Dataset):
             raise TypeError("a batch of indices must be a flat sequence of integers")
         if not len(idx):
             return np.zeros(0, dtype=np.int64)
-        if idx.dtype.kind not in "iu":
+        if idx.dtype.kind not in "iu":  # each one checked (and watched) by _position
             return np.array([self._position(i) for i in indices], dtype=np.int64)  # or raises
         low, high = idx.min(), idx.max()
         if low < -n or high >= n:
             bad = next(int(i) for i in idx if not -n <= i < n)
             raise IndexError(f"index {bad} out of range for a dataset of {n} {self.UNIT}")
         idx = idx.astype(np.int64, copy=False)
-        return idx % n if low < 0 else idx
+        positions = idx % n if low < 0 else idx
+        self._watch_order(positions)
+        return positions
 
     def _describe(self, i: int) -> str:
         return f"sample {i}"
@@ -172,6 +180,14 @@ class PackedSamples:
         self.reader = packed.reader
         self.first = packed.first
         self.counts = packed.counts
+
+    def _watch_order(self, positions: np.ndarray) -> None:
+        if not self.reader.RANGED:  # a local dataset, or one read through the cache
+            return
+        watch = self.__dict__.get("_order_watch")
+        if watch is None:
+            watch = self.__dict__["_order_watch"] = OrderWatch(str(self.root))
+        watch.see(positions)
 
     def close(self) -> None:
         """Close this process's shard and per-sample file handles, maps and LMDB environments
