@@ -32,7 +32,7 @@ __all__ = [
 
 FORMAT_NAMES = ("bmp", "hdf5", "lmdb", "npy")  # the registry's names (a test keeps them equal)
 KINDS = ("image", "video", "splits", "fields")
-FIELD_KINDS = ("image", "text", "json", "int", "array", "bytes")
+FIELD_KINDS = ("image", "text", "json", "int", "array", "audio", "bytes")
 # a field name: lower-case letters, digits, "_", "-" and inner single dots, at most 64 characters
 FIELD_NAME = re.compile(r"(?!.*\.\.)[a-z0-9_](?:[a-z0-9_.-]{0,62}[a-z0-9_-])?")
 LAYOUTS = ("shards", "per-sample")
