@@ -10,12 +10,12 @@ import click
 
 __all__ = ["field_kwargs", "field_options"]
 
-KINDS = ["image", "video", "files", "tars", "table", "coco"]
+KINDS = ["image", "video", "files", "tars", "table", "coco", "audio"]
 KIND_HELP = (
     "image: <class>/<image>; video: <class>/<video>/<frame> or <class>/<video>.mp4. Samples "
     "with fields: files (sharing a key: 0001.jpg, 0001.txt), tars (WebDataset shards), table "
-    "(.csv/.tsv/.jsonl/.parquet, a row per sample), coco (an image folder with --annotations) "
-    "[default: detected, stated in the summary; a tree that could be either asks for --kind]."
+    "(.csv/.tsv/.jsonl/.parquet, a row per sample), coco (an image folder with --annotations), audio "
+    "(<class>/<clip>.wav, .flac, ...: fields audio and label) [default: detected, stated in the summary; a tree that could be either asks for --kind]."
 )
 
 

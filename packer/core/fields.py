@@ -7,7 +7,8 @@ xxh3 of zero bytes is not 0, so an empty caption (present, ``""``) and a missing
 apart, and ``verify`` accepts exactly that pair (:func:`record_matches`).
 
 A field's kind follows from the last part of its name, as WebDataset names them
-(``jpg``, ``seg.png``, ``txt``, ``json``, ``cls``, ``npy``); anything else is ``bytes``.
+(``jpg``, ``seg.png``, ``txt``, ``json``, ``cls``, ``npy``; ``wav``, ``flac``, ``audio``: a clip);
+anything else is ``bytes``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from packer.errors import SourceError
 
 __all__ = [
     "ABSENT",
+    "AUDIO_SUFFIXES",
     "FIELD_KINDS",
     "MAX_FIELDS",
     "FieldSpec",
@@ -33,6 +35,7 @@ __all__ = [
 
 ABSENT = 0  # the checksum of a field the sample does not have (its record holds no bytes)
 MAX_FIELDS = 256  # fields one dataset may have: more is a source that is not what it seems
+AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a")  # clips, any case
 _BY_SUFFIX = {
     **{
         s: "image"
@@ -42,6 +45,7 @@ _BY_SUFFIX = {
     "json": "json",
     **{s: "int" for s in ("cls", "cls2", "index", "label")},
     "npy": "array",
+    **{s: "audio" for s in ("audio", *(a[1:] for a in AUDIO_SUFFIXES))},
 }
 
 

@@ -2,8 +2,8 @@
 
 Kinds (:data:`packer.core.fields.FIELD_KINDS`): ``image`` (checked like every image, decoded to
 the dataset's ``output``), ``text`` (UTF-8, a ``str``), ``json`` (parsed), ``int`` (a decimal
-integer, ``cls``), ``array`` (an ``.npy`` array, never of Python objects), ``bytes`` (as
-stored).
+integer, ``cls``), ``array`` (an ``.npy`` array, never of Python objects), ``audio`` (a clip,
+:mod:`packer.decode.audio`: ``(waveform, sample_rate)``), ``bytes`` (as stored).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.lib import format as npformat
 
+from packer.decode.audio import AudioOptions, check_audio, decode_audio
 from packer.decode.check import check_image
 from packer.decode.outputs import decode
 from packer.errors import InputFileError
@@ -84,13 +85,20 @@ def check_value(data: bytes, kind: str, check: str = "fast", max_pixels: int = 0
         _int(data)
     elif kind == "array":
         _array_header(io.BytesIO(data), len(data))
+    elif kind == "audio":
+        check_audio(data, check)
 
 
 def decode_value(
-    data: bytes | memoryview, kind: str, output: str = "pil", decoder: str = "auto"
+    data: bytes | memoryview,
+    kind: str,
+    output: str = "pil",
+    decoder: str = "auto",
+    audio: AudioOptions | None = None,
 ) -> Any:
     """The value of a field's bytes: an image in ``output`` (``"bytes"``: every kind as
-    stored), a ``str``, a parsed JSON value, an ``int``, a numpy array, or ``bytes``.
+    stored), a ``str``, a parsed JSON value, an ``int``, a numpy array, an audio clip's
+    ``(waveform, sample_rate)`` (decoded by ``audio``'s options), or ``bytes``.
 
     Raises:
         InputFileError: bytes that are not a sound value of ``kind``.
@@ -110,4 +118,6 @@ def decode_value(
         return _int(data)
     if kind == "array":
         return _array(data)
+    if kind == "audio":
+        return decode_audio(data, output, audio)
     return bytes(data)

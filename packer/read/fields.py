@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from packer.core.fields import ABSENT, FieldSpec, fields_of
+from packer.decode.audio import AudioOptions, check_audio_options
 from packer.decode.values import decode_value
 from packer.errors import InputFileError, PackerError
 from packer.read.dataset_base import PackedSamples, SampleDataset
@@ -50,7 +51,10 @@ class FieldDataset(PackedSamples, SampleDataset):
             does not decode; see :class:`~packer.read.dataset_base.SampleDataset`).
         decoder: the JPEG decoder for image fields (``"auto"``, ``"pillow"``, ...).
 
-    The keyword-only options are the read options (:class:`~packer.read.options.ReadOptions`).
+    The keyword-only options are the read options (:class:`~packer.read.options.ReadOptions`)
+    and, for audio fields, ``sample_rate``, ``mono``, ``max_frames`` and ``crop``
+    (:class:`~packer.decode.audio.AudioOptions`; an audio field reads as ``(waveform,
+    sample_rate)``, numpy unless ``output="tensor"``).
     """
 
     UNIT = "samples"
@@ -71,13 +75,19 @@ class FieldDataset(PackedSamples, SampleDataset):
         cache: bool | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        sample_rate: int | None = None,
+        mono: bool | None = None,
+        max_frames: int | None = None,
+        crop: str | None = None,
     ) -> None:
+        self.audio = AudioOptions(sample_rate, mono, max_frames, crop)
         options = ReadOptions(
             split, readahead, max_open_files, storage_options, cache, cache_dir, cache_limit
         )
         packed = open_packed(root, "fields", None, **options.given())
         specs = fields_of(packed.manifest.options)
         self.specs, self.key_place = _chosen(specs, fields, root)
+        check_audio_options(self.audio, [s.kind for s in self.specs], root)
         self.as_tuple = fields is not None
         by_name = {s.name: j for j, s in enumerate(specs)}
         self.columns = np.array([by_name[s.name] for s in self.specs], dtype=np.int64)
@@ -91,7 +101,7 @@ class FieldDataset(PackedSamples, SampleDataset):
         self.field_transforms = dict(per_field)
         super().__init__(
             root,
-            [],
+            list(packed.manifest.classes),  # a class tree of clips, an HF ClassLabel's names
             packed.labels,
             None if isinstance(transform, Mapping) else transform,
             None,
@@ -157,7 +167,7 @@ class FieldDataset(PackedSamples, SampleDataset):
                 if fn is not None and getattr(fn, "takes_encoded", False):
                     value = fn(data)  # a fused crop: it decodes what it needs itself
                 else:
-                    value = decode_value(data, spec.kind, self.output, self.decoder)
+                    value = decode_value(data, spec.kind, self.output, self.decoder, self.audio)
                     value = value if fn is None else fn(value)
             except InputFileError as exc:
                 raise InputFileError(f"{self._describe(i)} field {spec.name!r} {exc}") from exc

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packer.errors import SourceError
+from packer.source.audio import looks_audio_tree
 from packer.source.grouped import looks_grouped
 from packer.source.hf_features import hf_source
 from packer.source.images import class_dirs, is_image_name, is_video_name
@@ -204,7 +205,8 @@ def detect_fields(root: str | os.PathLike[str]) -> Detection | None:
     """``tars`` when ``root`` names WebDataset tar shards, ``table`` a table of samples (.csv,
     .tsv, .jsonl, .parquet), ``files`` when it directly holds
     key-grouped files (``0001.jpg`` beside
-    ``0001.txt``), None when nothing says it holds samples with fields (a class tree).
+    ``0001.txt``), ``audio`` class folders of audio clips, None when nothing says it holds
+    samples with fields (a class tree of images or videos).
 
     Raises:
         SourceError: the root is not grouped but its first sub-folders are (a class tree of
@@ -222,6 +224,8 @@ def detect_fields(root: str | os.PathLike[str]) -> Detection | None:
         return None
     if looks_grouped(root_path):
         return Detection("files", "files sharing a key (0001.jpg beside 0001.txt)")
+    if looks_audio_tree(root_path):
+        return Detection("audio", "audio clips in class folders")
     folders = [e for e in _entries(root_path) if _is_dir(e)][:SAMPLED_SUBFOLDERS]
     grouped = [
         e.name

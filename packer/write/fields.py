@@ -24,6 +24,7 @@ from packer.core.manifest import bytes_checksum
 from packer.decode.resize import RESIZE_OPTIONS, Resize
 from packer.decode.values import check_value
 from packer.errors import InputFileError, PackerError
+from packer.source.audio import scan_audio
 from packer.source.coco import scan_coco
 from packer.source.grouped import scan_grouped
 from packer.source.json_bounded import INT64
@@ -43,7 +44,8 @@ __all__ = [
 ]
 
 FIELD_OPTIONS = ("require", "image_column", "annotations")  # the sources' own options
-FIELD_SOURCES = ("files", "tars", "table", "coco")  # the kinds of source whose samples have fields
+# the kinds of source whose samples have fields
+FIELD_SOURCES = ("files", "tars", "table", "coco", "audio")
 
 
 def scan_fields(kind: str, src: Path, options: dict[str, Any]) -> FieldScan:
@@ -64,6 +66,8 @@ def scan_fields(kind: str, src: Path, options: dict[str, Any]) -> FieldScan:
         return scan_table(src, options.get("image_column"), required)
     if kind == "coco":
         return scan_coco(src, options.get("annotations") or [], required)
+    if kind == "audio":
+        return scan_audio(src, required)
     raise PackerError(f"unknown kind {kind!r}; expected one of {', '.join(FIELD_SOURCES)}")
 
 
@@ -206,5 +210,6 @@ def prepare_fields(
         max_file_size=limits["max_file_size"],
         max_pixels=limits["max_pixels"],
     )
-    cpu_bound = resize.active or (check != "fast" and bool(images))
+    clips = any(f.kind == "audio" for f in scan.fields)  # a clip's check decodes its stream
+    cpu_bound = resize.active or (check != "fast" and bool(images or clips))
     return Prepared(scan, loader, cpu_bound, recorded, "samples")

@@ -65,6 +65,7 @@ _TAKES = {
     "json": "a dict or a list",
     "array": "a numpy array or a torch tensor",
     "image": "a PIL image or a uint8 array (H×W or H×W×C)",
+    "audio": "the bytes of an audio file (.wav, .flac, ...)",
     "bytes": "bytes",
 }
 
@@ -232,7 +233,7 @@ def encode_value(value: Any, spec: FieldSpec, jpeg_quality: int = DEFAULT_JPEG_Q
     elif spec.kind == "image":
         data = _image(value, spec.name.rsplit(".", 1)[-1], jpeg_quality)
     else:
-        raise _refused("bytes", value)
+        raise _refused(spec.kind if spec.kind == "audio" else "bytes", value)
     if len(data) > MAX_RECORD:
         raise InputFileError(f"{len(data)} bytes, over the largest record ({MAX_RECORD} bytes)")
     return data
