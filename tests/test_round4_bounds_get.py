@@ -1,6 +1,6 @@
 """Issue 40, item 5: ``verify --cache-dir`` against a store trickling a byte at a time had no
 answer for half an hour: a shard download was bounded only by ``bytes / min_rate`` per attempt.
-Cache downloads go through the watched client (:mod:`packer.remote.watchdog`): a connection
+Cache downloads through fsspec go through the watched client (:mod:`packer.remote.watchdog`): a connection
 that stays busy for ``read_timeout`` s below ``min_rate`` is cut, so the attempt fails at the
 window, and verify reports the shard. Real sockets: moto behind a trickling relay.
 
@@ -23,7 +23,7 @@ from packer.tools.image_demo import make_image_tree
 BUCKET = "bounds-get"
 ATTEMPTS = 2
 # a trickle of 20 bytes/s is far below min_rate; the 1 s window ends each attempt
-BOUNDS = {"connect_timeout": 5, "read_timeout": 1, "min_rate": 1000, "backend": "obstore"}
+BOUNDS = {"connect_timeout": 5, "read_timeout": 1, "min_rate": 1000, "backend": "fsspec"}
 
 
 @pytest.fixture(autouse=True)

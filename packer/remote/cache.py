@@ -41,6 +41,8 @@ from packer.core.cpus import packer_home
 from packer.core.file_locks import (
     CacheEntry,
     UnsafeCacheFile,
+    background,
+    cancel_downloads,
     finished,
     in_background,
     lock,
@@ -51,7 +53,7 @@ from packer.core.file_locks import (
     write_new,
 )
 from packer.core.sizes import format_size, parse_size
-from packer.errors import PackerError
+from packer.errors import FormatError, PackerError
 from packer.remote.download import CorruptDownload, download
 from packer.remote.storage import RemoteFolder
 
@@ -206,6 +208,8 @@ class ShardCache:
             release(use)
             if isinstance(exc, OSError):  # the network's are PackerErrors already (storage)
                 raise self._unusable(exc) from exc
+            if isinstance(exc, PackerError) and not (isinstance(exc, FormatError) or background()):
+                cancel_downloads()  # the store failed a read: the prefetches would wait too
             raise
         return CacheEntry(data, use, (found.st_dev, found.st_ino))
 

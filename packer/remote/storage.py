@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from packer.core.contained import check_url_name
+from packer.core.file_locks import background, cancel_downloads, cancelled
 from packer.core.retry import Retry, retried
 from packer.core.sizes import WHOLE, bounds, deadline, read_advice
 from packer.errors import FormatError, PackerError
@@ -108,6 +109,7 @@ class RemoteFolder:
         def retry_on(exc: Exception) -> bool:
             if not passing(exc):
                 raise remote_error(url, exc) from exc
+            _stop_if_cancelled(url)
             self.check_unchanged(url)
             return True
 
@@ -117,7 +119,12 @@ class RemoteFolder:
                 f"last with {failure(exc)}. {read_advice(self.bounds, exc)}"
             )
 
-        return retried(RETRY, lambda _: request(), retry_on, give_up)
+        try:
+            return retried(RETRY, lambda _: request(), retry_on, give_up)
+        except PackerError:
+            if not background():
+                cancel_downloads()  # a read failed: its error must not wait for prefetches
+            raise
 
     def limit(self, nbytes: int | None = None, fs: Any = None) -> dict[str, float]:
         """``timeout=`` for a call moving ``nbytes`` through an async file system (``fs``, else
@@ -219,7 +226,7 @@ class RemoteFolder:
     def download(self, name: str, fd: int, size: int) -> str:
         """Write the first ``size`` bytes of object ``name`` into the file ``fd`` (from its
         start, truncated first) by ranged GETs of :data:`_CHUNK`, :data:`_IN_FLIGHT` at once,
-        each retried on its own (:meth:`read_runs`), through fsspec (its sockets are watched:
+        each retried on its own (:meth:`read_runs`; through fsspec, its sockets are watched:
         :mod:`packer.remote.watchdog`, a trickle is cut at ``read_timeout``); return the xxh3_64 hex digest of the
         bytes written."""
         import xxhash
@@ -228,9 +235,10 @@ class RemoteFolder:
         os.ftruncate(fd, 0)
         done = 0
         while done < size:
+            _stop_if_cancelled(self.url_of(name))
             starts = list(range(done, min(size, done + _CHUNK * _IN_FLIGHT), _CHUNK))
             stops = [min(a + _CHUNK, size) for a in starts]
-            runs = self.read_runs([name] * len(starts), starts, stops, self.fs())
+            runs = self.read_runs([name] * len(starts), starts, stops)
             for start, block in zip(starts, runs):
                 digest.update(block)
                 view = memoryview(block)
@@ -312,6 +320,12 @@ class RemoteFolder:
             return int(self.fs().info(url, **self.limit(0)).get("size") or 0)
         except Exception:
             return -1
+
+
+def _stop_if_cancelled(url: str) -> None:
+    """A background download cancelled (the process exits, a read failed) stops here."""
+    if cancelled():
+        raise PackerError(f"the background download of {url!r} was cancelled")
 
 
 def _identity(entry: dict[str, Any]) -> tuple[int, str | None]:
