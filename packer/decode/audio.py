@@ -169,7 +169,7 @@ def _av() -> Any:
         import av
     except ImportError:
         raise PackerError(
-            "decoding audio other than PCM WAV needs PyAV: pip install 'packer-datasets[audio]'"
+            "decoding audio other than PCM WAV needs PyAV: pip install 'packer-datasets[video]'"
         ) from None
     return av
 
