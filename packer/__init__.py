@@ -108,7 +108,6 @@ if TYPE_CHECKING:
     from packer.read.fields import FieldDataset, collate_fields
     from packer.read.mixture import Mixture
     from packer.read.open import open_dataset, open_video_dataset
-    from packer.write.pack import pack
     from packer.read.sampler import ShardedSampler
     from packer.read.video_datasets import (
         BMPVideoDataset,
@@ -121,6 +120,7 @@ if TYPE_CHECKING:
     from packer.tools.worker_threads import worker_init_fn
     from packer.upload.staging import convert_to_url, merge_to_url
     from packer.upload.url_writer import Writer
+    from packer.write.pack import pack
 
 
 def __getattr__(name: str) -> Any:

@@ -32,6 +32,7 @@ from packer.core.manifest import (
     load_manifest,
     load_records,
 )
+from packer.core.manifest_schema import trusted_digest
 from packer.errors import FormatError
 from packer.read.verify import verify
 from packer.tools.image_demo import make_image_tree
@@ -302,6 +303,7 @@ def test_split_names_that_leave_the_output(splits: Path, tmp_path: Path, name: s
     name = str(victim) if name == "ABSOLUTE" else name
     data = json.loads((root / MANIFEST_NAME).read_text())
     data["options"]["splits"] = {name: 4, "train": 4}
+    data["trusted_xxh3_64"] = trusted_digest(data)  # crafted: its checksum signed again
     (root / MANIFEST_NAME).write_text(json.dumps(data))
     refused = "plain|expected non-empty names"  # an empty name is refused by the manifest check
     with pytest.raises(FormatError, match=refused):

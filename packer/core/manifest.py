@@ -41,6 +41,7 @@ import numpy as np
 import xxhash
 
 from packer._version import __version__
+from packer.core import manifest_schema as schema
 from packer.core.keytable import escape_key, unescape_key
 from packer.core.manifest_schema import Invalid, check_manifest, check_manifest_size
 from packer.core.tablefile import check_runs, fd_checksum, parse_table, read_checked, temp_name
@@ -214,11 +215,12 @@ def _write_atomic(path: Path, payload: bytes | Iterable[bytes]) -> None:
 
 
 def write_manifest(root: str | os.PathLike[str], manifest: Manifest) -> None:
-    """Write ``packer.json`` atomically (temp file, fsync, rename, fsync of the folder)."""
+    """Write ``packer.json`` atomically, in ASCII JSON (a non-UTF-8 name round-trips as \\udcXX)."""
     manifest.packer_version = __version__
     manifest.created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    # ASCII JSON: a name that is not UTF-8 (a surrogate-escaped str) round-trips as \\udcXX.
-    payload = json.dumps(manifest.to_dict(), indent=1).encode("ascii")
+    data = manifest.to_dict()
+    data["trusted_xxh3_64"] = schema.trusted_digest(data)  # checked by parse_manifest
+    payload = json.dumps(data, indent=1).encode("ascii")
     _write_atomic(Path(root) / MANIFEST_NAME, payload)
     fsync_dir(Path(root))
 
@@ -274,7 +276,9 @@ def parse_manifest(raw: bytes, path: str, root: str) -> Manifest:
             f"packer reads version {LAYOUT_VERSION}. Convert it again: packer convert "
             f"{src} {root} --overwrite"
         )
-    return Manifest.from_dict(data, repr(path))
+    manifest = Manifest.from_dict(data, repr(path))
+    schema.check_trusted(data, repr(path))
+    return manifest
 
 
 def _write_table(path: Path, table: np.ndarray, dtype: np.dtype) -> str:

@@ -10,10 +10,13 @@ packer of the same layout version may add informational fields, and nothing here
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable
 from typing import Any
+
+import xxhash
 
 from packer.errors import FormatError
 
@@ -271,3 +274,35 @@ def check_manifest(data: Any) -> None:
             raise Invalid(f"files.{name}", _MISSING, "the table's xxh3_64 checksum")
     if "layout" not in data["options"]:
         raise Invalid("options.layout", _MISSING, "one of " + ", ".join(map(repr, LAYOUTS)))
+
+
+# What a reader trusts without a table to check it against: the checksum a manifest carries over
+# them (its top-level trusted_xxh3_64) catches a flipped byte in a class, field or category name.
+TRUSTED_OPTIONS = ("layout", "kind", "fields", "categories", "splits")
+TRUSTED = ("format", "kind", "classes", "num_samples")
+
+
+def trusted_digest(data: dict[str, Any]) -> str:
+    """The xxh3 of the parts of a manifest's JSON a reader trusts: format, kind, classes and
+    sample count, and the options' layout, kind, fields, categories and splits."""
+    options = data.get("options") or {}
+    parts = {name: data.get(name) for name in TRUSTED}
+    parts["options"] = {name: options.get(name) for name in TRUSTED_OPTIONS}
+    canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return xxhash.xxh3_64(canonical.encode("ascii")).hexdigest()
+
+
+def check_trusted(data: dict[str, Any], where: str) -> None:
+    """Refuse a manifest whose trusted parts do not match the checksum it carries (one written
+    before the checksum existed carries none).
+
+    Raises:
+        FormatError: naming the manifest and what no longer matches.
+    """
+    expected = data.get("trusted_xxh3_64")
+    if expected is not None and expected != trusted_digest(data):
+        raise FormatError(
+            f"{where} is damaged or was edited: its classes, fields, categories, splits or "
+            "sample count no longer match the checksum written with them "
+            "(trusted_xxh3_64); refusing to read it. Restore it or convert again"
+        )

@@ -122,6 +122,12 @@ def _check_block(
         what = f"a label outside the {len(manifest.classes)} classes"
         raise _bad(path, what, rows.start, outside_classes)
     counts = index["count"][rows].astype(np.int64)
+    if manifest.kind == "fields":  # one record per field, an absent one empty: never more, fewer
+        fields = len(manifest.options.get("fields") or ())
+        if (wrong := counts != fields).any():
+            raise _bad(
+                path, f"a sample of other than {fields} records, one per field", rows.start, wrong
+            )
     start = int(index["first"][rows.start])
     span = slice(start, start + int(counts.sum()))
     block = records[span]
