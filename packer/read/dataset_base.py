@@ -116,10 +116,10 @@ class SampleDataset(Dataset):
         if not -n <= i < n:
             raise IndexError(f"index {i} out of range for a dataset of {n} {self.UNIT}")
         position = int(i) % n
-        self._watch_order(np.array([position]))
+        self._watch_order((position,))
         return position
 
-    def _watch_order(self, positions: np.ndarray) -> None:
+    def _watch_order(self, positions: Sequence[int] | np.ndarray) -> None:
         """Note the order samples are read in (a packed dataset at a URL warns if scattered)."""
 
     def _positions(self, indices: Sequence[int]) -> list[int]:
@@ -181,13 +181,13 @@ class PackedSamples:
         self.first = packed.first
         self.counts = packed.counts
 
-    def _watch_order(self, positions: np.ndarray) -> None:
+    def _watch_order(self, positions: Sequence[int] | np.ndarray) -> None:
         if not self.reader.RANGED:  # a local dataset, or one read through the cache
             return
         watch = self.__dict__.get("_order_watch")
         if watch is None:
             watch = self.__dict__["_order_watch"] = OrderWatch(str(self.root))
-        watch.see(positions)
+        watch.see(np.asarray(positions, dtype=np.int64))
 
     def close(self) -> None:
         """Close this process's shard and per-sample file handles, maps and LMDB environments

@@ -78,7 +78,7 @@ def _write(writer: PackWriter, inputs: Any, outcome: Outcome, strict: bool, skip
         else:
             for key in keys:
                 try:
-                    writer._key({"__key__": key})
+                    writer.check_key(key)
                 except PackerError as exc:
                     reason = str(exc)
                     break
@@ -94,7 +94,7 @@ def _write(writer: PackWriter, inputs: Any, outcome: Outcome, strict: bool, skip
         writer.left_out += 1
     for number, (key, encoded) in enumerate(outcome.samples[skip_to:], skip_to):
         writer.position = (outcome.index, number)
-        writer._append(key, encoded)
+        writer.append(key, encoded)
 
 
 def _complete(dst: Path, is_part: bool) -> ConvertResult | None:

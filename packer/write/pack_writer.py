@@ -208,7 +208,10 @@ class PackWriter(Writer):
         """List an input that failed (``fn`` raised, a value its field cannot take)."""
         self._source.skipped.append(SkippedInput(where, reason))
 
-    def append(self, key: str, encoded: dict[str, bytes]) -> None:
-        """Add one sample encoded elsewhere (its key checked here)."""
+    def check_key(self, key: str) -> None:
+        """Refuse a key that is not plain, not UTF-8, or written before (a PackerError)."""
         self._key({"__key__": key})
+
+    def append(self, key: str, encoded: dict[str, bytes]) -> None:
+        """Add one sample encoded elsewhere, its key already checked (:meth:`check_key`)."""
         self._append(key, encoded)
