@@ -54,6 +54,17 @@ def _manifest(record: dict[str, Any], done: list[Checkpoint]) -> Manifest:
     )
 
 
+def _write_durable(path: Path, data: dict[str, Any]) -> None:
+    """``data`` as JSON at ``path``: a temp file, fsync'd, renamed, the folder fsync'd."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(json.dumps(data).encode("utf-8", "surrogateescape"))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
 def _state_path(partial: Path, shard: int) -> Path:
     return partial / "_progress" / f"pack-{shard:05d}.json"
 
@@ -164,45 +175,26 @@ class PackWriter(Writer):
             "skipped": [{"path": s.path, "reason": s.reason} for s in self._source.skipped],
             "left_out": self.left_out,
         }
-        path = _state_path(self.partial, len(self._planned) - 1)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(json.dumps(state).encode("utf-8", "surrogateescape"))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        _write_durable(_state_path(self.partial, len(self._planned) - 1), state)
 
-    def close(self) -> Manifest:
+    def _publish(self) -> Manifest:
         """Publish the dataset; a part (``part=``) instead keeps its checkpoints and records
         ``part.json`` for ``packer merge`` (the manifest returned is then the part's, in memory
         only)."""
-        if self._part is None or self._state != "open":
-            return super().close()
-        try:
-            self._flush()
-            record = {
-                **self._part,
-                "options": self._options() if self._fields is not None else None,
-                "shards": len(self._done),
-                "files": self._source.files,
-                "bytes": self._source.total_bytes,
-                "skipped": [{"path": s.path, "reason": s.reason} for s in self._source.skipped],
-                "left_out": self.left_out,
-            }
-            path = self.partial / PART_MANIFEST
-            path.write_bytes(json.dumps(record).encode("utf-8", "surrogateescape"))
-            fsync_dir(self.partial)
-            publish(self.partial, self.dst)
-        except BaseException:
-            self.abort()
-            raise
-        finally:
-            self._bar.close()
-        self._state = "closed"
-        self._lock.__exit__(None, None, None)
-        self.manifest = _manifest(record, self._done)
-        return self.manifest
+        if self._part is None:
+            return super()._publish()
+        record = {
+            **self._part,
+            "options": self._options() if self._fields is not None else None,
+            "shards": len(self._done),
+            "files": self._source.files,
+            "bytes": self._source.total_bytes,
+            "skipped": [{"path": s.path, "reason": s.reason} for s in self._source.skipped],
+            "left_out": self.left_out,
+        }
+        _write_durable(self.partial / PART_MANIFEST, record)
+        publish(self.partial, self.dst)
+        return _manifest(record, self._done)
 
     def skip(self, where: str, reason: str) -> None:
         """List an input that failed (``fn`` raised, a value its field cannot take)."""

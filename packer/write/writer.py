@@ -347,12 +347,7 @@ class Writer:
             )
         try:
             self._flush()
-            if not self._done:
-                raise PackerError(f"no sample was written to {self.name!r}: nothing to publish")
-            options = self._options()
-            self.manifest, _ = finalize(self._job, self._done, options)
-            self._progress.remove()
-            publish(self.partial, self.dst)
+            self.manifest = self._publish()
         except BaseException:
             self.abort()
             raise
@@ -361,6 +356,15 @@ class Writer:
         self._state = "closed"
         self._lock.__exit__(None, None, None)
         return self.manifest
+
+    def _publish(self) -> Manifest:
+        """Write the tables and the manifest from the checkpoints, then publish ``dst``."""
+        if not self._done:
+            raise PackerError(f"no sample was written to {self.name!r}: nothing to publish")
+        manifest, _ = finalize(self._job, self._done, self._options())
+        self._progress.remove()
+        publish(self.partial, self.dst)
+        return manifest
 
     def _options(self) -> dict[str, Any]:
         assert self._fields is not None
