@@ -121,6 +121,20 @@ def test_not_audio_is_refused_with_its_reason() -> None:
         check_audio(wav_bytes(np.zeros((1, 0), np.int16)))
 
 
+def test_a_wav_header_that_lies_is_refused_with_its_reason() -> None:
+    """A chunk longer than the file (Python's wave raises a bare RuntimeError) and a format tag
+    no decoder knows (PyAV opens a stream without a codec) are AudioErrors, not crashes."""
+    from packer.decode.audio import decode_audio
+
+    good = wav_bytes(tone(np.random.default_rng(4), 400))
+    past_end = b"RIFF\x10\x00\x00\x00WAVEjunk" + (1000).to_bytes(4, "little") + b"x" * 20
+    unknown = good[:20] + b"\x00\x00" + good[22:]  # format tag 0
+    for data, says in [(past_end, "a chunk runs past the end"), (unknown, "has no codec")]:
+        for call in (check_audio, decode_audio):
+            with pytest.raises(AudioError, match=says):
+                call(data)
+
+
 def test_verify_full_decodes_every_clip(tmp_path: Path) -> None:
     tree = make_audio_tree(tmp_path / "speech", per_class=2)
     packer.convert(tree.root, tmp_path / "o.lmdb", progress=False)

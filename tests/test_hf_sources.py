@@ -282,26 +282,6 @@ def test_arrow_files_compressed_or_truncated_are_one_line_errors(tmp_path: Path)
         assert code != 0 and len(out.strip().splitlines()) == 1 and says in out, out
 
 
-def test_audio_column_is_kept_as_bytes_beside_the_label(tmp_path: Path) -> None:
-    features = {
-        "audio": {"_type": "Audio"},
-        "label": {"names": ["yes", "no"], "_type": "ClassLabel"},
-    }
-    struct = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-    schema = pa.schema(
-        [("audio", struct), ("label", pa.int64())],
-        metadata={"huggingface": json.dumps({"info": {"features": features}})},
-    )
-    clips = [b"RIFF....WAVEfmt one", b"RIFF....WAVEfmt two"]
-    rows = [{"audio": {"bytes": c, "path": f"{i}.wav"}, "label": i} for i, c in enumerate(clips)]
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp_path / "speech.parquet")
-    result = packer.convert(tmp_path / "speech.parquet", tmp_path / "o.lmdb", progress=False)
-    kinds = {f["name"]: f["kind"] for f in result.manifest.options["fields"]}
-    assert kinds == {"audio": "bytes", "label": "int"}
-    ds = packer.open_dataset(tmp_path / "o.lmdb", output="bytes")
-    assert [bytes(ds[i]["audio"]) for i in range(2)] == clips
-
-
 def test_glob_and_brace_patterns_of_parquet_files(tmp_path: Path) -> None:
     parts = [_images(4), _images(3), _images(2)]
     for i, part in enumerate(parts):

@@ -138,6 +138,8 @@ def _open_wav(data: bytes | memoryview) -> wave.Wave_read | None:
         raise AudioError(f"broken WAV header: {exc}") from None
     except EOFError:
         raise AudioError("truncated WAV (its header or its data chunk is missing)") from None
+    except RuntimeError:  # wave's chunk reader, on a chunk running past the file's end
+        raise AudioError("broken WAV header: a chunk runs past the end of the file") from None
 
 
 def _wav_frames(reader: wave.Wave_read, start: int, count: int) -> np.ndarray:
@@ -201,6 +203,26 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
 
 
+def _stream_info(container: Any, stream: Any) -> AudioInfo:
+    """What an opened stream's header says.
+
+    Raises:
+        AudioError: a stream whose codec parameters are missing (no rate, no channel layout).
+    """
+    try:
+        return AudioInfo(
+            container.format.name,
+            int(stream.rate or 0),
+            len(stream.layout.channels),
+            _declared(stream),
+        )
+    except AttributeError:  # PyAV leaves them out of a stream ffmpeg could not open a codec for
+        container.close()
+        raise AudioError(
+            f"a {container.format.name} file whose audio stream has no codec"
+        ) from None
+
+
 def _declared(stream: Any) -> int:
     """The frames a stream's header declares (-1: unknown)."""
     if stream.duration is None or stream.time_base is None or not stream.rate:
@@ -232,9 +254,7 @@ def _decode_av(
     frames are out), its rate, and what its header declared."""
     av = _av()
     container, stream = _open_av(data)
-    info = AudioInfo(
-        container.format.name, int(stream.rate or 0), len(stream.layout.channels), _declared(stream)
-    )
+    info = _stream_info(container, stream)
     chunks: list[np.ndarray] = []
     got = 0
     try:
@@ -282,12 +302,7 @@ def check_audio(data: bytes | memoryview, check: str = "scan") -> AudioInfo:
     if check == "fast":
         container, stream = _open_av(data)
         with container:
-            return AudioInfo(
-                container.format.name,
-                int(stream.rate or 0),
-                len(stream.layout.channels),
-                _declared(stream),
-            )
+            return _stream_info(container, stream)
     waveform, _, info = _decode_av(data)
     decoded = waveform.shape[1]
     if info.frames > 0 and decoded + max(2048, info.frames // 50) < info.frames:

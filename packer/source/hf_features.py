@@ -8,7 +8,7 @@ metadata under the key ``huggingface`` (``{"info": {"features": {...}}}``; also 
 feature                        Arrow type                                  stored as
 ============================== =========================================== ===================
 ``Image``                      ``struct<bytes: binary, path: string>``     an ``image`` field
-``Audio``                      the same struct                             a ``bytes`` field
+``Audio``                      the same struct                             an ``audio`` field
 ``ClassLabel(names=[...])``    an integer                                  the label (names:
                                                                            the classes)
 ``Value("string")``            ``string``                                  ``text``
@@ -49,7 +49,7 @@ __all__ = ["Column", "HFSource", "columns_of", "hf_source", "schema_of"]
 _SHARD_NAME = re.compile(r"(?P<split>[A-Za-z0-9_.]+?)-\d{5}-of-\d{5}\.parquet")
 _SPLIT_ORDER = ("train", "validation", "val", "test")
 _MAX_JSON = 1 << 24  # a dataset_info.json, state.json or dataset_dict.json beyond it is not one
-STORED = {"image": "image", "audio": "bytes", "label": "int"}  # the field kind of a column kind
+STORED = {"image": "image", "audio": "audio", "label": "int"}  # the field kind of a column kind
 
 
 @dataclass(frozen=True)
