@@ -8,12 +8,17 @@ made once under ``--root``). Each pass runs in a fresh process that first reads 
 memory (not timed), then writes ``{key, jpg: bytes, txt: str, cls: int}`` as each tool's users
 write it, all with 64 MB shards (``--shard-mb``), no compression:
 
-- ``packer.Writer .lmdb`` / ``.npy``: ``with packer.Writer(out) as w: w.write(sample)``;
+- ``packer.Writer .lmdb`` / ``.npy``: ``with packer.Writer(out, check=C) as w: w.write(sample)``;
 - ``MDSWriter``: ``columns={"key": "str", "jpg": "bytes", "txt": "str", "cls": "int"}``;
 - ``wds.ShardWriter``: ``ShardWriter("out/%06d.tar", maxsize=...).write(sample)``;
-- ``pack(workers=N)``: ``packer.pack(range(n), out, fn, workers=N)`` (``.lmdb``);
+- ``pack(workers=N)``: ``packer.pack(range(n), out, fn, workers=N, check=C)`` (``.lmdb``);
 - ``optimize(num_workers=N)``: ``litdata.optimize(fn, range(n), out, num_workers=N,
   start_method="fork")`` (fork, as ``pack``'s pool: no re-import of this script per worker).
+
+packer's passes run at each ``--checks`` level ``C`` of the bytes given (``scan``, the default,
+walks every JPEG's compressed stream: ~1 CPU ms a photo; ``fast`` reads its header and end
+marker; the peers check nothing); a level other than ``scan`` is named in the row
+(``packer.Writer .npy check=fast``).
 
 ``fn`` is ``copy`` (the sample as it is) or ``resize`` (a real ~2 ms CPU cost: the JPEG decoded,
 resized to 256×224, re-encoded at quality 90, as a preprocessing step would). The serial writers
@@ -25,11 +30,13 @@ bytes, caption and class of every sample (``copy``) or of five spread samples re
 (``resize``) equal what was given. Passes are interleaved, one warm-up round first, medians of
 ``--repeats``; each pass records the CPU share other processes took meanwhile.
 
-Targets: the faster ``packer.Writer`` ≥ 1.2 × the fastest single-process peer writer (``copy``),
-``pack(workers=2)`` ≥ 1.7 × ``pack(workers=1)`` (``resize``). Run in the peers' venv
-(``benchmarks/peers_env.sh``), niced on a shared machine::
+Targets, per check level: the faster ``packer.Writer`` ≥ 1.2 × the fastest single-process peer
+writer (``copy``), ``pack(workers=2)`` ≥ 1.7 × ``pack(workers=1)`` (``resize``). Medians of the
+rounds, with the spread (lowest–highest). Run in the peers' venv (``benchmarks/peers_env.sh``),
+niced on a shared machine::
 
-    PYTHONPATH=$PWD nice -n 5 /work/benchvenv/bin/python benchmarks/write_throughput.py
+    PYTHONPATH=$PWD nice -n 5 /work/benchvenv/bin/python benchmarks/write_throughput.py \
+        --checks scan fast
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ from harness.record import report_head, run_costs, save_report, stamped_log
 SERIAL = ("packer.Writer .lmdb", "packer.Writer .npy", "MDSWriter", "wds.ShardWriter")
 PARALLEL = ("pack", "optimize")
 FNS = ("copy", "resize")
+CHECKS = ("scan", "fast", "decode")  # packer's check levels; "scan" is the default
 PEERS = ("MDSWriter", "wds.ShardWriter", "optimize")
 SPOT = 5  # samples whose bytes a ``resize`` pass recomputes
 _SAMPLES: list[dict[str, Any]] = []  # this pass's samples, in memory (inherited by fork)
@@ -108,19 +116,20 @@ def load_samples(files: Path, samples: int) -> list[dict[str, Any]]:
     return out
 
 
-def write(tool: str, out: Path, workers: int, shard_mb: int) -> None:
-    """Write every sample to ``out`` with ``tool``, as its users do."""
+def write(tool: str, out: Path, workers: int, shard_mb: int, check: str = "scan") -> None:
+    """Write every sample to ``out`` with ``tool``, as its users do (packer's at ``check``)."""
     n, shard = len(_SAMPLES), shard_mb * 1_000_000
     if tool.startswith("packer.Writer"):
         import packer
 
-        with packer.Writer(out, shard_size=shard) as writer:
+        with packer.Writer(out, shard_size=shard, check=check) as writer:
             for i in range(n):
                 writer.write(make_sample(i))
     elif tool == "pack":
         import packer
 
-        packer.pack(range(n), out, make_sample, workers=workers, shard_size=shard, progress=False)
+        packer.pack(range(n), out, make_sample, workers=workers, shard_size=shard, check=check,
+                    progress=False)  # fmt: skip
     elif tool == "MDSWriter":
         from streaming import MDSWriter
 
@@ -234,7 +243,7 @@ def one_pass(cfg: dict[str, Any]) -> dict[str, Any]:
     gc.collect()
     host, cpu = host_busy_seconds(), own_usage()[0]
     start = time.perf_counter()
-    write(cfg["tool"], out, cfg["workers"], cfg["shard_mb"])
+    write(cfg["tool"], out, cfg["workers"], cfg["shard_mb"], cfg.get("check", "scan"))
     closed = time.perf_counter() - start
     _fsync_tree(out)
     durable = time.perf_counter() - start
@@ -263,39 +272,49 @@ def run_pass(cfg: dict[str, Any], log: Any = None) -> dict[str, Any]:
 
 
 def configs(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Every (tool, fn, workers) asked for: serial writers once, the maps per worker count."""
+    """Every (tool, fn, workers, check) asked for: serial writers once, the maps per worker
+    count, packer's per check level."""
     out = []
     for fn in args.fns:
         for tool in args.tools:
             for workers in args.workers if tool in PARALLEL else [1]:
-                out.append({"tool": tool, "fn": fn, "workers": workers})
+                for check in args.checks if tool.startswith("pack") else ["scan"]:
+                    out.append({"tool": tool, "fn": fn, "workers": workers, "check": check})
     return out
 
 
 def label(cfg: dict[str, Any]) -> str:
+    """A pass's row name; a packer check level other than the default is named."""
+    check = cfg.get("check", "scan")
+    named = f" check={check}" if check != "scan" and cfg["tool"].startswith("pack") else ""
     if cfg["tool"] == "pack":
-        return f"pack(workers={cfg['workers']})"
+        return f"pack(workers={cfg['workers']}){named}"
     if cfg["tool"] == "optimize":
         return f"optimize(num_workers={cfg['workers']})"
-    return cfg["tool"]
+    return cfg["tool"] + named
 
 
-def verdicts(medians: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
-    """The issue's two targets, where this run measured what they compare."""
+def verdicts(
+    medians: dict[str, dict[str, float]], checks: tuple[str, ...] | list[str] = ("scan",)
+) -> list[dict[str, Any]]:
+    """The issue's two targets at each check level, where this run measured what they
+    compare."""
     out = []
-    copy = medians.get("copy", {})
-    ours = {k: v for k, v in copy.items() if k.startswith("packer.Writer")}
+    copy, resize = medians.get("copy", {}), medians.get("resize", {})
     peers = {k: v for k, v in copy.items() if k in ("MDSWriter", "wds.ShardWriter")}
     peers.update({k: v for k, v in copy.items() if k == "optimize(num_workers=1)"})
-    if ours and peers:
-        best, peer = max(ours, key=ours.__getitem__), max(peers, key=peers.__getitem__)
-        out.append({"measure": f"{best} / {peer} (copy)", "ratio": ours[best] / peers[peer],
-                    "target": 1.2})  # fmt: skip
-    resize = medians.get("resize", {})
-    if "pack(workers=1)" in resize and "pack(workers=2)" in resize:
-        ratio = resize["pack(workers=2)"] / resize["pack(workers=1)"]
-        out.append({"measure": "pack(workers=2) / pack(workers=1) (resize)", "ratio": ratio,
-                    "target": 1.7})  # fmt: skip
+    for check in checks:
+        named = f" check={check}" if check != "scan" else ""
+        ours = {k: v for k, v in copy.items()
+                if k in (f"packer.Writer .lmdb{named}", f"packer.Writer .npy{named}")}  # fmt: skip
+        if ours and peers:
+            best, peer = max(ours, key=ours.__getitem__), max(peers, key=peers.__getitem__)
+            out.append({"measure": f"{best} / {peer} (copy)", "ratio": ours[best] / peers[peer],
+                        "target": 1.2})  # fmt: skip
+        one, two = f"pack(workers=1){named}", f"pack(workers=2){named}"
+        if one in resize and two in resize:
+            out.append({"measure": f"{two} / {one} (resize)", "ratio": resize[two] / resize[one],
+                        "target": 1.7})  # fmt: skip
     for v in out:
         v["met"] = v["ratio"] >= v["target"]
     return out
@@ -304,27 +323,31 @@ def verdicts(medians: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
 def table(rows: dict[str, dict[str, dict[str, float]]]) -> str:
     """Markdown: medians by fn and writer (samples/s, durable, CPU), × the fastest peer."""
     lines = [
-        "| fn | writer | samples/s | durable samples/s | CPU ms/sample | others' CPU share "
-        "| × fastest peer |",
-        "|---|---|--:|--:|--:|--:|--:|",
+        "| fn | writer | samples/s | lowest–highest | durable samples/s | CPU ms/sample "
+        "| others' CPU share | × fastest peer |",
+        "|---|---|--:|--:|--:|--:|--:|--:|",
     ]
     for fn, by_writer in rows.items():
         peers = [r["samples_per_s"] for k, r in by_writer.items() if k.startswith(PEERS)]
         for name, r in by_writer.items():
             ratio = f"{r['samples_per_s'] / max(peers):.2f}" if peers else "—"
             others = "—" if r["others_share"] is None else f"{r['others_share']:.2f}"
+            low, high = r["samples_per_s_range"]
             lines.append(
-                f"| {fn} | {name} | {r['samples_per_s']:,.0f} | {r['durable_samples_per_s']:,.0f} "
-                f"| {r['cpu_ms_per_sample']:.2f} | {others} | {ratio} |"
+                f"| {fn} | {name} | {r['samples_per_s']:,.0f} | {low:,.0f}–{high:,.0f} "
+                f"| {r['durable_samples_per_s']:,.0f} | {r['cpu_ms_per_sample']:.2f} | {others} "
+                f"| {ratio} |"
             )
     return "\n".join(lines)
 
 
-def summary(runs: list[dict[str, Any]], samples: int) -> dict[str, float | None]:
-    """The medians of one writer's timed passes."""
+def summary(runs: list[dict[str, Any]], samples: int) -> dict[str, Any]:
+    """The medians of one writer's timed passes, and the spread of its rate."""
     shares = [r["others_share"] for r in runs if r["others_share"] is not None]
+    rates = [samples / r["closed_s"] for r in runs]
     return {
-        "samples_per_s": statistics.median(samples / r["closed_s"] for r in runs),
+        "samples_per_s": statistics.median(rates),
+        "samples_per_s_range": [min(rates), max(rates)],
         "durable_samples_per_s": statistics.median(samples / r["durable_s"] for r in runs),
         "cpu_ms_per_sample": statistics.median(1e3 * r["cpu_s"] / samples for r in runs),
         "others_share": statistics.median(shares) if shares else None,
@@ -339,6 +362,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tools", nargs="+", default=[*SERIAL, *PARALLEL],
                         choices=[*SERIAL, *PARALLEL])  # fmt: skip
     parser.add_argument("--fns", nargs="+", default=list(FNS), choices=FNS)
+    parser.add_argument("--checks", nargs="+", default=["scan"], choices=CHECKS,
+                        help="packer's check levels of the bytes given (default: scan)")  # fmt: skip
     parser.add_argument("--workers", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--shard-mb", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
@@ -387,7 +412,7 @@ def main(args: argparse.Namespace) -> int:
         got = summary(runs[f"{cfg['fn']} {label(cfg)}"], args.samples)
         rows.setdefault(cfg["fn"], {})[label(cfg)] = got
     medians = {fn: {k: r["samples_per_s"] for k, r in by.items()} for fn, by in rows.items()}
-    checks = verdicts(medians)
+    checks = verdicts(medians, args.checks)
     print(table(rows))
     for v in checks:
         print(f"{v['measure']}: {v['ratio']:.2f} (target ≥ {v['target']}: "

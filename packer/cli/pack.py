@@ -15,14 +15,22 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
 from packer.cli.util import CONTEXT, friendly, json_flag, positive_int, quiet_flag, size_option
 from packer.errors import PackerError
 
+if TYPE_CHECKING:
+    from packer.write.writer_values import Check
+
 __all__ = ["load_function", "pack", "read_inputs"]
+
+# packer.decode.check.CHECKS, the default first, spelled out as convert's --check spells them
+# (that module imports Pillow: not at the command line's start; tests/test_pack_check.py
+# checks the two agree)
+CHECK_CHOICES = ("scan", "fast", "decode")
 
 
 def _module(name: str) -> Any:
@@ -106,6 +114,15 @@ def read_inputs(path: Path) -> list[str]:
 @size_option("--shard-size", "1GiB", "Roll to a new shard past this size; the unit of --resume.")
 @positive_int("--jpeg-quality", text="Quality of pixels encoded in a jpg field.", default=90)
 @click.option(
+    "--check",
+    type=click.Choice(CHECK_CHOICES),
+    default=CHECK_CHOICES[0],
+    show_default=True,
+    help="How image bytes FUNCTION returns are checked, as convert --check: scan walks the "
+    "whole compressed stream (a 1/8-scale decode), so a corrupt image is skipped now, not met "
+    "in training; fast: header + end marker only; decode: a full decode.",
+)
+@click.option(
     "--part", help="I/N: pack the I-th of N runs of inputs into DST.part-I (packer merge)."
 )
 @quiet_flag()
@@ -122,6 +139,7 @@ def pack(
     fields: str | None,
     shard_size: str,
     jpeg_quality: int,
+    check: str,
     part: str | None,
     quiet: bool,
     as_json: bool,
@@ -147,7 +165,7 @@ def pack(
     result = run(
         read_inputs(inputs), dst, load_function(function), workers=workers, resume=resume,
         strict=strict, progress=not (quiet or as_json), fields=names, shard_size=shard_size,
-        overwrite=overwrite, jpeg_quality=jpeg_quality,
+        overwrite=overwrite, jpeg_quality=jpeg_quality, check=cast("Check", check),
         part=parse_part(part) if part is not None else None,
     )  # fmt: skip
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())

@@ -48,10 +48,14 @@ from packer.write.result import ConvertResult
 
 __all__ = [
     "convert_to_url",
+    "dataset_name",
+    "held_staging",
     "merge_to_url",
     "staging_folder",
     "staging_root",
+    "start_upload",
     "store_identity",
+    "upload_staged",
 ]
 
 _MARK = "staging.json"  # says the folder is a packer staging folder, and of which URL
@@ -79,7 +83,7 @@ def staging_folder(
     return staging_root(staging) / key
 
 
-def _name_of(url: str) -> str:
+def dataset_name(url: str) -> str:
     """The dataset's folder name (``out.lmdb`` of ``s3://bucket/out.lmdb``), checked."""
     name = url.rstrip("/").rsplit("/", 1)[-1]
     bucket_only = url.rstrip("/").count("/") < 3
@@ -92,7 +96,7 @@ def _name_of(url: str) -> str:
 
 
 @contextmanager
-def _staged(
+def held_staging(
     url: str, staging: Any, options: dict[str, Any], shared: bool = False
 ) -> Iterator[Path]:
     """Hold the staging folder of ``url``: one writer at a time, or (``shared``) any number of
@@ -117,7 +121,7 @@ def _staged(
                 f"{str(folder)!r} is locked); wait for it to finish or stop it first"
             ) from None
         alone, mark = not shared, folder / _MARK
-        others = [e.name for e in folder.iterdir() if not _made_by_us(e.name, _name_of(url))]
+        others = [e.name for e in folder.iterdir() if not _made_by_us(e.name, dataset_name(url))]
         if others and not mark.is_file():
             raise DestinationError(
                 f"{str(folder)!r} is not a packer staging folder (it holds {others[0]!r}): "
@@ -198,6 +202,13 @@ def _clear(folder: Path, keep: tuple[str, ...] = (_LOCK,)) -> None:
             _remove(entry)
 
 
+def start_upload(folder: Path, journal: Journal, url: str) -> None:
+    """A new upload into the held staging ``folder``: what an earlier one left removed (the
+    lock, the mark and the journal kept), its journal reset to ``url``."""
+    _clear(folder, keep=(_LOCK, _MARK, JOURNAL_NAME))
+    journal.reset(url.rstrip("/"))
+
+
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
@@ -253,10 +264,10 @@ def convert_to_url(
         PackerError: as :func:`packer.write.convert.convert`; the destination refused; an upload
             failed (naming the URL).
     """
-    name = _name_of(url)
+    name = dataset_name(url)
     options = dict(storage_options or {})
     check_source_folder(Path(src))  # a mistyped source is said before the store is asked
-    with _staged(url, staging, options, shared=part is not None) as folder:
+    with held_staging(url, staging, options, shared=part is not None) as folder:
         local, journal = folder / name, Journal(folder / JOURNAL_NAME)
         uploader = Uploader(url, options, journal, resume)
         try:
@@ -266,8 +277,7 @@ def convert_to_url(
                 raise
             return _complete_at_url(uploader, src, local, kwargs)
         if not resume and part is None:  # start over, still owning an upload of ours
-            _clear(folder, keep=(_LOCK, _MARK, JOURNAL_NAME))
-            journal.reset(url.rstrip("/"))
+            start_upload(folder, journal, url)
         stream = None
         room: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if not keep_staging:
@@ -296,7 +306,9 @@ def convert_to_url(
                 f"when every part is done, run  packer merge {url} --staging {staging_root(staging)}"
             )
             return result
-        return _upload(result, uploader, local, url, overwrite, progress, keep_staging, stream)
+        return upload_staged(
+            result, uploader, local, url, overwrite, progress, keep_staging, stream
+        )
 
 
 def merge_to_url(
@@ -311,9 +323,9 @@ def merge_to_url(
     """Join the parts staged by ``convert_to_url(..., part=(i, n))`` (same ``url`` and staging
     root) with :func:`packer.write.merge.merge`, then upload the result as :func:`convert_to_url`
     does; run again after an interruption, it resumes the upload."""
-    name = _name_of(url)
+    name = dataset_name(url)
     options = dict(storage_options or {})
-    with _staged(url, staging, options) as folder:
+    with held_staging(url, staging, options) as folder:
         local = folder / name
         remerge = not (local / "packer.json").is_file() or any(folder.glob(f"{name}.part-*"))
         journal = Journal(folder / JOURNAL_NAME)
@@ -328,7 +340,7 @@ def merge_to_url(
             )
         for part in sorted(folder.glob(f"{name}.part-*")):
             _remove(part)
-        return _upload(result, uploader, local, url, overwrite, progress, keep_staging)
+        return upload_staged(result, uploader, local, url, overwrite, progress, keep_staging)
 
 
 def _manifest(local: Path) -> Any:
@@ -337,7 +349,7 @@ def _manifest(local: Path) -> Any:
     return load_manifest(local)
 
 
-def _upload(
+def upload_staged(
     result: ConvertResult,
     uploader: Uploader,
     local: Path,

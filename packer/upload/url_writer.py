@@ -2,94 +2,77 @@
 
 A local ``dst`` is :class:`packer.write.writer.Writer` itself. For ``s3://bucket/out.lmdb`` the
 dataset is built by that same writer in the URL's staging folder
-(:func:`packer.upload.staging.staging_folder`, held locked); each shard, once checkpointed, is
+(:func:`packer.upload.staging.held_staging`, held locked); each shard, once checkpointed, is
 sent by :class:`packer.upload.stream.ShardStream` and its staged copy released, and ``close()``
-uploads the tables and the manifest last (:class:`packer.upload.uploader.Uploader`), as
+uploads the tables and the manifest last (:func:`packer.upload.staging.upload_staged`), as
 :func:`packer.upload.staging.convert_to_url` does. A failure or a kill before the end leaves no
-manifest at the URL: no dataset there. The thin functions below are the public doors to the
-staging module's own steps (not duplicated here).
+manifest at the URL: no dataset there. A full staging disk is told what streaming holds, by
+the estimate ``convert`` to a URL gives (:mod:`packer.write.writer_source`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from packer.core.manifest import Manifest
+from packer.errors import DestinationError, PackerError
 from packer.remote.storage import is_url
-from packer.upload import staging as _staging
+from packer.upload.staging import dataset_name, held_staging, start_upload, upload_staged
 from packer.upload.stream import ShardStream, stream_limit
 from packer.upload.uploader import JOURNAL_NAME, Journal, Uploader
-from packer.write.plan import DEFAULT_SHARD_SIZE
 from packer.write.result import ConvertResult
-from packer.write.writer import DEFAULT_JPEG_QUALITY
 from packer.write.writer import Writer as LocalWriter
 
-__all__ = ["Writer", "dataset_name", "held_staging", "upload_staged"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
+    from packer.write.writer_values import WriterOptions
 
-def dataset_name(url: str) -> str:
-    """The dataset's folder name of ``url`` (``out.lmdb``), checked."""
-    return _staging._name_of(url)
-
-
-def held_staging(url: str, staging: Any, options: dict[str, Any]) -> Any:
-    """The staging folder of ``url``, held (locked) by one writer while the context lasts."""
-    return _staging._staged(url, staging, options)
-
-
-def start_upload(folder: Path, journal: Journal, url: str) -> None:
-    """A new upload into ``folder``: what an earlier one left removed, its journal reset."""
-    _staging._clear(folder, keep=(_staging._LOCK, _staging._MARK, JOURNAL_NAME))
-    journal.reset(url.rstrip("/"))
-
-
-def upload_staged(
-    result: ConvertResult, uploader: Uploader, local: Path, url: str, overwrite: bool,
-    progress: bool, stream: ShardStream,
-) -> ConvertResult:  # fmt: skip
-    """Upload the published ``local`` (its shards already streamed), the manifest last."""
-    return _staging._upload(result, uploader, local, url, overwrite, progress, False, stream)
+__all__ = ["Writer"]
 
 
 class Writer(LocalWriter):
     """Write samples into a new dataset at a path or a URL; a context manager.
 
-    Every argument is :class:`packer.write.writer.Writer`'s; for a URL (``s3://bucket/out.lmdb``)
-    ``storage_options`` are the store's fsspec options and ``staging`` the staging root
-    (:func:`packer.upload.staging.staging_root`). The staging folder holds about four shards
-    waiting for their upload plus the one being written.
+    ``options`` are :class:`packer.write.writer.Writer`'s keywords
+    (:class:`packer.write.writer_values.WriterOptions`: ``fields``, ``shard_size``,
+    ``overwrite``, ``storage_options``, ``jpeg_quality``, ``check``, ``progress``); for a URL
+    (``s3://bucket/out.lmdb``) ``storage_options`` are the store's fsspec options and
+    ``staging`` the staging root (:func:`packer.upload.staging.staging_root`). The staging
+    folder holds about four shards waiting for their upload plus the one being written.
     """
 
     def __init__(
         self,
         dst: str | os.PathLike[str],
         *,
-        fields: Iterable[str] | None = None,
-        shard_size: int | str = DEFAULT_SHARD_SIZE,
-        overwrite: bool = False,
-        storage_options: dict[str, Any] | None = None,
-        jpeg_quality: int = DEFAULT_JPEG_QUALITY,
-        progress: bool = False,
         staging: str | os.PathLike[str] | None = None,
+        **options: Unpack[WriterOptions],
     ) -> None:
         self._url: str | None = None
+        self._staging = staging
+        super().__init__(dst, **options)
+
+    def _open(self, dst: Any, overwrite: bool, storage_options: dict[str, Any] | None) -> None:
+        """A URL: hold its staging folder, check the store, start the upload, then write the
+        dataset there (a path: the local writer's own start)."""
         if not is_url(dst):
-            super().__init__(
-                dst, fields=fields, shard_size=shard_size, overwrite=overwrite,
-                storage_options=storage_options, jpeg_quality=jpeg_quality, progress=progress,
-            )  # fmt: skip
+            if self._staging is not None:
+                raise PackerError(
+                    f"staging= applies to a URL, not the path {os.fspath(dst)!r} (a local "
+                    "dataset is written in place)"
+                )
+            super()._open(dst, overwrite, storage_options)
             return
         url, options = str(dst).rstrip("/"), dict(storage_options or {})
         name = dataset_name(url)
-        self._configure(name, fields, shard_size, jpeg_quality, progress)
-        self.name, self._overwrite, self._show = url, overwrite, progress
+        self.name, self._overwrite = url, overwrite
         self._stack = contextlib.ExitStack()
         with self._cleanup_on_error():
-            folder = self._stack.enter_context(held_staging(url, staging, options))
+            folder = self._stack.enter_context(held_staging(url, self._staging, options))
             journal = Journal(folder / JOURNAL_NAME)
             self._uploader = Uploader(url, options, journal, False)
             self._uploader.check(overwrite, folder / name)  # before anything is written
@@ -98,6 +81,7 @@ class Writer(LocalWriter):
             self._stream = ShardStream(self._uploader, folder / name, limit, overwrite)
             self._stack.callback(self._stream.close)
             self.after_shard, self.on_event = self._stream.after_shard, self._stream.on_event
+            self._streamed = (limit, self.shard_size)  # a full disk: what streaming holds
             self._begin(folder / name, overwrite=True)  # the staged copy is ours alone
         self._url = url
 
@@ -108,6 +92,19 @@ class Writer(LocalWriter):
         except BaseException:
             self._stack.close()
             raise
+
+    def _storage_error(self, exc: OSError) -> PackerError:
+        """The local writer's error; on a full staging disk, also where staging is and how to
+        move it (as ``convert`` to a URL says it)."""
+        error = super()._storage_error(exc)
+        if self._url is None or not str(error).startswith("disk full"):
+            return error
+        return DestinationError(
+            f"{error} (this is the local staging folder of the upload to {self._url!r}; the "
+            "space needed there is four shards waiting for their upload plus two being written "
+            "and their checkpoints: choose a disk with room with staging=DIR, or a smaller "
+            "shard_size)"
+        )
 
     def close(self) -> Manifest:
         """Publish the dataset (for a URL: upload what is left, the manifest last)."""
@@ -120,14 +117,9 @@ class Writer(LocalWriter):
                 dst=self.dst, manifest=manifest, seconds=0, bytes_in=0, bytes_out=0
             )
             upload_staged(
-                result,
-                self._uploader,
-                self.dst,
-                self._url,
-                self._overwrite,
-                self._show,
-                self._stream,
-            )
+                result, self._uploader, self.dst, self._url, self._overwrite,
+                not self._bar.disable, False, self._stream,
+            )  # fmt: skip
         self._stack.close()
         return manifest
 

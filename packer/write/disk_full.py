@@ -246,11 +246,18 @@ def check_room(
         )
 
 
+RESUME_ADVICE = "The finished shards are kept: free space, then run the same command with --resume"
+
+
 def disk_full_error(
-    partial: Path, source: Any, fmt: str | None = None, options: dict[str, Any] | None = None
+    partial: Path,
+    source: Any,
+    fmt: str | None = None,
+    options: dict[str, Any] | None = None,
+    advice: str = RESUME_ADVICE,
 ) -> DestinationError:
     """The error for a full disk: how much more is needed (an estimate, said so), what is free,
-    how to go on."""
+    how to go on (``advice``: a ``packer.Writer``, which does not resume, says its own)."""
     try:
         free = shutil.disk_usage(partial.parent).free
     except OSError:
@@ -261,6 +268,5 @@ def disk_full_error(
         need, how = estimate_output(fmt or "", source, options or {}, 4096) or 0, "an estimate"
     return DestinationError(
         f"disk full while writing {str(partial)!r}: about {format_size(need)} more is needed "
-        f"({how}) and {format_size(free)} is free. The finished shards are kept: free space, "
-        "then run the same command with --resume"
+        f"({how}) and {format_size(free)} is free. {advice}"
     )

@@ -38,7 +38,13 @@ from packer.write.pack_writer import PACK_PART_VERSION, PackWriter, part_manifes
 from packer.write.plan import DEFAULT_SHARD_SIZE
 from packer.write.result import ConvertResult
 from packer.write.tasks import PART_MANIFEST, check_part, part_path
-from packer.write.writer_values import DEFAULT_JPEG_QUALITY, declared_fields
+from packer.write.writer_values import (
+    DEFAULT_CHECK,
+    DEFAULT_JPEG_QUALITY,
+    Check,
+    check_check,
+    declared_fields,
+)
 
 __all__ = ["pack"]
 
@@ -51,7 +57,7 @@ def _workers(workers: int | None, executor: Any) -> int:
     return workers
 
 
-def _spec(fn: Any, fields: Any, jpeg_quality: int, count: int) -> PackSpec:
+def _spec(fn: Any, fields: Any, jpeg_quality: int, check: Any, count: int) -> PackSpec:
     if fn is not None and not callable(fn):
         raise PackerError(f"fn={fn!r} is not callable: give a function input -> sample dict")
     declared = declared_fields(fields)
@@ -61,6 +67,7 @@ def _spec(fn: Any, fields: Any, jpeg_quality: int, count: int) -> PackSpec:
         declared=declared,
         jpeg_quality=jpeg_quality,
         width=max(KEY_DIGITS, len(str(max(count - 1, 0)))),
+        check=check_check(check),
     )
 
 
@@ -136,6 +143,7 @@ def pack(
     shard_size: int | str = DEFAULT_SHARD_SIZE,
     overwrite: bool = False,
     jpeg_quality: int = DEFAULT_JPEG_QUALITY,
+    check: Check = DEFAULT_CHECK,
     part: tuple[int, int] | None = None,
 ) -> ConvertResult:
     """Run ``fn`` on every input and pack the samples it returns into a new dataset at ``dst``.
@@ -159,6 +167,11 @@ def pack(
         shard_size: roll to a new shard past this many bytes; the unit of ``resume``.
         overwrite: replace an existing dataset at ``dst`` (only once the new one is complete).
         jpeg_quality: the quality pixels are encoded at in a ``jpg`` field.
+        check: how the bytes ``fn`` returns for an image (or audio) field are checked, in the
+            worker, as :class:`packer.Writer`'s ``check`` (and ``packer convert --check``):
+            ``"scan"`` (default: the whole compressed stream walked), ``"fast"`` (header and
+            end marker only) or ``"decode"``. An input whose bytes fail is skipped and listed
+            (``strict``: the run stops).
         part: ``(i, n)``: pack only the ``i``-th of ``n`` equal runs of consecutive inputs,
             into ``DST.part-i``, for :func:`packer.merge` to join (keys stay those of one run).
 
@@ -179,11 +192,11 @@ def pack(
         raise PackerError("resume and overwrite exclude each other: choose one")
     count_workers = _workers(workers, executor)
     sequence = as_inputs(inputs)
-    spec = _spec(fn, fields, jpeg_quality, len(sequence))
+    spec = _spec(fn, fields, jpeg_quality, check, len(sequence))
     if not len(sequence):
         raise PackerError("inputs is empty: nothing to pack")
     options = {"fn": fn_identity(fn), "fields": spec.names, "jpeg_quality": jpeg_quality}
-    options["shard_size"] = shard_size
+    options.update(shard_size=shard_size, check=spec.check)  # what skips an input: fingerprinted
     lo, hi, target, part_record = 0, len(sequence), Path(os.fspath(dst).rstrip("/")), None
     if part is not None:
         check_part(part)
@@ -210,7 +223,8 @@ def pack(
         return done
     writer = PackWriter(
         target, fingerprint=fingerprint, resume=resume, part=part_record, fields=fields,
-        shard_size=shard_size, overwrite=overwrite, jpeg_quality=jpeg_quality, progress=progress,
+        shard_size=shard_size, overwrite=overwrite, jpeg_quality=jpeg_quality, check=spec.check,
+        progress=progress,
     )  # fmt: skip
     with writer:
         start, skip_to = writer.resumed_at or (lo, 0)

@@ -24,7 +24,7 @@ import xxhash
 
 from packer.core.fields import FieldSpec
 from packer.errors import PackerError
-from packer.write.writer_values import DEFAULT_JPEG_QUALITY, encode_fields
+from packer.write.writer_values import DEFAULT_CHECK, DEFAULT_JPEG_QUALITY, Check, encode_fields
 
 __all__ = [
     "Outcome",
@@ -49,6 +49,7 @@ class PackSpec:
     declared: dict[str, FieldSpec] | None
     jpeg_quality: int = DEFAULT_JPEG_QUALITY
     width: int = KEY_DIGITS
+    check: Check = DEFAULT_CHECK  # how bytes given for an image or audio field are checked
 
 
 @dataclass
@@ -221,7 +222,8 @@ def run_input(inputs: Sequence[Any], index: int, spec: PackSpec, offset: int = 0
         encoded = []
         for number, sample in enumerate(samples):
             key = sample.get("__key__", _key(index, number, len(samples), spec.width))
-            encoded.append((key, encode_fields(str(key), sample, spec.declared, spec.jpeg_quality)))
+            fields = encode_fields(str(key), sample, spec.declared, spec.jpeg_quality, spec.check)
+            encoded.append((key, fields))
         return Outcome(index, encoded)
     except Exception as exc:  # noqa: BLE001 - the user's code: any failure skips its input
         reason = f"{type(exc).__name__}: {exc}"

@@ -15,18 +15,16 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from tqdm.auto import tqdm
 
-from packer.core.contained import check_relative
 from packer.core.fields import ABSENT, MAX_FIELDS, FieldSpec, field_kind
 from packer.core.manifest import Manifest, bytes_checksum
 from packer.core.sizes import parse_size
-from packer.decode.check import DEFAULT_CHECK, DEFAULT_MAX_PIXELS
+from packer.decode.check import DEFAULT_MAX_PIXELS
 from packer.errors import DestinationError, InputFileError, PackerError
 from packer.formats import format_for
 from packer.remote.storage import is_url
@@ -42,33 +40,19 @@ from packer.write.loading import Loaded
 from packer.write.pipeline import Event, Job, ShardHook, end_shard, finalize, store_sample
 from packer.write.plan import DEFAULT_SHARD_SIZE
 from packer.write.resume import Checkpoint, Progress, Rows, unstarted
+from packer.write.writer_source import WrittenSource, is_disk_full, writer_disk_full
 from packer.write.writer_values import (
+    DEFAULT_CHECK,
     DEFAULT_JPEG_QUALITY,
+    Check,
+    check_check,
     check_jpeg_quality,
     declared_fields,
     encode_fields,
+    sample_key,
 )
 
-__all__ = ["DEFAULT_JPEG_QUALITY", "Writer", "WrittenSource"]
-
-
-@dataclass
-class WrittenSource:
-    """The manifest's view of what was written: no source tree, samples given one by one
-    (none of them skipped, none listed: ``samples`` is what finalize counts as inputs)."""
-
-    fields: list[FieldSpec]
-    files: int = 0
-    total_bytes: int = 0
-    root: str = "packer.Writer"
-    kind: str = "fields"
-    source_kind: str = "writer"
-    classes: list[str] = field(default_factory=list)
-    samples: list[Any] = field(default_factory=list)
-    skipped: list[Any] = field(default_factory=list)
-
-    def describe(self) -> dict[str, Any]:
-        return {"root": self.root, "files": self.files, "bytes": self.total_bytes}
+__all__ = ["DEFAULT_CHECK", "DEFAULT_JPEG_QUALITY", "Writer", "WrittenSource"]
 
 
 class Writer:
@@ -86,6 +70,12 @@ class Writer:
         storage_options: for a URL ``dst``, which ``packer.Writer``
             (:class:`packer.upload.url_writer.Writer`) writes.
         jpeg_quality: the quality pixels are encoded at in a ``jpg``/``jpeg`` field (1-100).
+        check: how bytes given for an image (or audio) field are checked at ``write()``, as
+            by ``packer convert --check``: ``"scan"`` (default: the header, a JPEG's end marker
+            and its whole compressed stream, by a 1/8-scale decode, ~1 ms a photo), ``"fast"``
+            (header and end marker, ~0.01 ms: catches truncated files and non-images, misses
+            most corrupt headers and all corrupt scan data a reader fails on; docs/writing.md)
+            or ``"decode"``. Use ``"fast"`` for bytes you trust; pixels need no check.
         progress: show a tqdm bar of the samples written.
 
     Raises:
@@ -102,8 +92,14 @@ class Writer:
         overwrite: bool = False,
         storage_options: dict[str, Any] | None = None,
         jpeg_quality: int = DEFAULT_JPEG_QUALITY,
+        check: Check = DEFAULT_CHECK,
         progress: bool = False,
     ) -> None:
+        self._configure(dst, fields, shard_size, jpeg_quality, check, progress)
+        self._open(dst, overwrite, storage_options)
+
+    def _open(self, dst: Any, overwrite: bool, storage_options: dict[str, Any] | None) -> None:
+        """Start writing at the local ``dst`` (the URL writer overrides it for a URL)."""
         if is_url(dst):
             raise DestinationError(
                 f"this Writer writes a local folder, not the URL {dst!r}: use packer.Writer "
@@ -111,11 +107,10 @@ class Writer:
             )
         if storage_options:
             raise PackerError(f"storage_options apply to a URL, not the path {os.fspath(dst)!r}")
-        self._configure(dst, fields, shard_size, jpeg_quality, progress)
         self._begin(Path(os.fspath(dst).rstrip("/") or "/"), overwrite)
 
     def _configure(
-        self, dst: Any, fields: Any, shard_size: Any, jpeg_quality: Any, progress: bool
+        self, dst: Any, fields: Any, shard_size: Any, jpeg_quality: Any, check: Any, progress: bool
     ) -> None:
         """Check the arguments (before anything is touched)."""
         self.name = os.fspath(dst)
@@ -130,11 +125,14 @@ class Writer:
             self.jpeg_quality = check_jpeg_quality(jpeg_quality)
         except InputFileError as exc:
             raise PackerError(str(exc)) from None
+        self.check = check_check(check)
         self._fields = declared_fields(fields)  # fixed once the first shard is written
         self._declared = self._fields is not None
         self._seen: dict[str, FieldSpec] = {}  # the first shard's fields, while it fills
         self._buffer: list[tuple[str, dict[str, bytes]]] = []
         self._buffer_bytes = 0
+        self._largest = 0  # the largest sample's bytes (a full disk's estimate)
+        self._streamed: tuple[int, int] | None = None  # a URL's upload: (limit, shard size)
         self._keys: set[str] = set()  # casefolded: keys differing only by case are refused
         self._planned: list[int] = []
         self._done: list[Checkpoint] = []
@@ -239,20 +237,22 @@ class Writer:
             )
         key = self._key(sample)
         declared = self._fields if self._declared else None
-        self._append(key, encode_fields(key, sample, declared, self.jpeg_quality))
+        self._append(key, encode_fields(key, sample, declared, self.jpeg_quality, self.check))
 
     def _append(self, key: str, encoded: dict[str, bytes]) -> None:
         """Buffer one checked sample's encoded fields (the shard before it written first if
         this one starts the next)."""
-        size = sum(len(data) for data in encoded.values())
+        size = sum(map(len, encoded.values()))
         starts_shard = bool(self._buffer) and self._buffer_bytes + size > self.shard_size
         self._check_new_fields(key, encoded, starts_shard)
         if starts_shard:
             self._flush()
-        for name in encoded:
-            self._seen.setdefault(name, FieldSpec(name, field_kind(name)))
+        if self._fields is None:  # the first shard: its samples' fields are the dataset's
+            for name in encoded.keys() - self._seen.keys():
+                self._seen[name] = FieldSpec(name, field_kind(name))
         self._buffer.append((key, encoded))
         self._buffer_bytes += size
+        self._largest = max(self._largest, size)
         self._keys.add(key.casefold())
         self._bar.update(1)
 
@@ -260,7 +260,9 @@ class Writer:
         """Refuse a field the first shard's samples lack once that shard is written (or is
         about to be: this sample starts the next one)."""
         known = self._fields if self._fields is not None else self._seen if starts_shard else None
-        new = [n for n in encoded if known is not None and n not in known]
+        if known is None or encoded.keys() <= known.keys():
+            return
+        new = [n for n in encoded if n not in known]
         if new:
             raise InputFileError(
                 f"sample {key!r}, field {new[0]!r}: a new field, after the first shard was "
@@ -269,20 +271,7 @@ class Writer:
             )
 
     def _key(self, sample: Any) -> str:
-        if not isinstance(sample, Mapping):
-            raise InputFileError(
-                f"sample {len(self) + 1} is a {type(sample).__name__}, not a dict of fields "
-                "with its '__key__'"
-            )
-        if "__key__" not in sample:
-            raise InputFileError(f"sample {len(self) + 1}, field '__key__': missing")
-        key = sample["__key__"]
-        try:
-            check_relative(key, "key")
-            key.encode("utf-8")
-        except (PackerError, UnicodeEncodeError) as exc:
-            why = exc if isinstance(exc, PackerError) else "not encodable as UTF-8"
-            raise InputFileError(f"sample {key!r}, field '__key__': {why}") from None
+        key = sample_key(sample, len(self) + 1)
         if key.casefold() in self._keys:
             raise InputFileError(
                 f"sample {key!r}, field '__key__': a key written before (keys are unique, also "
@@ -324,10 +313,26 @@ class Writer:
                     )
                 self._before_checkpoint()
                 end_shard(job, writer, self._progress, self._done, rows, shard)
+        except OSError as exc:
+            self._state = "failed"
+            raise self._storage_error(exc) from exc
         except BaseException:
             self._state = "failed"
             raise
         self._buffer, self._buffer_bytes = [], 0
+
+    def _storage_error(self, exc: OSError) -> PackerError:
+        """The error for a failed write of ``DST.partial``: a full disk says what is needed."""
+        if not is_disk_full(exc, self.partial):
+            return DestinationError(f"writing {str(self.partial)!r} failed: {exc}")
+        return writer_disk_full(
+            self.partial,
+            self._keys,
+            self._source.total_bytes,
+            self._largest,
+            self._buffer_bytes,
+            self._streamed,
+        )
 
     def _before_checkpoint(self) -> None:
         """Called once a shard's samples are written, before its checkpoint (nothing here)."""
@@ -348,6 +353,9 @@ class Writer:
         try:
             self._flush()
             self.manifest = self._publish()
+        except OSError as exc:
+            self.abort()
+            raise self._storage_error(exc) from exc
         except BaseException:
             self.abort()
             raise
@@ -371,7 +379,7 @@ class Writer:
         return {
             "layout": "shards",
             "shard_size": self.shard_size,
-            "check": DEFAULT_CHECK,
+            "check": self.check,
             "max_pixels": DEFAULT_MAX_PIXELS,
             "fields": [self._fields[n].to_dict() for n in sorted(self._fields)],
             "source_kind": "writer",

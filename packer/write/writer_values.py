@@ -4,7 +4,8 @@ The field's name decides its kind (:func:`packer.core.fields.field_kind`), as fo
 files, and the kind which values it takes:
 
 - every kind: ``bytes`` (``bytearray``, ``memoryview``), stored unchanged once checked by the
-  kind as a conversion checks a file (:func:`packer.decode.values.check_value`);
+  kind as a conversion checks a file (:func:`packer.decode.values.check_value`, at the
+  writer's ``check``: :data:`Check`);
 - ``text``: a ``str`` (stored as UTF-8);
 - ``int``: an ``int`` or a numpy integer within int64 (stored as its decimal digits);
 - ``json``: a ``dict`` or a ``list`` that reads back equal (no tuple, no key that is not a
@@ -27,26 +28,55 @@ import io
 import json
 import sys
 from collections.abc import Iterable, Mapping
-from typing import Any
+from functools import lru_cache
+from typing import Any, Literal, TypedDict, cast
 
 import numpy as np
 from PIL import Image
 
+from packer.core.contained import check_relative
 from packer.core.fields import MAX_FIELDS, FieldSpec, check_field_name, field_kind
-from packer.decode.check import DEFAULT_CHECK, DEFAULT_MAX_PIXELS
+from packer.decode import check as _check
+from packer.decode.check import CHECKS, DEFAULT_MAX_PIXELS
 from packer.decode.values import check_value
 from packer.errors import InputFileError, PackerError
 
 __all__ = [
+    "DEFAULT_CHECK",
     "DEFAULT_JPEG_QUALITY",
     "MAX_RECORD",
+    "Check",
+    "WriterOptions",
+    "check_check",
     "check_jpeg_quality",
     "declared_fields",
     "encode_fields",
     "encode_value",
+    "sample_key",
 ]
 
+# How the bytes given for a field are checked: ``packer convert --check``'s levels, the same
+# meaning (packer.decode.check.check_image): "fast" the header and a JPEG's end marker, "scan"
+# (the default) also the whole compressed stream (a 1/8-scale decode), "decode" a full decode.
+Check = Literal["fast", "scan", "decode"]
+DEFAULT_CHECK = cast(Check, _check.DEFAULT_CHECK)  # convert's default, "scan"
 DEFAULT_JPEG_QUALITY = 90
+
+
+class WriterOptions(TypedDict, total=False):
+    """The keywords of :class:`packer.write.writer.Writer` (documented there), as one typed
+    object: the URL writer (:mod:`packer.upload.url_writer`) takes and passes them on as they
+    are, so the two keyword lists cannot drift apart."""
+
+    fields: Iterable[str] | None
+    shard_size: int | str
+    overwrite: bool
+    storage_options: dict[str, Any] | None
+    jpeg_quality: int
+    check: Check
+    progress: bool
+
+
 MAX_RECORD = (1 << 32) - 1  # records.npy holds a record's length as <u4
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 _NUMERIC = "biufc"  # numpy dtype kinds: bool, signed, unsigned, float, complex
@@ -68,6 +98,17 @@ _TAKES = {
     "audio": "the bytes of an audio file (.wav, .flac, ...)",
     "bytes": "bytes",
 }
+
+
+def check_check(check: Any) -> Check:
+    """``check`` if it is one of :data:`Check`'s levels.
+
+    Raises:
+        PackerError: naming the value given and the levels (as ``convert`` says it).
+    """
+    if not isinstance(check, str) or check not in CHECKS:
+        raise PackerError(f"invalid check {check!r}; expected one of {', '.join(CHECKS)}")
+    return check  # type: ignore[return-value]  # one of CHECKS, the levels Check lists
 
 
 def check_jpeg_quality(quality: Any) -> int:
@@ -212,16 +253,22 @@ def _refused(kind: str, value: Any) -> InputFileError:
     )
 
 
-def encode_value(value: Any, spec: FieldSpec, jpeg_quality: int = DEFAULT_JPEG_QUALITY) -> bytes:
-    """The bytes field ``spec`` stores for ``value`` (see the module's docstring).
+def encode_value(
+    value: Any,
+    spec: FieldSpec,
+    jpeg_quality: int = DEFAULT_JPEG_QUALITY,
+    check: Check = DEFAULT_CHECK,
+) -> bytes:
+    """The bytes field ``spec`` stores for ``value`` (see the module's docstring); bytes given
+    are checked at ``check`` (:func:`packer.decode.values.check_value`).
 
     Raises:
         InputFileError: a value the field's kind cannot take, with the reason.
     """
     if isinstance(value, bytes | bytearray | memoryview):
-        data = bytes(value)
+        data = value if type(value) is bytes else bytes(value)  # bytes as given: no copy
         if spec.kind != "bytes":
-            check_value(data, spec.kind, DEFAULT_CHECK, DEFAULT_MAX_PIXELS)
+            check_value(data, spec.kind, check, DEFAULT_MAX_PIXELS)
     elif spec.kind == "text":
         data = _text(value)
     elif spec.kind == "int":
@@ -239,17 +286,25 @@ def encode_value(value: Any, spec: FieldSpec, jpeg_quality: int = DEFAULT_JPEG_Q
     return data
 
 
+@lru_cache(maxsize=1024)
+def _spec_of(name: str) -> FieldSpec:
+    """The spec of an undeclared field ``name``, its name checked (cached: a writer meets the
+    same few names in every sample; a bad name raises, and is not cached)."""
+    return FieldSpec(check_field_name(name), field_kind(name))
+
+
 def encode_fields(
     key: str,
     sample: Mapping[str, Any],
     declared: dict[str, FieldSpec] | None,
     jpeg_quality: int = DEFAULT_JPEG_QUALITY,
+    check: Check = DEFAULT_CHECK,
 ) -> dict[str, bytes]:
     """Every field of ``sample`` but ``__key__`` as the bytes it stores, in the sample's order.
 
     The same in any process (``packer.pack`` encodes in its workers): it depends only on the
-    sample, the ``declared`` fields (None: any plain name, its kind by its suffix) and the
-    quality.
+    sample, the ``declared`` fields (None: any plain name, its kind by its suffix), the
+    quality and the ``check``.
 
     Raises:
         InputFileError: naming ``key`` and the field: a name that is not plain or not declared,
@@ -260,7 +315,7 @@ def encode_fields(
         if name == "__key__":
             continue
         try:
-            check_field_name(name)
+            spec = declared[name] if declared is not None and name in declared else _spec_of(name)
         except PackerError as exc:
             raise InputFileError(f"sample {key!r}: {exc}") from None
         if declared is not None and name not in declared:
@@ -273,11 +328,33 @@ def encode_fields(
                 f"sample {key!r}, field {name!r}: None; leave the field out of the sample to "
                 "mark it absent"
             )
-        spec = (declared or {}).get(name) or FieldSpec(name, field_kind(name))
         try:
-            encoded[name] = encode_value(value, spec, jpeg_quality)
+            encoded[name] = encode_value(value, spec, jpeg_quality, check)
         except PackerError as exc:
             raise InputFileError(f"sample {key!r}, field {name!r} ({spec.kind}): {exc}") from None
     if not encoded:
         raise InputFileError(f"sample {key!r} has no field besides '__key__'")
     return encoded
+
+
+def sample_key(sample: Any, number: int) -> str:
+    """The ``__key__`` of ``sample`` (the ``number``-th given), checked: a dict's plain relative
+    name, encodable as UTF-8.
+
+    Raises:
+        InputFileError: naming the sample (by its key, else its number) and what is wrong.
+    """
+    if not isinstance(sample, Mapping):
+        raise InputFileError(
+            f"sample {number} is a {type(sample).__name__}, not a dict of fields with its '__key__'"
+        )
+    if "__key__" not in sample:
+        raise InputFileError(f"sample {number}, field '__key__': missing")
+    key = sample["__key__"]
+    try:
+        check_relative(key, "key")
+        key.encode("utf-8")
+    except (PackerError, UnicodeEncodeError) as exc:
+        why = exc if isinstance(exc, PackerError) else "not encodable as UTF-8"
+        raise InputFileError(f"sample {key!r}, field '__key__': {why}") from None
+    return key
