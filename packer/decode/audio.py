@@ -44,6 +44,7 @@ __all__ = [
     "check_audio",
     "check_audio_options",
     "decode_audio",
+    "probe_audio",
 ]
 
 # ffmpeg demuxers a clip may be read by (its short names, ffmpeg's format_whitelist): never a
@@ -310,6 +311,26 @@ def check_audio(data: bytes | memoryview, check: str = "scan") -> AudioInfo:
             f"truncated {info.format}: {decoded} of the {info.frames} frames its header declares"
         )
     return AudioInfo(info.format, info.sample_rate, info.channels, max(info.frames, decoded))
+
+
+def probe_audio(data: bytes | memoryview) -> AudioInfo:
+    """What a clip's header says, nothing decoded (``frames`` is -1 when the container does not
+    declare its duration).
+
+    Raises:
+        AudioError: bytes whose header does not parse.
+    """
+    if len(data) == 0:
+        raise AudioError("empty file (0 bytes)")
+    reader = _open_wav(data) if _is_wav(data) else None
+    if reader is not None:
+        with reader:
+            return AudioInfo(
+                "wav", reader.getframerate(), reader.getnchannels(), reader.getnframes()
+            )
+    container, stream = _open_av(data)
+    with container:
+        return _stream_info(container, stream)
 
 
 def _crop_start(total: int, length: int, crop: str | None) -> int:

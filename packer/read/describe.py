@@ -18,6 +18,7 @@ from packer.core.fields import ABSENT, fields_of, kind_noun
 from packer.core.manifest import load_manifest
 from packer.core.sizes import format_size
 from packer.errors import FormatError
+from packer.read.describe_audio import audio_lines, audio_stats
 from packer.read.store import Packed, open_packed
 from packer.remote.opener import url_manifest
 from packer.remote.storage import is_url, join_url
@@ -72,6 +73,8 @@ def describe(
             f"field {f['name']} ({f['kind']}): {f['samples']} samples, {format_size(f['bytes'])}"
             for f in field_stats(packed)
         ]
+        if not is_url(root):  # every clip is read: not over a network
+            lines += audio_lines(audio_stats(packed))
     else:
         shown = ", ".join(f"{c} ({n})" for c, n in list(zip(m.classes, counts))[:8])
         lines.append("classes: " + shown + (" ..." if len(m.classes) > 8 else ""))
@@ -161,6 +164,9 @@ def inspect_dict(
     out["per_class"] = per_class(packed)
     if m.kind == "fields":
         out["fields"] = field_stats(packed)
+        audio = [] if is_url(root) else audio_stats(packed)
+        if audio:
+            out["audio"] = audio
     if m.kind == "video":
         out["frames"] = int(packed.counts.sum())
     return out
