@@ -206,7 +206,7 @@ OPTIONS = record(
         "skip_bad_frames": optional(boolean),
         "splits": mapping(COUNT),
         "class_index_from": text(),
-        "kind": text(("image", "video")),
+        "kind": text(("image", "video", "fields")),  # a root of splits: its splits' kind
         "part": list_of(COUNT, length=2),
         "fields": list_of(
             record(

@@ -91,22 +91,40 @@ def _clips(folder: Path, skipped: list[SkippedInput]) -> list[tuple[str, int]]:
     return out
 
 
-def scan_audio(root: str | os.PathLike[str], required: list[str] | None = None) -> FieldScan:
-    """Scan ``root/<class>/<clip>`` into samples of fields ``audio`` and ``label``.
+def scan_audio(
+    root: str | os.PathLike[str],
+    required: list[str] | None = None,
+    classes: list[str] | None = None,
+) -> FieldScan:
+    """Scan ``root/<class>/<clip>`` into samples of fields ``audio`` and ``label``;
+    ``classes`` pins the class index (a split's: its training split's folders), else it is
+    ``root``'s sorted class folders.
 
     Raises:
-        SourceError: a missing source, one without class folders, or no clip in any class.
+        SourceError: a missing source, one without class folders, a class folder the pinned
+            index does not know, or no clip in any class.
     """
     path = Path(root)
-    classes = class_dirs(path)
+    folders = class_dirs(path)
+    if classes is not None:
+        unknown = [c for c in folders if c not in set(classes)]
+        if unknown:
+            shown = ", ".join(repr(c) for c in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+            raise SourceError(
+                f"{str(path)!r} has class folder(s) the class index does not know: {shown} "
+                f"(the index has {len(classes)} classes, taken from the training split)"
+            )
+    classes = list(folders if classes is None else classes)
     scan = FieldScan(root=str(path.resolve()), kind="fields", classes=classes, samples=[])
     scan.source_kind = "audio"
     found: list[tuple[str, int, int]] = []
+    present = set(folders)
     for label, name in enumerate(classes):
-        found += [(p, size, label) for p, size in _clips(path / name, scan.skipped)]
+        if name in present:
+            found += [(p, size, label) for p, size in _clips(path / name, scan.skipped)]
     if not found:
         raise SourceError(
-            f"source {str(path)!r} has {len(classes)} class folder(s) but no audio clips "
+            f"source {str(path)!r} has {len(folders)} class folder(s) but no audio clips "
             f"(looked for {', '.join(AUDIO_SUFFIXES)})"
         )
     keys = path_keys(path, [p for p, _, _ in found])

@@ -17,6 +17,7 @@ from packer.decode.check import CHECKS
 from packer.decode.pixels import to_pixels
 from packer.decode.resize import RESIZE_OPTIONS, Resize
 from packer.errors import PackerError
+from packer.source.audio import looks_audio_tree, scan_audio
 from packer.source.images import scan
 from packer.source.labels import read_labels, scan_flat
 from packer.write.fields import FIELD_OPTIONS, FIELD_SOURCES, prepare_fields, scan_fields
@@ -147,7 +148,11 @@ def prepare_split(
     labels: str | None,
     index_from: str,
 ) -> Prepared:
-    """One split's image part, for :func:`packer.write.splits.plan_splits`."""
+    """One split's image part, for :func:`packer.write.splits.plan_splits` (a split of class
+    folders of audio clips: its samples of fields, labelled by the shared class index)."""
+    if labels is None and looks_audio_tree(folder):
+        scanned = scan_audio(folder, classes=classes)
+        return _within_source(prepare_fields(scanned, fmt, check, limits, options), False, limits)
     return prepare(
         "image", folder, fmt, check, limits, options, classes, labels, allow_empty, index_from
     )
