@@ -1,6 +1,7 @@
 """Where a dataset's bytes come from: a URL (``s3://``, ``http(s)://``, any fsspec protocol),
 read as whole small objects (manifest, tables, keys) and as byte ranges of data files (a local
-folder never comes here). ``fsspec`` (the ``remote`` extra) is imported on first use only.
+folder never comes here, but as a ``file://`` URL when it is staged through the shard cache:
+``packer.remote.local``). ``fsspec`` (the ``remote`` extra) is imported on first use only.
 Every attempt is bounded in time (:data:`packer.core.sizes.BOUNDS`), every name checked first.
 
 One rule for processes: a :class:`RemoteFolder` pickles as its URL and storage options; each
@@ -31,6 +32,7 @@ from packer.remote.failures import (
     passing,
     remote_error,
 )
+from packer.remote.local import LocalFiles
 from packer.remote.obstore_backend import POOL, fsspec_options
 from packer.remote.watchdog import watched_options
 
@@ -153,8 +155,11 @@ class RemoteFolder:
     def fs(self) -> Any:
         """This process's file system (built on first use, again after a fork)."""
         if self._fs is None or self._pid != os.getpid():
-            fsspec = _import_fsspec()
             protocol = self.url.split("://", 1)[0]
+            if protocol == "file":  # a local dataset staged through the cache: no fsspec
+                self._fs, self._pid = LocalFiles(), os.getpid()
+                return self._fs
+            fsspec = _import_fsspec()
             try:
                 options = fsspec_options(protocol, self.options)
                 options = watched_options(protocol, options, self.bounds)
@@ -177,7 +182,8 @@ class RemoteFolder:
         if self._ranged[0] != os.getpid():
             from packer.remote import obstore_backend as ob
 
-            use = ob.usable() and ob.backend_of(self.options, self.url) == "obstore"
+            local = self.url.startswith("file:")
+            use = not local and ob.usable() and ob.backend_of(self.options, self.url) == "obstore"
             self._ranged = (os.getpid(), ob.ObstoreRanges(self.options) if use else None)
         return self._ranged[1] or self.fs()
 
