@@ -20,6 +20,7 @@ from packer.read.options import READ_OPTIONS, ReadOptions, check_keywords, keywo
 from packer.read.store import split_root
 from packer.read.video_datasets import _CLASSES as VIDEO_CLASSES
 from packer.read.video_datasets import FolderVideoDataset, VideoDataset
+from packer.remote.local import file_path, is_file_url
 from packer.remote.storage import is_url
 from packer.source.detect import detect_kind, find_splits
 
@@ -127,6 +128,7 @@ def open_dataset(
     kinds += [FieldDataset] if kind in (None, "fields") else []
     known = [n for n in keywords_of(*kinds) if n != "root"]
     check_keywords(dataset_options, {*known, *READ_OPTIONS, "kind"}, "open_dataset")
+    path = file_path(path) if is_file_url(path) else path  # file:///x is the local /x
     if is_url(path):
         return _open_url(str(path), split, kind, read, dataset_options)
     root = Path(path)

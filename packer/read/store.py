@@ -31,6 +31,7 @@ from packer.errors import FormatError
 from packer.formats import by_name
 from packer.formats.base import ReaderBase, shard_identities
 from packer.read.options import check_keywords, keywords_of
+from packer.remote.local import is_file_url, staged_root
 from packer.remote.opener import CacheOptions, RemoteOutput, open_remote
 from packer.remote.storage import is_url
 
@@ -242,14 +243,15 @@ def open_packed(
     """
     storage_options = reader_options.pop("storage_options", None)
     cache = CacheOptions.pop(reader_options)
-    if is_url(root):
+    # file:// is its path; a local dataset with a cache option is staged (packer.remote.local)
+    root = staged_root(root, storage_options is None and cache.given() and cache.cache is not False)
+    if is_url(root) or is_file_url(root):
         got = open_remote(
             str(root), kind, format, check_files, split, storage_options, cache, reader_options
         )
         return _remote_packed(got)
-    if storage_options is not None or cache.given():
-        what = "storage_options" if storage_options is not None else "the shard cache"
-        raise FormatError(f"{what} is for a URL; {str(root)!r} is a local path")
+    if storage_options is not None:
+        raise FormatError(f"storage_options is for a URL; {str(root)!r} is a local path")
     path = split_root(Path(root), split)
     fd = open_folder(path)
     try:
