@@ -45,6 +45,7 @@ def _speech(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list
     path = tmp_path / "train-00000-of-00001.parquet"
     monkeypatch.chdir(tmp_path)  # datasets sizes a relative path from the working folder
     hf.to_parquet(path)
+    hf.select(range(3)).save_to_disk(str(tmp_path / "saved"))  # Arrow files: the good clips
     return path, [*waves, waves[2]], [*clips[:3], wav_bytes(waves[2])]
 
 
@@ -100,3 +101,8 @@ def test_an_audio_column_decodes_to_waveform_and_rate_through_the_api(
     assert tuple(waveform.shape) == (1, 1000) and rate == 16000
     both = waves[1][:, :1000].astype(np.float32) / 32768.0
     assert np.allclose(waveform.numpy(), both.mean(axis=0, keepdims=True), atol=1e-7)
+    saved = packer.convert(tmp_path / "saved", tmp_path / "saved.lmdb", progress=False)
+    assert {f["name"]: f["kind"] for f in saved.manifest.options["fields"]}["audio"] == "audio"
+    ds = packer.open_dataset(tmp_path / "saved.lmdb", fields=("audio",))
+    for i, expected in enumerate(waves[:3]):
+        assert np.array_equal(ds[i][0][0], expected.astype(np.float32) / 32768.0)
