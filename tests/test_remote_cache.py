@@ -463,6 +463,7 @@ def test_cache_ls_and_clear(
     assert sorted(p.name for p in cache.iterdir()) == [".evict.lock"]
 
 
-def test_cache_options_need_a_url(local: dict[str, Path], tmp_path: Path) -> None:
-    with pytest.raises(FormatError, match="the shard cache is for a URL"):
-        packer.open_dataset(local["images.lmdb"], cache_dir=tmp_path)
+def test_cache_options_stage_a_local_dataset(local: dict[str, Path], tmp_path: Path) -> None:
+    # a local path with cache_dir= is staged through the cache (tests/test_local_staging.py)
+    staged = packer.open_dataset(local["images.lmdb"], cache_dir=tmp_path)
+    assert str(staged.root).startswith("file://") and staged[0] is not None

@@ -39,10 +39,15 @@ def download(folder: RemoteFolder, name: str, fd: int, size: int, xxh3: str) -> 
         return isinstance(exc, _OtherBytes)
 
     def give_up(exc: Exception, attempts: int, spent: float) -> CorruptDownload:
+        where = (  # a local dataset staged through the cache: its file is damaged on the disk
+            "The file is damaged on its disk; run packer verify on it and convert it again"
+            if url.startswith("file:")
+            else "The object is corrupt in the store or on the way; upload the dataset again "
+            "or check the network"
+        )
         return CorruptDownload(
             f"cannot cache {url!r}: {attempts} downloads over {spent:.1f}s all gave bytes whose "
-            f"xxh3 differs from the manifest's ({xxh3}; last {exc}). The object is corrupt in "
-            "the store or on the way; upload the dataset again or check the network"
+            f"xxh3 differs from the manifest's ({xxh3}; last {exc}). {where}"
         )
 
     retried(storage.RETRY, try_once, retry_on, give_up)
