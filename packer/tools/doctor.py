@@ -24,8 +24,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from packer.core.cpus import available_cpus, memory_available
+from packer.core.cpus import available_cpus, memory_available, packer_home
 from packer.core.manifest import MANIFEST_NAME, load_manifest
+from packer.core.sizes import format_size
 from packer.decode.outputs import decode
 from packer.errors import PackerError
 from packer.tools.decode_advice import advise_dataset
@@ -241,10 +242,9 @@ def _recommend(report: DoctorReport, fits_ram: bool) -> tuple[list[str], str | N
         out.append(f"convert the folder to LMDB (one open per shard, not per image): {command}")
     elif report.format == "bmp":
         out.append("BMP stores ~10× the bytes of JPEG: convert the source folder to .lmdb instead")
-    if fits_ram and report.format != "folder" and not str(path).startswith(str(ram_dir)):
-        out.append(
-            f"the dataset fits in RAM: stage it with  cp -r {path} {ram_dir}/  and read it there"
-        )
+    staging = _staging(report, path, fits_ram, ram_dir)
+    if staging:
+        out.append(staging)
     if report.workers is not None:
         out.append(str(report.workers))
     out.append("persistent_workers=True (workers and their open files survive epochs)")
@@ -253,6 +253,34 @@ def _recommend(report: DoctorReport, fits_ram: bool) -> tuple[list[str], str | N
     if torch.cuda.is_available():
         out.append("pin_memory=True, and .to(device, non_blocking=True) in the loop")
     return out, command
+
+
+def _staging(report: DoctorReport, path: Path, fits_ram: bool, ram_dir: Path) -> str | None:
+    """Local staging through the shard cache (``open_dataset(..., cache_dir=)``): for a packed
+    dataset of shards that fits in RAM (cached in ``/dev/shm``), or whose disk is the
+    bottleneck (cached on a local disk: the default cache folder), read in place otherwise."""
+    if report.format in ("folder", "bmp") or str(path).startswith(str(ram_dir)):
+        return None
+    cold, cpu_ms = report.cold_read_ms, report.split_ms["decode"] + report.split_ms["transform"]
+    slow = cold is not None and cold > cpu_ms
+    if fits_ram and ram_dir.is_dir():
+        where, why = f"{ram_dir}/packer", "the dataset fits in RAM"
+    elif slow:
+        where, why = str(packer_home()), "the disk is the bottleneck"
+    else:
+        return None
+    try:  # the limit holds every shard file (LMDB's pages: more than the records' bytes)
+        held = sum(shard.bytes for shard in load_manifest(path).shards) or report.dataset_bytes
+    except PackerError:
+        held = report.dataset_bytes
+    size = format_size(int(held * 1.1) + 1).replace(" ", "")  # room for the rounding
+    command = f'packer.open_dataset("{path}", cache_dir="{where}", cache_limit="{size}")'
+    return (
+        f"{why}: stage it through the shard cache, each shard copied (and checked) on its "
+        f"first read, shared by every worker and rank of the node, the next epochs read from "
+        f"there: {command}"
+        + ("" if where.startswith(str(ram_dir)) else " (cache_dir on a local SSD)")
+    )
 
 
 def doctor(
