@@ -1,24 +1,29 @@
 """What every dataset shares, images and clips alike: classes and targets, index checks,
-transforms, decoding errors and ``repr``. Holds only picklable state."""
+transforms, decoding errors and ``repr``. Holds only picklable state; a dataset over a packed
+output pickles small (:class:`PackedSamples`: its arguments and what it opened, never its
+tables), whatever its number of samples."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 from torch.utils.data import Dataset
 
 from packer.core.keytable import KeyTable
 from packer.core.manifest import Manifest
 from packer.decode.outputs import check_output
 from packer.decode.registry import check_decoder
-from packer.errors import InputFileError, PackerError
+from packer.errors import FormatError, InputFileError, PackerError
 from packer.formats.base import ReaderBase
 from packer.read.scatter import OrderWatch
 from packer.read.store import Packed
+from packer.remote.storage import is_url
 
 # The run of consecutive samples a dataset read from a URL by ranged GETs (no cache) asks
 # ShardedSampler to keep together: a batch of 64 then holds 4-5 runs, each one GET (side by side
@@ -165,7 +170,19 @@ class SampleDataset(Dataset):
 
 
 class PackedSamples:
-    """What a dataset over a packer output adds: its manifest, reader and keys."""
+    """What a dataset over a packer output adds: its manifest, reader and keys.
+
+    Pickled (a DataLoader worker under spawn or forkserver, a Mixture's sources), it keeps
+    only its options and the arguments it was opened with (the root made absolute) and the
+    identity of what it opened: the manifest's digest (which holds every table's xxh3), the
+    folder and each shard. The process that unpickles it opens the output again itself (maps
+    the tables, checks them against the manifest) and refuses, with a
+    :class:`~packer.errors.FormatError`, an output whose identity differs: what a worker serves
+    is what the parent opened. So its pickle is a few KB at any number of samples. An attribute
+    of :data:`REOPENED` the caller replaced (or a ``targets`` changed in place) is pickled as
+    it is. A dataset at a URL (or staged through the shard cache) pickles whole: its tables
+    were fetched, and a worker would fetch them again.
+    """
 
     root: Path
     UNIT: str
@@ -174,12 +191,58 @@ class PackedSamples:
     first: np.ndarray
     counts: np.ndarray
 
+    # what the open of the output makes, made again by the process that unpickles the dataset
+    REOPENED = ("manifest", "reader", "first", "counts", "targets", "frame_counts", "checksums")
+
     def _attach(self, packed: Packed) -> None:
         self.root = packed.root  # a split's own folder when a split was opened
         self.manifest = packed.manifest
         self.reader = packed.reader
         self.first = packed.first
         self.counts = packed.counts
+
+    def _opened_by(self, owner: type, args: dict[str, Any]) -> None:
+        """Remember how this dataset was opened: ``owner.__init__(self, **args)``, the last
+        step of that ``__init__`` (see the class docstring)."""
+        if is_url(str(self.root)) or str(self.root).startswith("file:"):
+            return  # a URL's tables were fetched: pickled with them, never fetched again
+        args = {**args, "root": Path(args["root"]).absolute()}  # a worker may run elsewhere
+        marks = {n: _mark(self.__dict__[n]) for n in self.REOPENED if n in self.__dict__}
+        self.__dict__["_reopen"] = (owner, args, marks)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        remembered = state.pop("_reopen", None)
+        if remembered is None:
+            return state
+        owner, args, marks = remembered
+        for name, mark in marks.items():
+            if name in state and _mark(state[name]) == mark:
+                del state[name]  # made again by the open in the process that unpickles it
+        state["_reopen"] = (owner, args, self._identity())
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        remembered = state.pop("_reopen", None)
+        if remembered is not None:
+            owner, args, identity = remembered
+            owner.__init__(self, **args)
+            found = self._identity()
+            if found != identity:
+                raise FormatError(_changed(state.get("root", args["root"]), identity, found))
+        self.__dict__.update(state)
+
+    def _identity(self) -> dict[str, Any]:
+        """What this dataset opened: its manifest's digest (every table's xxh3 is in it), the
+        folder's and every shard's identity (a local output)."""
+        text = json.dumps(self.manifest.to_dict(), sort_keys=True, ensure_ascii=True)
+        shards = self.reader.shard_ids
+        return {
+            "manifest": xxhash.xxh3_64_hexdigest(text.encode("ascii")),
+            "folder": tuple(self.reader.root_id or ()),
+            "shards": None if shards is None else [tuple(s) for s in shards],
+        }
 
     def _watch_order(self, positions: Sequence[int] | np.ndarray) -> None:
         if not self.reader.RANGED:  # a local dataset, or one read through the cache
@@ -249,3 +312,28 @@ class PackedSamples:
 
     def _describe(self, i: int) -> str:
         return f"{self.UNIT[:-1]} {i} ({self.keys[i]!r} in {str(self.root)!r})"
+
+
+def _mark(value: Any) -> tuple[int, str | None]:
+    """What tells a value from the one an open made: its ``id``, and a writable array's
+    digest (``targets`` can be changed in place)."""
+    if isinstance(value, np.ndarray) and value.flags.writeable:
+        return id(value), xxhash.xxh3_64_hexdigest(np.ascontiguousarray(value).data)
+    return id(value), None
+
+
+_WHAT = {
+    "manifest": "its packer.json is another (converted or written again, or edited)",
+    "folder": "its folder was replaced (--overwrite)",
+    "shards": "a shard was replaced",
+}
+
+
+def _changed(root: Any, was: dict[str, Any], now: dict[str, Any]) -> str:
+    what = "; ".join(_WHAT[k] for k in _WHAT if was.get(k) != now.get(k))
+    return (
+        f"{str(root)!r} changed on disk since this dataset was opened: {what}. This process "
+        "(a DataLoader worker, or wherever the dataset was unpickled) opened it again and "
+        "refuses to serve other samples than the process that opened it; open the dataset "
+        "again (and start a new DataLoader) to read what is there now"
+    )

@@ -138,6 +138,19 @@ class PackedDataset(PackedSamples, ImageDataset):
         self._attach(packed)
         shape = packed.manifest.options.get("pixels")
         self.pixels = tuple(int(n) for n in shape) if shape else None
+        self._opened_by(
+            PackedDataset,
+            dict(
+                root=root,
+                transform=transform,
+                target_transform=target_transform,
+                output=output,
+                batch_buffer=batch_buffer,
+                on_error=on_error,
+                decoder=decoder,
+                **options.given(),
+            ),
+        )
 
     def _read_many(self, positions: Sequence[int]) -> list[bytes]:
         return self.reader.read_many(self.first[np.asarray(positions, dtype=np.int64)])

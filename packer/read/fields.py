@@ -113,6 +113,22 @@ class FieldDataset(PackedSamples, SampleDataset):
         self.checksums = packed.checksums
         if readahead is None and self._chosen_fraction() < 0.5:
             self.reader.read_exactly()  # a caption pass must not read the images beside them
+        self._opened_by(
+            FieldDataset,
+            dict(
+                root=root,
+                fields=fields,
+                transform=transform,
+                output=output,
+                on_error=on_error,
+                decoder=decoder,
+                sample_rate=sample_rate,
+                mono=mono,
+                max_frames=max_frames,
+                crop=crop,
+                **options.given(),
+            ),
+        )
 
     @property
     def fields(self) -> tuple[str, ...]:

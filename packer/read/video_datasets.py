@@ -198,6 +198,22 @@ class PackedVideoDataset(PackedSamples, VideoDataset):
             on_error,
         )
         self._attach(packed)
+        self._opened_by(
+            PackedVideoDataset,
+            dict(
+                root=root,
+                num_frames=num_frames,
+                sampling=sampling,
+                stride=stride,
+                output=output,
+                transform=transform,
+                target_transform=target_transform,
+                seed=seed,
+                decoder=decoder,
+                on_error=on_error,
+                **options.given(),
+            ),
+        )
 
     def read_frames(self, i: int, frames: np.ndarray) -> list[bytes]:
         return self.reader.read_many(int(self.first[i]) + np.asarray(frames, dtype=np.int64))
