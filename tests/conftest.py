@@ -1,5 +1,6 @@
 """Shared fixtures: tiny real image trees made by the same generator as `make demo`; a real S3
-API server and the fault proxy for the remote tests (one per module, its ``BUCKET``)."""
+API server (one per test process, a bucket per module: its ``BUCKET``) and the fault proxy for
+the remote tests."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from fault_proxy import FaultProxy, fault_proxy
-from s3_server import CREDENTIALS, S3Server, s3_server
+from s3_server import CREDENTIALS, S3Server, moto_endpoint, s3_bucket
 
 import packer
 from packer.core.manifest import MANIFEST_NAME
@@ -24,6 +25,9 @@ _FIRST: dict[str, str] = {}
 for _suffix, _module in FORMATS.items():
     _FIRST.setdefault(_module.NAME, _suffix)
 SUFFIXES = sorted(_FIRST.values())  # one suffix per format: .bmp .h5 .lmdb .npy
+
+if os.environ.get("PACKER_TEST_CPU"):  # each test's CPU-seconds (tests/cpu_report.py)
+    pytest_plugins = ["cpu_report"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -119,11 +123,19 @@ def tree_files() -> Callable[[Path], dict[str, bytes]]:
     return _tree_files
 
 
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """One real S3 API server (moto) on the loopback per test process (xdist worker): starting
+    one per module cost ~0.5 CPU-s and ~3 s each, ~30 times."""
+    with moto_endpoint() as endpoint:
+        yield endpoint
+
+
 @pytest.fixture(scope="module")
-def server(request: pytest.FixtureRequest) -> Iterator[S3Server]:
-    """A real S3 API server (moto) on the loopback for the module, with one empty bucket: the
-    module's ``BUCKET``."""
-    with s3_server(getattr(request.module, "BUCKET", "data")) as running:
+def server(request: pytest.FixtureRequest, s3_endpoint: str) -> Iterator[S3Server]:
+    """The process's S3 server for the module, with its bucket (the module's ``BUCKET``) and the
+    test credentials in the environment while the module runs."""
+    with s3_bucket(s3_endpoint, getattr(request.module, "BUCKET", "data")) as running:
         yield running
 
 

@@ -43,22 +43,37 @@ class S3Server:
 
 
 @contextmanager
-def s3_server(bucket: str = "data") -> Iterator[S3Server]:
-    """Start moto's S3 server on 127.0.0.1 (a free port), with test credentials in the
-    environment (inherited by spawned workers) and one empty bucket; stop it after."""
+def moto_endpoint() -> Iterator[str]:
+    """Start moto's S3 server on 127.0.0.1 (a free port); yield its endpoint; stop it after."""
     # never a skip: `make test` installs moto[server] (dev extra) and s3fs (remote extra)
     from moto import server as moto_server
 
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
-        with pytest.MonkeyPatch.context() as mp:
-            for key, value in CREDENTIALS.items():
-                mp.setenv(key, value)
-            host, port = server.get_host_and_port()
-            running = S3Server(f"http://{host}:{port}", bucket)
-            if not running.filesystem().exists(bucket):  # moto's state is per process
-                running.filesystem().mkdir(bucket)
-            yield running
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
     finally:
         server.stop()
+
+
+@contextmanager
+def s3_bucket(endpoint: str, bucket: str = "data") -> Iterator[S3Server]:
+    """The running server at ``endpoint`` with test credentials in the environment (inherited by
+    spawned workers) and the bucket ``bucket`` (made if missing; moto's state is per process, so
+    a bucket of an earlier module on this server keeps its objects, as it did on a new server in
+    the same process); the environment restored after."""
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in CREDENTIALS.items():
+            mp.setenv(key, value)
+        running = S3Server(endpoint, bucket)
+        if not running.filesystem().exists(bucket):
+            running.filesystem().mkdir(bucket)
+        yield running
+
+
+@contextmanager
+def s3_server(bucket: str = "data") -> Iterator[S3Server]:
+    """A server of its own with one bucket (see :func:`s3_bucket`); stopped after."""
+    with moto_endpoint() as endpoint, s3_bucket(endpoint, bucket) as running:
+        yield running
