@@ -26,7 +26,7 @@ def test_collate_through_workers_equals_item_access(packed: dict[str, Path]) -> 
         dataset,
         batch_size=5,
         num_workers=2,
-        multiprocessing_context="spawn",
+        multiprocessing_context="forkserver",  # pickled as under spawn, torch not imported again
         collate_fn=packer.collate_bytes,
     )
     got = [
@@ -68,7 +68,7 @@ def test_batch_buffer_reads_straight_into_shared_memory(
     dataset = packer.open_dataset(packed[suffix], output="bytes", batch_buffer=True)
     plain = packer.open_dataset(packed[suffix], output="bytes")
     expected = [plain[i] for i in range(len(plain))]
-    for ctx in ("fork", "spawn"):
+    for ctx in ("fork", "forkserver"):  # forkserver: pickled as under spawn (spawn: below)
         loader = DataLoader(
             dataset,
             batch_size=5,
