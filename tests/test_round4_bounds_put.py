@@ -80,6 +80,8 @@ def test_the_library_names_the_watchdog_in_the_failure(
     assert f"{ATTEMPTS} attempts" in str(caught.value), caught.value
     why = storage.failure(caught.value.__cause__)  # the last attempt's error, as packer says it
     assert "stopped reading the request" in why and "read_timeout=1s" in why, why
+    # and the error the user reads says so too, not only a client's "could not connect"
+    assert "stopped reading the request" in str(caught.value), caught.value
 
 
 def test_a_store_that_stops_reading_a_put_is_cut_at_each_attempt(
@@ -96,6 +98,7 @@ def test_a_store_that_stops_reading_a_put_is_cut_at_each_attempt(
     assert len(cut) == relay.stalled and all("stopped reading" in why for why in cut), cut
     text = " ".join(done.output.split())
     assert "cannot upload to" in text and f"{ATTEMPTS} attempts" in text, text
+    assert "stopped reading the request" in text, text  # the real cause, named
 
 
 def test_one_stalled_put_is_tried_again_and_the_upload_completes(

@@ -36,6 +36,7 @@ from packer.core.manifest import MANIFEST_NAME, file_checksum
 from packer.core.retry import retried
 from packer.core.sizes import bounds_hint
 from packer.errors import DatasetExistsError, DestinationError, PackerError
+from packer.remote.failures import failure
 from packer.remote.storage import RemoteFolder, join_url, passing
 from packer.upload.journal import JOURNAL_NAME, Journal
 from packer.upload.owned import (
@@ -357,4 +358,4 @@ def _etag(info: dict[str, Any]) -> str | None:
 
 
 def _failure(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".strip()
+    return failure(exc)  # the watchdog's reason when it cut a stalled PUT, not "could not connect"
