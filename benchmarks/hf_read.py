@@ -64,6 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--rss-gb", default="0.5,2", help="Parquet sizes for the RSS runs ('': none)"
     )
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rss-only", action="store_true", help="Only the RSS runs (into --json).")
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results/hf_read.json")
     args = parser.parse_args(argv)
     if args.quick:
@@ -86,8 +87,12 @@ def photos(count: int) -> list[bytes]:
 def make_parquet(work: Path, count: int) -> tuple[Path, list[bytes]]:
     """``work/photos.parquet`` written by ``datasets`` (made once per count)."""
     import datasets
+    import pyarrow.parquet as pq
 
     path = work / f"photos-{count}.parquet"
+    if path.is_file():  # its JPEGs, as datasets stored them
+        cells = pq.read_table(path, columns=["image"]).column("image").to_pylist()
+        return path, [cell["bytes"] for cell in cells]
     jpegs = photos(count)
     if not path.is_file():
         features = datasets.Features(
@@ -256,23 +261,36 @@ def big_parquet(work: Path, jpegs: list[bytes], gigabytes: float, template: Path
     return path
 
 
-def _tree_rss(pid: int) -> int:
-    """The resident bytes of ``pid`` and its descendants (from /proc)."""
-    total, todo = 0, [pid]
+def _rss(pid: int) -> tuple[int, int]:
+    """``(anonymous, file-backed)`` resident bytes of ``pid`` (/proc/PID/status: RssAnon;
+    RssFile + RssShmem): the LMDB output's written pages are file-backed, the heap anonymous."""
+    anon = file = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                anon = int(line.split()[1]) * 1024
+            elif line.startswith(("RssFile:", "RssShmem:")):
+                file += int(line.split()[1]) * 1024
+    return anon, file
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants."""
+    out, todo = [], [pid]
     while todo:
         p = todo.pop()
+        out.append(p)
         try:
-            with open(f"/proc/{p}/statm") as f:
-                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
             with open(f"/proc/{p}/task/{p}/children") as f:
                 todo += [int(c) for c in f.read().split()]
         except (OSError, ValueError):
             continue
-    return total
+    return out
 
 
 def convert_rss(src: Path, dst: Path) -> dict[str, Any]:
-    """Peak RSS (process tree summed, and of the main process) of ``packer convert``."""
+    """Peak RSS of ``packer convert``: anonymous and in all, of the main process and of the
+    process tree summed (the main process and its workers)."""
     shutil.rmtree(dst, ignore_errors=True)
     cli = Path(sys.executable).with_name("packer")
     start = time.perf_counter()
@@ -282,20 +300,23 @@ def convert_rss(src: Path, dst: Path) -> dict[str, Any]:
         stderr=subprocess.STDOUT,
         text=True,
     )
-    peak, main_peak = 0, 0
+    peaks = {"tree_anon": 0, "tree_total": 0, "main_anon": 0, "main_total": 0}
     done = threading.Event()
 
     def sample() -> None:
-        nonlocal peak, main_peak
         while not done.is_set():
-            peak = max(peak, _tree_rss(proc.pid))
-            try:
-                with open(f"/proc/{proc.pid}/statm") as f:
-                    main_peak = max(
-                        main_peak, int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-                    )
-            except OSError:
-                pass
+            anon = total = 0
+            for p in _tree(proc.pid):
+                try:
+                    a, f = _rss(p)
+                except OSError:
+                    continue
+                anon, total = anon + a, total + a + f
+                if p == proc.pid:
+                    peaks["main_anon"] = max(peaks["main_anon"], a)
+                    peaks["main_total"] = max(peaks["main_total"], a + f)
+            peaks["tree_anon"] = max(peaks["tree_anon"], anon)
+            peaks["tree_total"] = max(peaks["tree_total"], total)
             time.sleep(0.02)
 
     thread = threading.Thread(target=sample, daemon=True)
@@ -310,9 +331,23 @@ def convert_rss(src: Path, dst: Path) -> dict[str, Any]:
         "parquet_bytes": src.stat().st_size,
         "samples": manifest["num_samples"],
         "seconds": time.perf_counter() - start,
-        "peak_rss_tree_mb": peak / 1e6,
-        "peak_rss_main_mb": main_peak / 1e6,
+        **{f"peak_rss_{k}_mb": v / 1e6 for k, v in peaks.items()},
     }
+
+
+def rss_runs(
+    args: argparse.Namespace, report: dict, work: Path, jpegs: list[bytes], parquet: Path
+) -> dict:
+    """The RSS runs of ``--rss-gb`` into ``report``, which is saved."""
+    report["rss"] = []
+    for size in [float(s) for s in args.rss_gb.split(",") if s]:
+        big = big_parquet(work, jpegs, size, parquet)
+        log(f"converting {big} ({big.stat().st_size / 1e9:.2f} GB), sampling RSS ...")
+        report["rss"].append(convert_rss(big, work / "big.lmdb"))
+        log(json.dumps(report["rss"][-1]))
+    shutil.rmtree(work / "big.lmdb", ignore_errors=True)
+    save_report(args.json, report)
+    return report
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -322,6 +357,10 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     log(f"making the Parquet of {args.photos} photos with datasets in {work} ...")
     parquet, jpegs = make_parquet(work, args.photos)
+    if args.rss_only:  # the RSS runs again, into the JSON of an earlier run
+        report = json.loads(args.json.read_text())
+        report["rss_command"] = " ".join([sys.executable, *sys.argv])
+        return rss_runs(args, report, work, jpegs, parquet)
     report = report_head("hf_read", {"cpus": os.cpu_count()}, args)
     lmdb = work / f"photos-{args.photos}.lmdb"
     start = time.perf_counter()
@@ -346,20 +385,13 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     )
     log("reading side by side ...")
     report["read"] = read_rounds(args, parquet, lmdb, cache)
-    report["rss"] = []
-    for size in [float(s) for s in args.rss_gb.split(",") if s]:
-        big = big_parquet(work, jpegs, size, parquet)
-        log(f"converting {big} ({big.stat().st_size / 1e9:.2f} GB), sampling RSS ...")
-        report["rss"].append(convert_rss(big, work / "big.lmdb"))
-        log(json.dumps(report["rss"][-1]))
-    shutil.rmtree(work / "big.lmdb", ignore_errors=True)
     save_report(args.json, report)
     for variant, got in report["read"].items():
         print(
             f"{variant}: packer/datasets median {got['ratio_median']:.2f}x "
             f"(min {got['ratio_min']:.2f}, max {got['ratio_max']:.2f})"
         )
-    return report
+    return rss_runs(args, report, work, jpegs, parquet)
 
 
 if __name__ == "__main__":
