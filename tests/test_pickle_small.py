@@ -15,6 +15,7 @@ import pytest
 from tiny_dataset import write_tiny
 
 import packer
+from packer.core.manifest import load_manifest, write_manifest
 from packer.errors import FormatError, PackerError
 from packer.tools.field_demo import make_caption_set
 from packer.tools.image_demo import DemoTree
@@ -79,8 +80,11 @@ def test_a_table_changed_after_pickling_is_refused(tmp_path: Path) -> None:
     raw = bytearray((root / "index.npy").read_bytes())
     raw[-16] ^= 1  # the last sample's label
     (root / "index.npy").write_bytes(raw)
+    clone = pickle.loads(state)  # opened again on first use: the refusal is that use's
     with pytest.raises(PackerError, match="index.npy.*differs from the checksum"):
-        pickle.loads(state)
+        clone[0]
+    with pytest.raises(PackerError, match="index.npy.*differs from the checksum"):
+        len(clone)  # refused again, never half open
 
 
 def test_an_output_written_again_after_pickling_is_refused(tmp_path: Path) -> None:
@@ -88,8 +92,18 @@ def test_an_output_written_again_after_pickling_is_refused(tmp_path: Path) -> No
     state = pickle.dumps(packer.open_dataset(root, output="bytes"))
     shutil.rmtree(root)
     write_tiny(root, 101)  # tables and manifest consistent, another dataset
-    with pytest.raises(FormatError, match="changed on disk since this dataset was opened"):
-        pickle.loads(state)
+    with pytest.raises(FormatError, match="was replaced after the dataset was opened"):
+        pickle.loads(state)[0]
+
+
+def test_a_manifest_written_again_in_place_after_pickling_is_refused(tmp_path: Path) -> None:
+    root = write_tiny(tmp_path / "out.npy", 100)
+    state = pickle.dumps(packer.open_dataset(root, output="bytes"))
+    manifest = load_manifest(root)
+    manifest.classes[0] = "renamed"  # tables untouched, the manifest consistent
+    write_manifest(root, manifest)
+    with pytest.raises(FormatError, match="opened: its packer.json is another"):
+        pickle.loads(state)[0]
 
 
 def test_a_shard_replaced_after_pickling_is_refused(tmp_path: Path) -> None:
@@ -100,7 +114,7 @@ def test_a_shard_replaced_after_pickling_is_refused(tmp_path: Path) -> None:
     shard.unlink()
     shard.write_bytes(data[::-1])  # same size, another file
     with pytest.raises(FormatError, match="a shard was replaced"):
-        pickle.loads(state)
+        pickle.loads(state)[0]
 
 
 def test_what_the_caller_changed_travels_with_the_pickle(tmp_path: Path) -> None:

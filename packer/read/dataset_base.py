@@ -15,8 +15,9 @@ import numpy as np
 import xxhash
 from torch.utils.data import Dataset
 
+from packer.core.contained import open_folder, replaced
 from packer.core.keytable import KeyTable
-from packer.core.manifest import Manifest
+from packer.core.manifest import KEYS_NAME, Manifest
 from packer.decode.outputs import check_output
 from packer.decode.registry import check_decoder
 from packer.errors import FormatError, InputFileError, PackerError
@@ -175,10 +176,11 @@ class PackedSamples:
     Pickled (a DataLoader worker under spawn or forkserver, a Mixture's sources), it keeps
     only its options and the arguments it was opened with (the root made absolute) and the
     identity of what it opened: the manifest's digest (which holds every table's xxh3), the
-    folder and each shard. The process that unpickles it opens the output again itself (maps
-    the tables, checks them against the manifest) and refuses, with a
-    :class:`~packer.errors.FormatError`, an output whose identity differs: what a worker serves
-    is what the parent opened. So its pickle is a few KB at any number of samples. An attribute
+    folder, ``keys.txt`` and each shard. The process that unpickles it opens the output again
+    itself on first use (maps the tables, checks them against the manifest) and refuses, with
+    a :class:`~packer.errors.FormatError` raised by that use (a DataLoader hands it to the
+    training process), an output whose identity differs: what a worker serves is what the
+    parent opened. So its pickle is a few KB at any number of samples. An attribute
     of :data:`REOPENED` the caller replaced (or a ``targets`` changed in place) is pickled as
     it is. A dataset at a URL (or staged through the shard cache) pickles whole: its tables
     were fetched, and a worker would fetch them again.
@@ -212,6 +214,9 @@ class PackedSamples:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
+        if "_pending" in state:  # unpickled, never read: as it came
+            state["_reopen"] = state.pop("_pending")
+            return state
         remembered = state.pop("_reopen", None)
         if remembered is None:
             return state
@@ -225,23 +230,41 @@ class PackedSamples:
     def __setstate__(self, state: dict[str, Any]) -> None:
         state = dict(state)
         remembered = state.pop("_reopen", None)
-        if remembered is not None:
-            owner, args, identity = remembered
+        self.__dict__.update(state)
+        if remembered is not None:  # opened again on first use (a refusal is then a read's)
+            self.__dict__["_pending"] = remembered
+
+    def __getattr__(self, name: str) -> Any:
+        pending = self.__dict__.get("_pending")
+        if pending is None or name not in self.REOPENED:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        kept = dict(self.__dict__)
+        del kept["_pending"], self.__dict__["_pending"]
+        owner, args, identity = pending
+        try:
+            _still_there(identity)  # the folder and keys.txt it opened, by their identity
             owner.__init__(self, **args)
             found = self._identity()
             if found != identity:
-                raise FormatError(_changed(state.get("root", args["root"]), identity, found))
-        self.__dict__.update(state)
+                raise FormatError(_changed(kept.get("root", args["root"]), identity, found))
+        except BaseException:
+            self.__dict__.clear()
+            self.__dict__.update(kept, _pending=pending)  # refused again at the next use
+            raise
+        self.__dict__.update(kept)
+        return getattr(self, name)
 
     def _identity(self) -> dict[str, Any]:
         """What this dataset opened: its manifest's digest (every table's xxh3 is in it), the
         folder's and every shard's identity (a local output)."""
         text = json.dumps(self.manifest.to_dict(), sort_keys=True, ensure_ascii=True)
-        shards = self.reader.shard_ids
+        shards, keys = self.reader.shard_ids, self.reader.keys.pinned
         return {
             "manifest": xxhash.xxh3_64_hexdigest(text.encode("ascii")),
             "folder": tuple(self.reader.root_id or ()),
             "shards": None if shards is None else [tuple(s) for s in shards],
+            "keys": None if keys is None else tuple(keys[1]),
+            "path": os.path.abspath(self.reader.root),
         }
 
     def _watch_order(self, positions: Sequence[int] | np.ndarray) -> None:
@@ -322,6 +345,27 @@ def _mark(value: Any) -> tuple[int, str | None]:
     return id(value), None
 
 
+def _still_there(identity: dict[str, Any]) -> None:
+    """The folder and ``keys.txt`` a dataset opened are still the ones at its path (before it
+    is opened again there: a replaced one is named as such).
+
+    Raises:
+        FormatError: either was replaced since.
+    """
+    path, folder, keys = identity["path"], identity["folder"], identity["keys"]
+    fd = open_folder(path, folder or None)
+    try:
+        if keys is not None:
+            try:
+                st = os.stat(KEYS_NAME, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                raise replaced(Path(path) / KEYS_NAME) from None
+            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != keys:
+                raise replaced(Path(path) / KEYS_NAME)
+    finally:
+        os.close(fd)
+
+
 _WHAT = {
     "manifest": "its packer.json is another (converted or written again, or edited)",
     "folder": "its folder was replaced (--overwrite)",
@@ -332,7 +376,7 @@ _WHAT = {
 def _changed(root: Any, was: dict[str, Any], now: dict[str, Any]) -> str:
     what = "; ".join(_WHAT[k] for k in _WHAT if was.get(k) != now.get(k))
     return (
-        f"{str(root)!r} changed on disk since this dataset was opened: {what}. This process "
+        f"{str(root)!r} was replaced after the dataset was opened: {what}. This process "
         "(a DataLoader worker, or wherever the dataset was unpickled) opened it again and "
         "refuses to serve other samples than the process that opened it; open the dataset "
         "again (and start a new DataLoader) to read what is there now"
