@@ -23,7 +23,7 @@ from packer.errors import InputFileError, PackerError
 from packer.read.collate import BytesBatch, empty_bytes
 from packer.read.dataset_base import PackedSamples, SampleDataset, Transform
 from packer.read.options import ReadOptions, old_name
-from packer.read.store import open_packed
+from packer.read.store import Packed, opened
 from packer.source.images import class_dirs, path_keys, scan
 
 __all__ = [
@@ -104,7 +104,7 @@ class PackedDataset(PackedSamples, ImageDataset):
 
     def __init__(
         self,
-        root: str | os.PathLike[str],
+        root: str | os.PathLike[str] | Packed,
         transform: Transform = None,
         target_transform: Transform = None,
         output: str = "pil",
@@ -123,7 +123,9 @@ class PackedDataset(PackedSamples, ImageDataset):
         options = ReadOptions(
             split, readahead, max_open_files, storage_options, cache, cache_dir, cache_limit
         )
-        packed = open_packed(root, "image", self.FORMAT or None, **options.given())
+        packed = opened(root, "image", self.FORMAT or None, options)
+        root = packed.given
+        options = packed.options
         self.batch_buffer = bool(batch_buffer)
         super().__init__(
             root,

@@ -25,7 +25,7 @@ from packer.decode.values import decode_value
 from packer.errors import InputFileError, PackerError
 from packer.read.dataset_base import PackedSamples, SampleDataset
 from packer.read.options import ReadOptions
-from packer.read.store import open_packed
+from packer.read.store import Packed, opened
 from packer.read.transport import bytes_column
 
 __all__ = ["FieldDataset", "collate_fields"]
@@ -61,7 +61,7 @@ class FieldDataset(PackedSamples, SampleDataset):
 
     def __init__(
         self,
-        root: str | os.PathLike[str],
+        root: str | os.PathLike[str] | Packed,
         fields: Sequence[str] | None = None,
         transform: FieldTransforms = None,
         output: str = "pil",
@@ -84,7 +84,9 @@ class FieldDataset(PackedSamples, SampleDataset):
         options = ReadOptions(
             split, readahead, max_open_files, storage_options, cache, cache_dir, cache_limit
         )
-        packed = open_packed(root, "fields", None, **options.given())
+        packed = opened(root, "fields", None, options)
+        root = packed.given
+        options = packed.options
         specs = fields_of(packed.manifest.options)
         self.specs, self.key_place = _chosen(specs, fields, root)
         check_audio_options(self.audio, [s.kind for s in self.specs], root)
@@ -111,7 +113,7 @@ class FieldDataset(PackedSamples, SampleDataset):
         )
         self._attach(packed)
         self.checksums = packed.checksums
-        if readahead is None and self._chosen_fraction() < 0.5:
+        if options.readahead is None and self._chosen_fraction() < 0.5:
             self.reader.read_exactly()  # a caption pass must not read the images beside them
         self._opened_by(
             FieldDataset,

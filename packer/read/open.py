@@ -7,17 +7,18 @@ Every keyword is checked against the class it goes to before anything is opened:
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, overload
 
 from packer.core.fields import kind_noun
-from packer.core.manifest import MANIFEST_NAME, load_manifest
+from packer.core.manifest import MANIFEST_NAME, Manifest
 from packer.errors import FormatError, PackerError
 from packer.formats import FORMATS
 from packer.read.datasets import _CLASSES, FolderDataset, ImageDataset
 from packer.read.fields import FieldDataset
 from packer.read.options import READ_OPTIONS, ReadOptions, check_keywords, keywords_of
-from packer.read.store import split_root
+from packer.read.store import open_packed
 from packer.read.video_datasets import _CLASSES as VIDEO_CLASSES
 from packer.read.video_datasets import FolderVideoDataset, VideoDataset
 from packer.remote.local import file_path, is_file_url
@@ -66,6 +67,22 @@ def open_dataset(
     path: Path_,
     split: str | None = None,
     *,
+    kind: Literal["fields"],
+    readahead: bool | None = None,
+    max_open_files: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    cache: bool | None = None,
+    cache_dir: Path_ | None = None,
+    cache_limit: int | str | None = None,
+    **dataset_options: Any,
+) -> FieldDataset: ...
+
+
+@overload
+def open_dataset(
+    path: Path_,
+    split: str | None = None,
+    *,
     kind: None = None,
     readahead: bool | None = None,
     max_open_files: int | None = None,
@@ -74,7 +91,7 @@ def open_dataset(
     cache_dir: Path_ | None = None,
     cache_limit: int | str | None = None,
     **dataset_options: Any,
-) -> ImageDataset | VideoDataset: ...
+) -> ImageDataset | VideoDataset | FieldDataset: ...
 
 
 def open_dataset(
@@ -89,7 +106,7 @@ def open_dataset(
     cache_dir: Path_ | None = None,
     cache_limit: int | str | None = None,
     **dataset_options: Any,
-) -> ImageDataset | VideoDataset:
+) -> ImageDataset | VideoDataset | FieldDataset:
     """Open a packer output (any format and kind, read from its manifest) or a plain folder
     (``<class>/<image>``, ``<class>/<video>/<frame>``, or a split root such as ``imagenet/``
     with ``train/`` and ``val/``).
@@ -102,7 +119,8 @@ def open_dataset(
         kind: ``"image"``, ``"video"`` or ``"fields"`` to say what you expect (and get a precise static type:
             :class:`~packer.read.datasets.ImageDataset` or
             :class:`~packer.read.video_datasets.VideoDataset`; samples with fields:
-            :class:`~packer.read.fields.FieldDataset`); ``None`` takes what the path holds.
+            :class:`~packer.read.fields.FieldDataset`); ``None`` takes what the path holds
+            (typed as any of the three).
         readahead, max_open_files, storage_options, cache, cache_dir, cache_limit: the read
             options of a packed output (:class:`~packer.read.options.ReadOptions`; the last
             four for a URL only: LMDB shards are read through the node's shard cache, which
@@ -128,9 +146,9 @@ def open_dataset(
     kinds += [FieldDataset] if kind in (None, "fields") else []
     known = [n for n in keywords_of(*kinds) if n != "root"]
     check_keywords(dataset_options, {*known, *READ_OPTIONS, "kind"}, "open_dataset")
-    path = file_path(path) if is_file_url(path) else path  # file:///x is the local /x
+    path = file_path(str(path)) if is_file_url(path) else path  # file:///x is the local /x
     if is_url(path):
-        return _open_url(str(path), split, kind, read, dataset_options)
+        return _open_packed(str(path), split, kind, read, dataset_options)
     root = Path(path)
     if not root.exists():
         unfinished = root.with_name(root.name + ".partial")
@@ -143,9 +161,7 @@ def open_dataset(
     if root.is_dir() and not (root / MANIFEST_NAME).is_file():
         _refuse_unfinished(root)
     if (root / MANIFEST_NAME).is_file():
-        root = split_root(root, split)
-        manifest = load_manifest(root)
-        return _make(_class_of(kind, manifest, root), root, read, dataset_options)
+        return _open_packed(root, split, kind, read, dataset_options)
     if root.suffix.lower() in FORMATS and root.is_dir():
         raise FormatError(
             f"{str(root)!r} has no {MANIFEST_NAME}: it is not a complete packer output"
@@ -221,18 +237,27 @@ def _expect(kind: str | None, found: str, root: Path) -> str:
     return found
 
 
-def _open_url(
-    url: str, split: str | None, kind: str | None, read: ReadOptions, options: dict[str, Any]
-) -> ImageDataset | VideoDataset:
-    """The dataset class of the output at ``url`` (its manifest handed to the class's open:
-    fetched once)."""
-    from packer.remote.opener import fetched_manifest
+def _open_packed(
+    root: str | Path,
+    split: str | None,
+    kind: str | None,
+    read: ReadOptions,
+    options: dict[str, Any],
+) -> ImageDataset | VideoDataset | FieldDataset:
+    """The dataset class of the packed output at ``root`` (a path or URL), chosen from its
+    manifest as soon as the one open (:func:`~packer.read.store.open_packed`) has read it, and
+    handed that open's :class:`~packer.read.store.Packed`: ``packer.json`` read once."""
+    chosen: list[type[Any]] = []
 
-    with fetched_manifest(url, split, read.storage_options) as (url, manifest):
-        dataset: ImageDataset | VideoDataset = _make(
-            _class_of(kind, manifest, Path(url)), url, read, options
-        )
-        return dataset
+    def choose(manifest: Manifest, where: str) -> None:
+        cls = _class_of(kind, manifest, Path(where))
+        takes = [n for n in keywords_of(cls) if n not in ("root", "split", *READ_OPTIONS)]
+        check_keywords(options, takes, cls.__name__)  # before any table is read
+        chosen.append(cls)
+
+    packed = open_packed(root, options=replace(read, split=split), check=choose)
+    dataset: ImageDataset | VideoDataset | FieldDataset = chosen[0](packed, **options)
+    return dataset
 
 
 def _class_of(kind: str | None, manifest: Any, root: Path) -> type[Any]:

@@ -13,7 +13,7 @@ import inspect
 import os
 import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from packer.errors import PackerError
@@ -45,6 +45,32 @@ class ReadOptions:
     cache: bool | None = None
     cache_dir: str | os.PathLike[str] | None = None
     cache_limit: int | str | None = None
+
+    @classmethod
+    def of(
+        cls, options: ReadOptions | None, split: str | None, given: dict[str, Any]
+    ) -> ReadOptions:
+        """One object from ``options`` and the read options given by name (``split`` too),
+        each name checked.
+
+        Raises:
+            PackerError: an unknown name, an option given both ways, or two splits.
+        """
+        check_keywords(given, [n for n in READ_OPTIONS if n != "split"], "open_packed")
+        if split is not None:
+            given = {**given, "split": split}
+        if options is None:
+            return cls(**given)
+        both = [n for n, v in given.items() if v is not None and getattr(options, n) is not None]
+        if both and any(given[n] != getattr(options, n) for n in both):
+            raise PackerError(f"{both[0]} is given twice (by name and in options=), differently")
+        return replace(options, **{n: v for n, v in given.items() if v is not None})
+
+    def for_reader(self) -> dict[str, Any]:
+        """The options given that the format's reader takes (``readahead``,
+        ``max_open_files``), by name."""
+        names = ("readahead", "max_open_files")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
     def given(self) -> dict[str, Any]:
         """The options given (not ``None``), as ``open_packed``'s keyword arguments."""

@@ -7,9 +7,9 @@ open theirs lazily, per process).
 from __future__ import annotations
 
 import os
-import re
 import stat
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,17 +25,28 @@ from packer.core.manifest import (
     load_index,
     load_manifest,
     load_records,
+    parse_manifest,
 )
+from packer.core.manifest_schema import check_manifest_size
 from packer.core.tablefile import read_checked
-from packer.errors import FormatError
+from packer.errors import FormatError, PackerError
 from packer.formats import by_name
 from packer.formats.base import ReaderBase, shard_identities
-from packer.read.options import check_keywords, keywords_of
+from packer.read.options import ReadOptions, check_keywords, keywords_of
+from packer.read.rows import validate_tables
 from packer.remote.local import is_file_url, staged_root
 from packer.remote.opener import CacheOptions, RemoteOutput, open_remote
 from packer.remote.storage import is_url
 
-__all__ = ["Packed", "open_packed", "split_root", "validate_tables"]
+__all__ = [
+    "ManifestCheck",
+    "Packed",
+    "check_packed",
+    "open_packed",
+    "opened",
+    "split_root",
+    "validate_tables",
+]
 
 
 @dataclass
@@ -52,122 +63,50 @@ class Packed:
     first: np.ndarray
     reader: ReaderBase
     checksums: np.ndarray  # xxh3_64 of every record (verify compares against it)
+    given: str | os.PathLike[str] = ""  # the root as the caller named it (a split's parent)
+    options: ReadOptions = field(default_factory=ReadOptions)  # how it was opened
 
 
-def _bad(path: Path | str, what: str, start: int, rows: np.ndarray) -> FormatError:
-    first = start + int(np.flatnonzero(rows)[0])
-    return FormatError(
-        f"{str(path)!r} is damaged or crafted: {what} (row {first}); refusing to read it. "
-        "Convert the source again"
-    )
+ManifestCheck = Callable[[Manifest, str], None]  # a caller's check of the manifest, at once
 
 
-def validate_tables(
-    path: Path | str, manifest: Manifest, index: np.ndarray, records: np.ndarray
-) -> None:
-    """Everything a reader will use, checked once at open: shard names are plain file names in
-    the folder, labels lie in the class range, every record lies in its file, records lie in
-    shard order (each shard's records one run of the table, of the shard's record count).
+def check_packed(packed: Packed, kind: str | None, format: str | None) -> Packed:
+    """``packed`` (handed to a dataset class by ``open_dataset``), of ``kind`` and ``format``.
 
     Raises:
-        FormatError: the first problem, naming the table row.
+        FormatError: another kind or format, as ``open_packed`` refuses them.
     """
-    module = by_name(manifest.format)
-    layout = manifest.options.get("layout", "shards")
-    if layout not in module.LAYOUTS:
-        raise FormatError(f"{str(path)!r}: layout {layout!r} is not one of {module.NAME}'s")
-    plain = re.compile(r"shard-\d{5}" + re.escape(module.SHARD_SUFFIX))
-    for shard in manifest.shards:
-        if not plain.fullmatch(shard.name):
-            raise FormatError(
-                f"{str(path)!r}: shard name {shard.name!r} is not a plain shard file name in the "
-                "dataset folder; refusing to read outside it"
-            )
-    held = np.zeros(len(manifest.shards), dtype=np.int64)
-    for rows in _blocks(len(index)):
-        _check_block(path, manifest, layout, module, index, records, rows, held)
-    if layout == "shards" and not np.array_equal(
-        held, np.array([s.samples for s in manifest.shards], dtype=np.int64)
-    ):
-        raise FormatError(
-            f"{str(path)!r} is damaged or crafted: the record table and the shards' record "
-            "counts disagree; refusing to read it. Convert the source again"
+    _check_kind(str(packed.root), packed.manifest, kind, format)
+    return packed
+
+
+def opened(
+    root: str | os.PathLike[str] | Packed, kind: str, format: str | None, options: ReadOptions
+) -> Packed:
+    """What a dataset class reads: ``root`` opened with ``options``, or, handed an open output
+    (``open_dataset``'s), that output checked for ``kind`` and ``format``.
+
+    Raises:
+        PackerError: read options given beside an open output; what ``open_packed`` raises.
+    """
+    if not isinstance(root, Packed):
+        return open_packed(root, kind, format, options=options)
+    if options.given():
+        raise PackerError(
+            f"{', '.join(options.given())}: the read options of an open output are the ones it "
+            "was opened with (open_packed's)"
         )
+    return check_packed(root, kind, format)
 
 
-BLOCK = 1 << 16  # samples checked at once: a few MB of temporaries, whatever the dataset's size
-
-
-def _blocks(n: int) -> list[slice]:
-    return [slice(a, min(a + BLOCK, n)) for a in range(0, n, BLOCK)]
-
-
-def _check_block(
-    path: Path | str,
-    manifest: Manifest,
-    layout: str,
-    module: Any,
-    index: np.ndarray,
-    records: np.ndarray,
-    rows: slice,
-    held: np.ndarray,
-) -> None:
-    """Check samples ``rows`` and their records (the runs tile the table: ``load_records``);
-    add their records to ``held``, the records of each shard."""
-    labels = index["label"][rows]
-    if manifest.kind == "fields":  # samples with fields have no class index
-        outside_classes = labels != -1
-    else:
-        outside_classes = (labels < 0) | (labels >= len(manifest.classes))
-    if outside_classes.any():
-        what = f"a label outside the {len(manifest.classes)} classes"
-        raise _bad(path, what, rows.start, outside_classes)
-    counts = index["count"][rows].astype(np.int64)
-    if manifest.kind == "fields":  # one record per field, an absent one empty: never more, fewer
-        fields = len(manifest.options.get("fields") or ())
-        if (wrong := counts != fields).any():
-            raise _bad(
-                path, f"a sample of other than {fields} records, one per field", rows.start, wrong
-            )
-    start = int(index["first"][rows.start])
-    span = slice(start, start + int(counts.sum()))
-    block = records[span]
-    file, offset = block["file"].astype(np.int64), block["offset"]
-    length = block["length"].astype(np.int64)
-    if layout == "shards":
-        bad_file = (file < 0) | (file >= len(manifest.shards))
-    else:
-        bad_file = file != np.repeat(np.arange(rows.start, rows.stop), counts)
-    if bad_file.any():
-        raise _bad(path, "a record names a file that is not the dataset's", start, bad_file)
-    if layout == "shards":
-        held += np.bincount(file, minlength=len(held))[: len(held)]
-        _check_shard_order(path, records, start, file)
-    if module.OFFSETS == "bytes" and layout == "shards":
-        sizes = np.array([s.bytes for s in manifest.shards], dtype=np.int64)
-        unknown = (offset == -1) if module.NAME == "lmdb" else np.zeros(len(offset), bool)
-        # offset > size - length, never offset + length > size: the sum wraps for a crafted
-        # offset near 2**63, the difference cannot (0 <= size < 2**63, 0 <= length < 2**32)
-        outside = ((offset < 0) & ~unknown) | (offset > sizes[file] - length)
-    elif module.OFFSETS == "numbers":
-        outside = (offset < 0) | (offset >= np.repeat(counts, counts))
-    else:
-        outside = offset < 0
-    if outside.any():
-        raise _bad(path, "a record lies outside its file", start, outside)
-
-
-def _check_shard_order(path: Path | str, records: np.ndarray, start: int, file: np.ndarray) -> None:
-    """Records ``start ...`` (their shards ``file``) lie in shard order, as a conversion writes
-    them: each shard's records are one run of the table, which LMDB's keys (a record's number
-    in its shard) rely on."""
-    backwards = file[1:] < file[:-1]  # backwards[k]: record start + 1 + k
-    first = start + 1
-    if start > 0 and len(file) and int(records["file"][start - 1]) > file[0]:
-        backwards, first = np.concatenate(([True], backwards)), start
-    if backwards.any():
-        what = "a record lies in an earlier shard than the record before it"
-        raise _bad(path, what, first, backwards)
+def _check_kind(where: str, manifest: Manifest, kind: str | None, format: str | None) -> None:
+    if format and manifest.format != format:
+        raise FormatError(
+            f"{where!r} holds format {manifest.format!r}, not {format!r}; "
+            "use packer.open_dataset() to pick the right class"
+        )
+    if kind and manifest.kind != kind:
+        raise FormatError(f"{where!r} holds {kind_noun(manifest.kind)}, not {kind_noun(kind)}")
 
 
 def _folder_id(fd: int) -> tuple[int, int]:
@@ -175,29 +114,56 @@ def _folder_id(fd: int) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def _same_folder(path: Path, fd: int) -> None:
-    """``path`` still names the folder ``fd`` holds (the manifest was read by path)."""
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise FormatError(f"cannot open {str(path)!r}: {exc.strerror or exc}") from exc
-    if (st.st_dev, st.st_ino) != _folder_id(fd):
-        raise FormatError(f"{str(path)!r} was replaced while it was being opened; try again")
+def _read_manifest(path: Path, fd: int) -> Manifest:
+    """``packer.json`` of the folder ``fd`` (``path``), read through that descriptor: one open
+    of the file, a regular file of this folder (not a link to another dataset's, not a FIFO).
 
-
-def _plain_manifest(path: Path, fd: int) -> None:
-    """The manifest, if there, is a regular file of this folder: not a link to another
-    dataset's, not a FIFO (a missing one is ``load_manifest``'s to explain)."""
+    Raises:
+        FormatError: missing (not a complete output), not a regular file, unreadable, or not
+            a valid manifest.
+    """
     try:
         st = os.stat(MANIFEST_NAME, dir_fd=fd, follow_symlinks=False)
     except OSError:
-        return
+        return load_manifest(path)  # says why: no manifest, an interrupted conversion, ...
     if not stat.S_ISREG(st.st_mode):
         kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
         raise FormatError(
             f"{str(path / MANIFEST_NAME)!r} is {kind}; refusing to read it (a dataset holds "
             "only plain folders and files). Convert again"
         )
+    file = open_beneath(fd, MANIFEST_NAME, path)
+    try:
+        check_manifest_size(str(path / MANIFEST_NAME), os.fstat(file).st_size)
+        with os.fdopen(file, "rb", closefd=False) as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise FormatError(f"cannot read {str(path / MANIFEST_NAME)!r}: {exc}") from exc
+    finally:
+        os.close(file)
+    return parse_manifest(raw, str(path / MANIFEST_NAME), str(path))
+
+
+def _located(root: Path, split: str | None) -> tuple[Path, int, Manifest]:
+    """The folder of ``split`` in the output ``root`` (``root`` itself if it has no splits and
+    none is asked), a descriptor of it and its manifest: each ``packer.json`` read once."""
+    fd = open_folder(root)
+    try:
+        manifest = _read_manifest(root, fd)
+        name = _split_name(root, manifest, split)
+        if name is None:
+            return root, fd, manifest
+        # a real folder inside the output, never a link to another dataset
+        inner = open_beneath(fd, name, root, folder=True, what="split")
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    try:
+        return root / name, inner, _read_manifest(root / name, inner)
+    except BaseException:
+        os.close(inner)
+        raise
 
 
 def _keys(path: Path, manifest: Manifest, fd: int) -> KeyTable:
@@ -215,12 +181,14 @@ def open_packed(
     format: str | None = None,
     check_files: bool = True,
     split: str | None = None,
+    options: ReadOptions | None = None,
+    check: ManifestCheck | None = None,
     **reader_options: Any,
 ) -> Packed:
     """Load the manifest and tables of the packed output at ``root`` and make its reader.
 
-    One snapshot: the folder is opened once and every table, ``keys.txt`` and shard identity
-    comes through that descriptor, each table checked against the manifest's xxh3; readers in
+    One snapshot: the folder is opened once and ``packer.json`` (read once), every table,
+    ``keys.txt`` and shard identity come through that descriptor, each table checked against the manifest's xxh3; readers in
     any process then refuse a folder, shard or keys file replaced since.
 
     ``root`` may be a URL (``s3://bucket/out.npy``, any fsspec protocol): manifest and tables
@@ -233,29 +201,44 @@ def open_packed(
         check_files: refuse shards that are missing or of the wrong size (``verify`` reports
             them instead).
         split: the split to open, for an output holding splits (``packer.write.splits``).
-        reader_options: passed to the format's reader (``readahead``, ``max_open_files``);
-            ``storage_options`` (a dict) goes to fsspec when ``root`` is a URL, and
-            ``cache``, ``cache_dir``, ``cache_limit`` choose its shard cache
-            (``packer.remote.opener.CacheOptions``).
+        options: the read options (:class:`~packer.read.options.ReadOptions`): ``readahead``
+            and ``max_open_files`` go to the format's reader; ``storage_options`` (a dict) to
+            fsspec when ``root`` is a URL; ``cache``, ``cache_dir``, ``cache_limit`` choose its
+            shard cache (``packer.remote.opener.CacheOptions``).
+        check: called with the manifest (and the folder or URL it names) as soon as it is
+            read, before any table: ``open_dataset``'s check of the kind it expects.
+        reader_options: the read options by name instead of ``options`` (each checked by
+            name: a typo is a PackerError naming the closest one).
 
     Raises:
         FormatError: not a complete packer output, another kind or format, or damaged tables.
     """
-    storage_options = reader_options.pop("storage_options", None)
-    cache = CacheOptions.pop(reader_options)
+    read = ReadOptions.of(options, split, reader_options)
+    cache = CacheOptions(read.cache, read.cache_dir, read.cache_limit)
     # file:// is its path; a local dataset with a cache option is staged (packer.remote.local)
-    root = staged_root(root, storage_options is None and cache.given() and cache.cache is not False)
-    if is_url(root) or is_file_url(root):
+    staged = staged_root(
+        root, read.storage_options is None and cache.given() and cache.cache is not False
+    )
+    if is_url(staged) or is_file_url(staged):
         got = open_remote(
-            str(root), kind, format, check_files, split, storage_options, cache, reader_options
+            str(staged),
+            kind,
+            format,
+            check_files,
+            read.split,
+            read.storage_options,
+            cache,
+            read.for_reader(),
+            check,
         )
-        return _remote_packed(got)
-    if storage_options is not None:
+        return _remote_packed(got, root, read)
+    if read.storage_options is not None:
         raise FormatError(f"storage_options is for a URL; {str(root)!r} is a local path")
-    path = split_root(Path(root), split)
-    fd = open_folder(path)
+    path, fd, manifest = _located(Path(staged), read.split)
     try:
-        return _open_in(path, fd, kind, format, check_files, reader_options)
+        if check is not None:
+            check(manifest, str(path))
+        return _open_in(path, fd, manifest, kind, format, check_files, read, root)
     finally:
         os.close(fd)
 
@@ -263,26 +246,20 @@ def open_packed(
 def _open_in(
     path: Path,
     fd: int,
+    manifest: Manifest,
     kind: str | None,
     format: str | None,
     check_files: bool,
-    reader_options: dict[str, Any],
+    read: ReadOptions,
+    given: str | os.PathLike[str],
 ) -> Packed:
-    _plain_manifest(path, fd)
-    manifest = load_manifest(path)
-    _same_folder(path, fd)
-    if format and manifest.format != format:
-        raise FormatError(
-            f"{str(path)!r} holds format {manifest.format!r}, not {format!r}; "
-            "use packer.open_dataset() to pick the right class"
-        )
-    if kind and manifest.kind != kind:
-        raise FormatError(f"{str(path)!r} holds {kind_noun(manifest.kind)}, not {kind_noun(kind)}")
+    _check_kind(str(path), manifest, kind, format)
     index = load_index(path, manifest, mmap=True, dir_fd=fd)
     records = load_records(path, index, mmap=True, manifest=manifest, dir_fd=fd)
     validate_tables(path, manifest, index, records)
     keys = _keys(path, manifest, fd)
     Reader = by_name(manifest.format).Reader
+    reader_options = read.for_reader()
     takes = keywords_of(Reader.__init__)[3:]  # after root, manifest, records
     check_keywords(reader_options, takes, f"a {manifest.format.upper()} dataset's reader")
     reader = Reader(path, manifest, records, **reader_options)
@@ -296,10 +273,12 @@ def _open_in(
         index["first"],
         reader,
         records["checksum"],
+        given,
+        read,
     )
 
 
-def _remote_packed(got: RemoteOutput) -> Packed:
+def _remote_packed(got: RemoteOutput, given: str | os.PathLike[str], read: ReadOptions) -> Packed:
     """``open_packed`` of a URL: tables fetched and checked (``store_remote``), then checked
     row by row as a local output's are."""
     validate_tables(got.url, got.manifest, got.samples, got.records)
@@ -312,6 +291,8 @@ def _remote_packed(got: RemoteOutput) -> Packed:
         index["first"],
         got.reader,
         got.records["checksum"],
+        given,
+        read,
     )
 
 
@@ -323,12 +304,23 @@ def split_root(root: Path, split: str | None) -> Path:
         FormatError: a split output opened without ``split``, an unknown split, or ``split``
             asked of an output without splits.
     """
-    manifest = load_manifest(root)
+    path, fd, _ = _located(root, split)
+    os.close(fd)
+    return path
+
+
+def _split_name(root: Path, manifest: Manifest, split: str | None) -> str | None:
+    """The folder name of ``split`` in the output ``root`` of ``manifest`` (None: the output
+    holds no splits and none is asked).
+
+    Raises:
+        FormatError: as :func:`split_root`.
+    """
     names = list(manifest.options.get("splits", {})) if manifest.kind == "splits" else []
     if not names:
         if split is not None:
             raise FormatError(f"{str(root)!r} has no splits; open it without split=")
-        return root
+        return None
     if split is None:
         raise FormatError(
             f"{str(root)!r} holds splits {', '.join(names)}: pass split= (e.g. split={names[0]!r})"
@@ -337,9 +329,4 @@ def split_root(root: Path, split: str | None) -> Path:
         raise FormatError(f"{str(root)!r} has no split {split!r}; it has {', '.join(names)}")
     if "/" in check_relative(split, "split name"):
         raise FormatError(f"split name {split!r} of {str(root)!r} is not a plain folder name")
-    folder = open_folder(root)
-    try:  # a real folder inside the output, never a link to another dataset
-        os.close(open_beneath(folder, split, root, folder=True, what="split"))
-    finally:
-        os.close(folder)
-    return root / split
+    return split

@@ -30,7 +30,7 @@ from packer.errors import InputFileError, PackerError
 from packer.read.clip_frames import SAMPLINGS, clip_indices, clip_rng
 from packer.read.dataset_base import PackedSamples, SampleDataset, Transform
 from packer.read.options import ReadOptions, old_name
-from packer.read.store import open_packed
+from packer.read.store import Packed, opened
 from packer.source.videos import scan_videos
 
 __all__ = [
@@ -159,7 +159,7 @@ class PackedVideoDataset(PackedSamples, VideoDataset):
 
     def __init__(
         self,
-        root: str | os.PathLike[str],
+        root: str | os.PathLike[str] | Packed,
         num_frames: int = 8,
         *,
         sampling: str = "uniform",
@@ -181,7 +181,9 @@ class PackedVideoDataset(PackedSamples, VideoDataset):
         options = ReadOptions(
             split, readahead, max_open_files, storage_options, cache, cache_dir, cache_limit
         )
-        packed = open_packed(root, "video", self.FORMAT or None, **options.given())
+        packed = opened(root, "video", self.FORMAT or None, options)
+        root = packed.given
+        options = packed.options
         super().__init__(
             root,
             packed.manifest.classes,

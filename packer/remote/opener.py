@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
@@ -160,37 +159,14 @@ def _fetch_manifest(folder: RemoteFolder) -> Manifest:
         ) from exc
 
 
-# The manifest an open_dataset fetched to choose its class, handed to the open of that same
-# call (fetched_manifest's block): never seen by any other open, so never a stale one
-_HANDED: ContextVar[tuple[RemoteFolder, Manifest] | None] = ContextVar("handed", default=None)
-
-
 @contextmanager
 def fetched_manifest(
     url: str, split: str | None, storage_options: dict[str, Any] | None
 ) -> Iterator[tuple[str, Manifest]]:
     """The URL of the output at ``url`` (of its ``split``) and its manifest, as
-    :func:`remote_manifest`; an :func:`open_remote` of that URL inside the block uses this
-    manifest (and client) instead of fetching it again."""
-    folder, manifest = _remote_manifest(RemoteFolder(url, storage_options), split)
-    token = _HANDED.set((folder, manifest))
-    try:
-        yield folder.url, manifest
-    finally:
-        _HANDED.reset(token)
-
-
-def _opened_manifest(
-    url: str, split: str | None, storage_options: dict[str, Any] | None
-) -> tuple[RemoteFolder, Manifest]:
-    """The manifest handed over for ``url`` (:func:`fetched_manifest`), else fetched."""
-    handed = _HANDED.get()
-    if handed is not None and split is None:
-        folder, manifest = handed
-        if folder.url == url.rstrip("/") and folder.options == dict(storage_options or {}):
-            _HANDED.set(None)  # once
-            return folder, manifest
-    return _remote_manifest(RemoteFolder(url, storage_options), split)
+    :func:`remote_manifest`, for the block's use (an open inside it fetches its own: an open
+    hands its manifest on in its ``Packed``, never through a module's state)."""
+    yield remote_manifest(url, split, storage_options)
 
 
 def _remote_manifest(folder: RemoteFolder, split: str | None) -> tuple[RemoteFolder, Manifest]:
@@ -292,17 +268,21 @@ def open_remote(
     storage_options: dict[str, Any] | None,
     cache: CacheOptions | None = None,
     reader_options: dict[str, Any] | None = None,
+    check: Callable[[Manifest, str], None] | None = None,
 ) -> RemoteOutput:
     """``open_packed``'s work for a URL: manifest, tables and keys fetched whole and checked
     against the manifest's xxh3, shard sizes checked by one listing, a reader by ranged GETs or
-    through the shard cache (``cache``).
+    through the shard cache (``cache``). ``check`` is called with the manifest (and the
+    output's URL) as soon as it is fetched.
 
     Raises:
         FormatError: anything open_packed refuses.
         PackerError: the cache's limit is below the largest shard.
     """
-    folder, manifest = _opened_manifest(url, split, storage_options)
+    folder, manifest = _remote_manifest(RemoteFolder(url, storage_options), split)
     where = folder.url
+    if check is not None:  # the caller's, before any table is fetched
+        check(manifest, where)
     if format and manifest.format != format:
         raise FormatError(f"{where!r} holds format {manifest.format!r}, not {format!r}")
     if kind and manifest.kind != kind:
