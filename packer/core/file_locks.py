@@ -177,6 +177,12 @@ _HELD: set[int] = set()  # this process's lock descriptors
 _LIVE: weakref.WeakSet[CacheEntry] = weakref.WeakSet()
 
 
+def close_held() -> None:
+    """Release every cache object this process holds (at its exit: then they may be evicted)."""
+    for entry in list(_LIVE):
+        entry.close()
+
+
 def _drop_inherited() -> None:
     """In a forked child: close the parent's lock descriptors, so no lock outlives the
     parent's release of it in a child (a ``flock`` belongs to the open file, shared by both:

@@ -16,13 +16,13 @@ its URL, size, ETag and the manifest's xxh3, so a re-uploaded object is a new en
   the next process truncates and redoes it, or removes it (eviction, ``packer cache clear``);
 - ``K.json``: what the object is (URL, size, ETag, xxh3), for ``packer cache ls``.
 
-Eviction is least recently used (a file's mtime is touched at each open) under ``limit``
-bytes; objects in use are skipped, so the cache exceeds the limit by at most the objects being
-read. A lock file may be unlinked only by a holder of its exclusive lock; whoever locks a file
+Eviction is least recently used (mtime touched at each open) under ``limit`` bytes; objects in use
+are skipped, so the cache exceeds the limit by at most the objects being read (until their process
+exits). A lock file may be unlinked only by a holder of its exclusive lock; whoever locks a file
 checks that the path still names it, else locks the new one (:func:`packer.core.file_locks.lock`).
-Every file is opened with no link followed and used only as a regular file of this user with
-one link (:func:`packer.core.file_locks.open_own`): a ``K.data`` that is not is downloaded again
-and renamed over; a link or foreign file as a lock or part is refused.
+Every file is opened with no link followed and used only as a regular file of this user with one
+link (:func:`packer.core.file_locks.open_own`): a ``K.data`` that is not is downloaded again and
+renamed over; a link or foreign file as a lock or part is refused.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import multiprocessing.util
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -43,6 +44,7 @@ from packer.core.file_locks import (
     UnsafeCacheFile,
     background,
     cancel_downloads,
+    close_held,
     finished,
     in_background,
     lock,
@@ -68,6 +70,25 @@ __all__ = [
 ]
 
 _EVICT = ".evict.lock"  # held while one process makes room, so two do not both evict
+_LIMITED: dict[tuple[int, str, int], ShardCache] = {}  # the limited caches used, by process
+
+
+def _trim_at_exit() -> None:
+    """At exit (a DataLoader worker's too), its downloads done, objects released: trim back."""
+    wait_for_downloads(60.0)  # each download under way is bounded by its watchdog
+    close_held()
+    for (pid, _, _), cache in list(_LIMITED.items()):
+        if pid == os.getpid():
+            with suppress(OSError, PackerError):
+                cache._make_room(0)
+
+
+def _trim_on_exit(cache: ShardCache) -> None:
+    key = (os.getpid(), str(cache.dir), cache.limit or 0)
+    if cache.limit is not None and key not in _LIMITED:
+        if all(pid != key[0] for pid, _, _ in _LIMITED):  # a forked child's hooks start empty
+            multiprocessing.util.Finalize(None, _trim_at_exit, exitpriority=0)
+        _LIMITED[key] = cache
 
 
 def default_cache_dir() -> Path:
@@ -112,8 +133,7 @@ class ShardCache:
         self.limit = parse_limit(limit)
 
     def __repr__(self) -> str:
-        limit = "no limit" if self.limit is None else format_size(self.limit)
-        return f"ShardCache({str(self.dir)!r}, {limit})"
+        return f"ShardCache({str(self.dir)!r}, {format_size(self.limit) if self.limit else 'no limit'})"
 
     def check_fits(self, size: int, where: str) -> None:
         """Refuse an object larger than the limit (at open: before any download)."""
@@ -154,6 +174,7 @@ class ShardCache:
     ) -> CacheEntry | None:
         """Object ``name`` held from the cache if its checked download is there, else None."""
         data = self._path(self._entry_key(folder, name, size, xxh3), ".data")
+        _trim_on_exit(self)
         try:  # the common miss costs one stat, no lock
             if finished(data, size) is None:
                 return None
@@ -190,6 +211,7 @@ class ShardCache:
         url = folder.url_of(name)
         self.check_fits(size, f"object {url!r}")
         key = self._entry_key(folder, name, size, xxh3)
+        _trim_on_exit(self)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             use = lock(self._path(key, ".lock"), fcntl.LOCK_SH)
@@ -350,8 +372,7 @@ class ShardCache:
         except (OSError, ValueError, KeyError, TypeError):
             return default
 
-    def _planned(self, key: str) -> int:
-        """The size a download under way will have (its ``K.json``; 0 if unreadable)."""
+    def _planned(self, key: str) -> int:  # a download under way's size (its K.json; or 0)
         return int(self._meta(key, "bytes", 0))
 
     def _url(self, key: str) -> str:
