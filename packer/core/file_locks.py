@@ -177,8 +177,10 @@ _HELD: set[int] = set()  # this process's lock descriptors
 _LIVE: weakref.WeakSet[CacheEntry] = weakref.WeakSet()
 
 
-def close_held() -> None:
-    """Release every cache object this process holds (at its exit: then they may be evicted)."""
+def release_at_exit() -> None:
+    """At this process's exit: its downloads end (:func:`end_downloads`), then every cache
+    object it holds is released (then they may be evicted)."""
+    end_downloads()
     for entry in list(_LIVE):
         entry.close()
 
@@ -337,7 +339,7 @@ def wait_for_downloads(timeout: float | None = None) -> bool:
                 return False
 
 
-def _at_exit() -> None:
+def end_downloads() -> None:
     """At a clean exit the downloads under way end first (the cache keeps them); after a
     failed read cancelled them (:func:`cancel_downloads`), the process does not wait."""
     with _FETCH_LOCK:
@@ -347,7 +349,7 @@ def _at_exit() -> None:
         wait_for_downloads()
 
 
-atexit.register(_at_exit)
+atexit.register(end_downloads)
 
 
 def _fresh_lock_in_child() -> None:

@@ -44,12 +44,12 @@ from packer.core.file_locks import (
     UnsafeCacheFile,
     background,
     cancel_downloads,
-    close_held,
     finished,
     in_background,
     lock,
     own_file,
     release,
+    release_at_exit,
     unlink_quietly,
     wait_for_downloads,
     write_new,
@@ -75,8 +75,7 @@ _LIMITED: dict[tuple[int, str, int], ShardCache] = {}  # the limited caches used
 
 def _trim_at_exit() -> None:
     """At exit (a DataLoader worker's too), its downloads done, objects released: trim back."""
-    wait_for_downloads(60.0)  # each download under way is bounded by its watchdog
-    close_held()
+    release_at_exit()  # downloads end first, unless a failed read cancelled them
     for (pid, _, _), cache in list(_LIMITED.items()):
         if pid == os.getpid():
             with suppress(OSError, PackerError):
