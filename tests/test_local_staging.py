@@ -237,3 +237,17 @@ def _in(cache: Path, opener: object) -> object:
         return opener(path, cache_dir=cache, **options)  # type: ignore[operator]
 
     return opened
+
+
+def test_the_commands_take_a_file_url(made: dict[str, Path]) -> None:
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    url = made["images.lmdb"].absolute().as_uri()
+    for command in ("inspect", "verify"):
+        done = CliRunner().invoke(main, [command, url])
+        assert done.exit_code == 0, (command, done.output)
+        assert str(made["images.lmdb"].absolute()) in done.output, done.output
+    other = CliRunner().invoke(main, ["inspect", url.replace("file://", "file://otherhost")])
+    assert other.exit_code == 2 and "this machine's files only" in other.output, other.output

@@ -70,15 +70,22 @@ def size_option(name: str, default: str, text: str) -> Decorator:
 
 class DatasetPath(click.ParamType):
     """A dataset argument: a URL (``s3://...``, ``https://...``; kept as text) or a local path
-    that must exist (a ``Path``)."""
+    that must exist (a ``Path``; a ``file:`` URL names one)."""
 
     name = "PATH|URL"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from packer.errors import PackerError
+        from packer.remote.local import file_path, is_file_url
         from packer.remote.storage import is_url
 
         if is_url(value):
             return str(value)
+        if is_file_url(value):  # file:///x is the local /x
+            try:
+                value = file_path(str(value))
+            except PackerError as exc:
+                self.fail(str(exc), param, ctx)
         path = click.Path(exists=True, path_type=Path)
         return path.convert(value, param, ctx)
 
