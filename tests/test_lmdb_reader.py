@@ -18,7 +18,7 @@ import pytest
 import packer
 from packer.errors import FormatError
 from packer.formats.lmdb import record_key
-from packer.read import store
+from packer.read import rows
 from packer.source.images import scan
 from packer.tools.image_demo import make_image_tree
 
@@ -115,7 +115,7 @@ def reseal(root: Path, records: np.ndarray | None = None) -> dict:  # type: igno
     return manifest
 
 
-@pytest.mark.parametrize("block", [store.BLOCK, 1, 4])
+@pytest.mark.parametrize("block", [rows.BLOCK, 1, 4])
 @pytest.mark.parametrize("suffix", [".lmdb", ".npy"])
 def test_records_out_of_shard_order_are_refused_at_open(
     source: tuple[Path, list[bytes], list[int]],
@@ -128,7 +128,7 @@ def test_records_out_of_shard_order_are_refused_at_open(
     record count, but shard 0's records are no longer one run (an LMDB key is a record's
     position in its run). The tables are checked in blocks of samples: the step back is found
     inside a block and across two (``block``: samples per block)."""
-    monkeypatch.setattr(store, "BLOCK", block)
+    monkeypatch.setattr(rows, "BLOCK", block)
     root = tmp_path / f"images{suffix}"
     packer.convert(source[0], root, shard_size="8kB", progress=False)
     records = np.load(root / "records.npy")
