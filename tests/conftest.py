@@ -157,3 +157,31 @@ def whole_shards(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cached_reader, "RANGED_SHARE", 0.0)
     monkeypatch.setattr(cached_reader, "RANGED_FLOOR", 0)
     monkeypatch.setattr(cached_reader, "AHEAD", 0)
+
+
+_TUNING = {  # module constants tests lower for a while: each must be back after every test
+    "packer.remote.cached_reader": ("RANGED_SHARE", "RANGED_FLOOR", "AHEAD", "IN_ORDER"),
+    "packer.core.file_locks": ("PREFETCH_THREADS",),
+    "packer.read.rows": ("BLOCK",),
+}
+
+
+@pytest.fixture(autouse=True)
+def _tuning_restored() -> Iterator[None]:
+    """A test that sets a tuning constant without monkeypatch leaks it into every later test of
+    its process (one left ``AHEAD = 0``: no read-ahead, a read-ahead test failed far away):
+    such a test errors here, and the default comes back."""
+    import importlib
+
+    modules = {name: importlib.import_module(name) for name in _TUNING}
+    before = {(m, a): getattr(modules[m], a) for m, attrs in _TUNING.items() for a in attrs}
+    yield
+    leaked = {
+        k: getattr(modules[k[0]], k[1])
+        for k, v in before.items()
+        if getattr(modules[k[0]], k[1]) != v
+    }
+    for module, attr in leaked:
+        setattr(modules[module], attr, before[(module, attr)])
+    if leaked:
+        pytest.fail(f"the test left tuning constants changed: {leaked} (use monkeypatch)")

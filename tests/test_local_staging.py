@@ -153,7 +153,8 @@ def test_workers_share_one_copy_and_epoch_two_reads_the_cache(
 ) -> None:
     source = tmp_path / "nfs" / "images.lmdb"
     shutil.copytree(made["images.lmdb"], source)
-    _wait_for_shards()  # a forked worker inherits it, a spawned one sets it
+    # set here for this process and a forked worker (undone after the test); a spawned worker
+    # sets it in worker_init_fn
     for name, value in (("RANGED_SHARE", 0.0), ("RANGED_FLOOR", 0), ("AHEAD", 0)):
         monkeypatch.setattr(cached_reader, name, value)
     expected = [label for _, label in _all(packer.open_dataset(source))]
