@@ -14,47 +14,21 @@ A reader is picklable: the URL, the options and the tables; each process opens i
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from packer.core.fields import record_matches
 from packer.core.keytable import KeyTable
 from packer.core.manifest import Manifest
 from packer.errors import FormatError
 from packer.formats.base import ReaderBase
 from packer.formats.bmp import record_name
+from packer.formats.record_check import check_records
 from packer.remote import storage
 from packer.remote.storage import GAP, RemoteFolder, coalesce
 
 __all__ = ["HeldKeys", "RemoteReader", "check_records"]
-
-
-def check_records(
-    expected: np.ndarray,
-    out: list[Any],
-    again: Callable[[list[int], int], list[bytes]],
-    failed: Callable[[list[int], int], Exception],
-    attempts: int,
-) -> list[int]:
-    """The one check of records read from a URL or from the shard cache: ``out[j]`` (bytes or
-    a view) against ``expected[j]``, the record table's xxh3; those that differ are read again
-    (``again(positions, attempt)`` gives their new bytes, put in ``out``), up to ``attempts``
-    reads in all; then ``failed(positions, attempts)`` is raised, never the wrong bytes.
-    Returns the positions read again."""
-    want = expected.tolist()
-    redone: list[int] = []
-    for attempt in range(1, attempts + 1):
-        bad = [j for j, data in enumerate(out) if not record_matches(data, want[j])]
-        if not bad:
-            return redone
-        if attempt == attempts:
-            raise failed(bad, attempt)
-        redone.extend(j for j in bad if j not in redone)
-        for j, data in zip(bad, again(bad, attempt)):
-            out[j] = data
-    return redone
 
 
 class HeldKeys(KeyTable):
