@@ -11,14 +11,13 @@ shard). A record whose offset is unknown (``-1``: written where ``/proc`` was mi
 waits for its shard. So a shuffled first batch no longer waits for every shard it touches.
 
 Every record read from a cached copy is checked against the record table's xxh3
-(:meth:`packer.remote.cached_reader.CachedShards._check_cached`): a copy that differs is
+(:class:`packer.remote.cached_reader.CacheCheck`): a copy that differs is
 downloaded again and replaced, the record read anew; a second difference is an error.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -126,43 +125,8 @@ class CachedLMDBReader(CachedShards, lmdb.Reader):
             self.prefetch(started)
         return np.concatenate(far) if far else np.zeros(0, np.int64)
 
-    def _near(self, rec: np.ndarray) -> list[bytes]:
-        out = lmdb.Reader.read_many(self, rec)
-        self._check_cached(rec, out, lambda again: lmdb.Reader.read_many(self, again))
-        return out
+    def _near_many(self, rec: np.ndarray) -> list[bytes]:
+        return lmdb.Reader.read_many(self, rec)
 
-    def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
-        """The stored bytes of each record, in the order asked, each checked against its xxh3:
-        from the cached shard, or by a ranged GET while the shard is on its way."""
-        rec = np.asarray(records, dtype=np.int64)
-        far = self._far(rec)
-        if not len(far):
-            return self._near(rec)
-        out: list[bytes] = [b""] * len(rec)
-        near = np.setdiff1d(np.arange(len(rec)), far)
-        for j, data in zip(far.tolist(), self._ranged_many(rec[far])):
-            out[j] = data
-        if len(near):
-            for j, data in zip(near.tolist(), self._near(rec[near])):
-                out[j] = data
-        return out
-
-    def read_into(
-        self,
-        records: Sequence[int] | np.ndarray,
-        out: memoryview,
-        where: Sequence[int] | np.ndarray,
-    ) -> None:
-        """Copy record ``records[k]`` into ``out[where[k]:where[k]+length]``, checked."""
-        rec = np.asarray(records, dtype=np.int64)
-        dest = np.asarray(where, dtype=np.int64)
-        far = self._far(rec)
-        near = np.setdiff1d(np.arange(len(rec)), far) if len(far) else np.arange(len(rec))
-        self._copy_far(rec, far, out, dest)
-        if not len(near):
-            return
-        rec, dest_list = rec[near], dest[near].tolist()
-        lmdb.Reader.read_into(self, rec, out, dest_list)
-        views = [out[w : w + n] for w, n in zip(dest_list, self.length[rec].tolist())]
-        for j in self._check_cached(rec, views, lambda again: lmdb.Reader.read_many(self, again)):
-            out[dest_list[j] : dest_list[j] + len(views[j])] = views[j]
+    def _near_into(self, rec: np.ndarray, out: Any, dest: np.ndarray) -> None:
+        lmdb.Reader.read_into(self, rec, out, dest)

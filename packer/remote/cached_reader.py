@@ -6,7 +6,7 @@ not cached yet is served by a checked ranged GET (:class:`packer.remote.reader.R
 while the shard downloads in the background (up to a few % of the dataset: :data:`RANGED_SHARE`;
 then a read waits for its shard). A cached shard is held (never evicted) while its handle is
 open. Every record read from a cached copy is checked against the record table's xxh3 as a
-ranged one is (:func:`packer.remote.reader.check_records`): a copy that differs (a flipped
+ranged one is (:class:`CacheCheck`, on ``packer.formats.record_check``): a copy that differs (a flipped
 byte on the disk, a file tampered with) is downloaded again and replaced in the cache, the
 record read from the new copy; a second difference is an error naming the record and the URL.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import closing
 from typing import Any
 
@@ -28,11 +28,12 @@ from packer.core.handles import HandleCache
 from packer.core.manifest import Manifest
 from packer.errors import FormatError
 from packer.formats.files import Folder, MappedFile
+from packer.formats.record_check import RecordCheck
 from packer.remote.cache import CacheEntry, ShardCache
-from packer.remote.reader import RemoteReader, check_records
+from packer.remote.reader import RemoteReader
 from packer.remote.storage import RemoteFolder
 
-__all__ = ["RANGED_FLOOR", "RANGED_SHARE", "CachedShardReader", "CachedShards"]
+__all__ = ["RANGED_FLOOR", "RANGED_SHARE", "CacheCheck", "CachedShardReader", "CachedShards"]
 
 
 def _loader_workers() -> int:
@@ -68,6 +69,7 @@ class CachedShards:
     file: np.ndarray
     kind: str
     handles: HandleCache
+    length: np.ndarray
 
     def _cached_init(
         self, folder: RemoteFolder, cache: ShardCache, manifest: Manifest, records: np.ndarray
@@ -113,31 +115,56 @@ class CachedShards:
         self._ranged = (os.getpid(), used)
         return True
 
-    def _check_cached(
-        self, rec: np.ndarray, out: list[Any], reread: Callable[[np.ndarray], list[bytes]]
-    ) -> list[int]:
-        """Records ``rec`` read from cached shards (``out``) checked against the record table
-        (:func:`check_records`, as ranged reads are): the shards of those that differ are
-        downloaded again (:meth:`_replace`) and those records read anew (``reread``); the
-        positions read again. A second difference raises, naming the record and the URL."""
+    def _far(self, rec: np.ndarray) -> np.ndarray:
+        """The positions in ``rec`` served by ranged GETs (their shards not cached yet, within
+        this process's ranged share); the downloads of missing shards started."""
+        raise NotImplementedError
 
-        def again(bad: list[int], attempt: int) -> list[bytes]:  # noqa: ARG001
-            for file in sorted({int(self.file[rec[j]]) for j in bad}):
-                self._replace(file)
-            return reread(rec[bad])
+    def _near_many(self, rec: np.ndarray) -> list[bytes]:
+        """Records ``rec`` from their shards in the cache (downloaded or waited for first),
+        not checked yet."""
+        raise NotImplementedError
 
-        def failed(bad: list[int], attempt: int) -> FormatError:  # noqa: ARG001
-            record = int(rec[bad[0]])
-            what = f"frame record {record}" if self.kind == "video" else f"sample {record}"
-            url = self.remote.url_of(self.shard_names[int(self.file[record])])
-            return FormatError(
-                f"{what} read from {url!r} differs from its xxh3 in the record table, in the "
-                "shard cache's copy and again in a fresh download that matched the manifest: "
-                "the dataset's record table and shard disagree (uploaded again part way?). "
-                "Convert and upload the dataset again"
-            )
+    def _near_into(self, rec: np.ndarray, out: Any, dest: np.ndarray) -> None:
+        """Records ``rec`` from the cache copied into ``out`` at ``dest``, not checked yet."""
+        raise NotImplementedError
 
-        return check_records(self.record_digests[rec], out, again, failed, 2)
+    def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
+        """The stored bytes of each record, in the order asked, each checked against its
+        xxh3: from the cached shard (:class:`CacheCheck`), or by a ranged GET (checked by the
+        ranged reader) while the shard is on its way."""
+        rec = np.asarray(records, dtype=np.int64)
+        far = self._far(rec)
+        if not len(far):
+            out = self._near_many(rec)
+            CacheCheck(self).many(rec, out)
+            return out
+        out = [b""] * len(rec)
+        for j, data in zip(far.tolist(), self._ranged_many(rec[far])):
+            out[j] = data
+        near = np.setdiff1d(np.arange(len(rec)), far)
+        if len(near):
+            got = self._near_many(rec[near])
+            CacheCheck(self).many(rec[near], got)
+            for j, data in zip(near.tolist(), got):
+                out[j] = data
+        return out
+
+    def read_into(
+        self,
+        records: Sequence[int] | np.ndarray,
+        out: memoryview,
+        where: Sequence[int] | np.ndarray,
+    ) -> None:
+        """Copy record ``records[k]`` into ``out[where[k]:where[k]+length]``, checked."""
+        rec = np.asarray(records, dtype=np.int64)
+        dest = np.asarray(where, dtype=np.int64)
+        far = self._far(rec)
+        near = np.setdiff1d(np.arange(len(rec)), far) if len(far) else np.arange(len(rec))
+        self._copy_far(rec, far, out, dest)
+        if len(near):
+            self._near_into(rec[near], out, dest[near])
+            CacheCheck(self).into(rec[near], out, dest[near])
 
     def _replace(self, file: int) -> None:
         """Shard ``file``'s cached copy, found corrupt, downloaded again and renamed over in
@@ -193,6 +220,35 @@ class CachedShards:
         if self.cache.limit is not None and manifest.shards:
             largest = max(s.bytes for s in manifest.shards)
             handles.capacity = max(1, min(handles.capacity, self.cache.limit // largest - 1))
+
+
+class CacheCheck(RecordCheck):
+    """The check of records read from cached shards (``packer.formats.record_check``, the
+    one a ranged read and a local ``check_records=True`` read use too): the shards of those
+    that differ are downloaded again and replaced in the cache, those records read anew from
+    the new copies; a second difference is an error naming the record and the URL."""
+
+    attempts = 2
+
+    def __init__(self, reader: CachedShards) -> None:
+        super().__init__(reader.record_digests, reader.length)
+        self.reader = reader
+
+    def again(self, records: np.ndarray, attempt: int) -> list[bytes]:  # noqa: ARG002
+        for file in sorted({int(self.reader.file[r]) for r in records.tolist()}):
+            self.reader._replace(file)
+        return self.reader._near_many(records)
+
+    def refused(self, records: np.ndarray, attempt: int) -> Exception:  # noqa: ARG002
+        r, record = self.reader, int(records[0])
+        what = f"frame record {record}" if r.kind == "video" else f"sample {record}"
+        url = r.remote.url_of(r.shard_names[int(r.file[record])])
+        return FormatError(
+            f"{what} read from {url!r} differs from its xxh3 in the record table, in the "
+            "shard cache's copy and again in a fresh download that matched the manifest: "
+            "the dataset's record table and shard disagree (uploaded again part way?). "
+            "Convert and upload the dataset again"
+        )
 
 
 class _EntryFolder(Folder):
@@ -283,82 +339,37 @@ class CachedShardReader(CachedShards, RemoteReader):
         except _NotCached:
             return None
 
-    def _split(self, rec: np.ndarray) -> tuple[list[tuple[memoryview, np.ndarray]], np.ndarray]:
-        """The request's records read from the cache (``(map, positions)`` per shard) and the
-        positions of those fetched by range: every missing shard's download is started; past
-        this process's part of :data:`RANGED_SHARE`, a shard is waited for."""
+    def _far(self, rec: np.ndarray) -> np.ndarray:
+        """The positions of the request's records fetched by range: every missing shard's
+        download is started; past this process's part of :data:`RANGED_SHARE`, a shard is
+        waited for (read from the cache by :meth:`_near_many`)."""
         groups = [(file, where, self._local(file)) for file, where in self._groups(rec)]
         self._follow([file for file, _, _ in groups])
         missing = [file for file, _, view in groups if view is None]
         if missing:
             self.prefetch(missing)
-        near: list[tuple[memoryview, np.ndarray]] = []
-        far: list[np.ndarray] = []
-        for file, where, view in groups:
-            if view is None:
-                if self._by_range(int(self.length[rec[where]].sum())):
-                    far.append(where)
-                    continue
-                view = self._wait_map(file)
-            near.append((view, where))
-        return near, (np.concatenate(far) if far else np.zeros(0, np.int64))
+        far = [
+            where
+            for _, where, view in groups
+            if view is None and self._by_range(int(self.length[rec[where]].sum()))
+        ]
+        return np.concatenate(far) if far else np.zeros(0, np.int64)
 
-    def _check_near(
-        self, rec: np.ndarray, near: list[tuple[memoryview, np.ndarray]], out: list[Any]
-    ) -> list[int]:
-        """The records read from the cache (``near``) checked (:meth:`_check_cached`; a ranged
-        read checks its own); the positions in ``out`` read again."""
-        if not near:
-            return []
-        where = np.concatenate([positions for _, positions in near])
-        mine = [out[j] for j in where.tolist()]
-        redone = self._check_cached(rec[where], mine, self._reread)
-        for k in redone:
-            out[int(where[k])] = mine[k]
-        return [int(where[k]) for k in redone]
-
-    def _reread(self, rec: np.ndarray) -> list[bytes]:
-        """Records ``rec`` from their shards in the cache (downloaded first if not there)."""
-        out = []
-        for record in rec.tolist():
-            a, n = int(self.offset[record]), int(self.length[record])
-            out.append(bytes(self._wait_map(int(self.file[record]))[a : a + n]))
-        return out
-
-    def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
-        """The stored bytes of each record, in the order asked: from the cache, or by ranged
-        GETs (checked) for shards still on their way."""
-        rec = np.asarray(records, dtype=np.int64)
+    def _near_many(self, rec: np.ndarray) -> list[bytes]:
         out: list[bytes] = [b""] * len(rec)
-        near, far = self._split(rec)
-        for view, where in near:
+        for file, where in self._groups(rec):
+            view = self._wait_map(file)
             for j in where.tolist():
                 a, n = int(self.offset[rec[j]]), int(self.length[rec[j]])
                 out[j] = bytes(view[a : a + n])
-        self._check_near(rec, near, out)
-        for j, data in zip(far.tolist(), self._ranged_many(rec[far]) if len(far) else []):
-            out[j] = data
         return out
 
-    def read_into(
-        self,
-        records: Sequence[int] | np.ndarray,
-        out: memoryview,
-        where: Sequence[int] | np.ndarray,
-    ) -> None:
-        """Copy record ``records[k]`` into ``out[where[k]:where[k]+length]``."""
-        rec = np.asarray(records, dtype=np.int64)
-        dest = np.asarray(where, dtype=np.int64)
-        near, far = self._split(rec)
-        views: list[Any] = [b""] * len(rec)
-        for view, positions in near:
-            for j in positions.tolist():
+    def _near_into(self, rec: np.ndarray, out: Any, dest: np.ndarray) -> None:
+        for file, where in self._groups(rec):
+            view = self._wait_map(file)
+            for j in where.tolist():
                 a, n, w = int(self.offset[rec[j]]), int(self.length[rec[j]]), int(dest[j])
                 out[w : w + n] = view[a : a + n]
-                views[j] = out[w : w + n]
-        for j in self._check_near(rec, near, views):
-            out[int(dest[j]) : int(dest[j]) + len(views[j])] = views[j]
-        self._copy_far(rec, far, out, dest)
 
     def _ranged_many(self, rec: np.ndarray) -> list[bytes]:
         return RemoteReader.read_many(self, rec)
