@@ -119,9 +119,17 @@ class PackedDataset(PackedSamples, ImageDataset):
         cache: bool | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        check_records: bool = False,
     ) -> None:
         options = ReadOptions(
-            split, readahead, max_open_files, storage_options, cache, cache_dir, cache_limit
+            split,
+            readahead,
+            max_open_files,
+            storage_options,
+            cache,
+            cache_dir,
+            cache_limit,
+            check_records,
         )
         packed = opened(root, "image", self.FORMAT or None, options)
         root = packed.given

@@ -75,6 +75,7 @@ class FieldDataset(PackedSamples, SampleDataset):
         cache: bool | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        check_records: bool = False,
         sample_rate: int | None = None,
         mono: bool | None = None,
         max_frames: int | None = None,
@@ -82,7 +83,14 @@ class FieldDataset(PackedSamples, SampleDataset):
     ) -> None:
         self.audio = AudioOptions(sample_rate, mono, max_frames, crop)
         options = ReadOptions(
-            split, readahead, max_open_files, storage_options, cache, cache_dir, cache_limit
+            split,
+            readahead,
+            max_open_files,
+            storage_options,
+            cache,
+            cache_dir,
+            cache_limit,
+            check_records,
         )
         packed = opened(root, "fields", None, options)
         root = packed.given

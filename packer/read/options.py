@@ -36,6 +36,12 @@ class ReadOptions:
         cache_dir: for a URL, the shard cache's folder (default ``$PACKER_CACHE_DIR``, else
             ``~/.cache/packer``).
         cache_limit: for a URL, the shard cache's size bound (bytes or ``"50GB"``).
+        check_records: check every record read from a local dataset against its xxh3 in the
+            record table (``packer.formats.record_check``): a record that differs (a flipped
+            byte in a shard) is refused with a :class:`~packer.errors.FormatError` naming the
+            sample and its file instead of served. Off by default (one xxh3 per record read:
+            see ``docs/reading.md`` for the measured cost); a URL's records (ranged or through
+            the shard cache) are always checked.
     """
 
     split: str | None = None
@@ -45,6 +51,7 @@ class ReadOptions:
     cache: bool | None = None
     cache_dir: str | os.PathLike[str] | None = None
     cache_limit: int | str | None = None
+    check_records: bool = False
 
     @classmethod
     def of(
@@ -59,12 +66,13 @@ class ReadOptions:
         check_keywords(given, [n for n in READ_OPTIONS if n != "split"], "open_packed")
         if split is not None:
             given = {**given, "split": split}
+        given = {n: v for n, v in given.items() if v != _DEFAULTS[n]}
         if options is None:
             return cls(**given)
-        both = [n for n, v in given.items() if v is not None and getattr(options, n) is not None]
+        both = [n for n in given if getattr(options, n) != _DEFAULTS[n]]
         if both and any(given[n] != getattr(options, n) for n in both):
             raise PackerError(f"{both[0]} is given twice (by name and in options=), differently")
-        return replace(options, **{n: v for n, v in given.items() if v is not None})
+        return replace(options, **given)
 
     def for_reader(self) -> dict[str, Any]:
         """The options given that the format's reader takes (``readahead``,
@@ -73,16 +81,18 @@ class ReadOptions:
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
     def given(self) -> dict[str, Any]:
-        """The options given (not ``None``), as ``open_packed``'s keyword arguments."""
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        """The options given (not their default: ``None``, ``check_records=False``), as
+        ``open_packed``'s keyword arguments."""
+        return {k: v for k, v in asdict(self).items() if v != _DEFAULTS[k]}
 
     def remote_only(self) -> list[str]:
         """The options given that apply to a URL only."""
-        local = ("split", "readahead", "max_open_files")
+        local = ("split", "readahead", "max_open_files", "check_records")
         return [k for k in self.given() if k not in local]
 
 
 READ_OPTIONS = tuple(f.name for f in fields(ReadOptions))
+_DEFAULTS = {f.name: f.default for f in fields(ReadOptions)}
 
 
 def keywords_of(*functions: Callable[..., Any]) -> list[str]:

@@ -32,6 +32,7 @@ from packer.core.tablefile import read_checked
 from packer.errors import FormatError, PackerError
 from packer.formats import by_name
 from packer.formats.base import ReaderBase, shard_identities
+from packer.formats.record_check import CheckedReader, LocalCheck
 from packer.read.options import ReadOptions, check_keywords, keywords_of
 from packer.read.rows import validate_tables
 from packer.remote.local import is_file_url, staged_root
@@ -204,7 +205,8 @@ def open_packed(
         options: the read options (:class:`~packer.read.options.ReadOptions`): ``readahead``
             and ``max_open_files`` go to the format's reader; ``storage_options`` (a dict) to
             fsspec when ``root`` is a URL; ``cache``, ``cache_dir``, ``cache_limit`` choose its
-            shard cache (``packer.remote.opener.CacheOptions``).
+            shard cache (``packer.remote.opener.CacheOptions``); ``check_records`` checks
+            every record a local output serves against its xxh3 (a URL's always are).
         check: called with the manifest (and the folder or URL it names) as soon as it is
             read, before any table: ``open_dataset``'s check of the kind it expects.
         reader_options: the read options by name instead of ``options`` (each checked by
@@ -265,6 +267,9 @@ def _open_in(
     reader = Reader(path, manifest, records, **reader_options)
     shards = shard_identities(path, manifest, fd) if check_files else None
     reader.pin(_folder_id(fd), shards, keys)
+    if read.check_records:  # every record served compared with its xxh3 (formats/record_check)
+        check = LocalCheck(reader, records, index["first"], manifest.format)
+        reader = cast(ReaderBase, CheckedReader(reader, check))  # the reader's API, checked
     return Packed(
         path,
         manifest,

@@ -177,9 +177,17 @@ class PackedVideoDataset(PackedSamples, VideoDataset):
         cache: bool | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        check_records: bool = False,
     ) -> None:
         options = ReadOptions(
-            split, readahead, max_open_files, storage_options, cache, cache_dir, cache_limit
+            split,
+            readahead,
+            max_open_files,
+            storage_options,
+            cache,
+            cache_dir,
+            cache_limit,
+            check_records,
         )
         packed = opened(root, "video", self.FORMAT or None, options)
         root = packed.given
