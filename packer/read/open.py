@@ -124,7 +124,8 @@ def open_dataset(
         readahead, max_open_files, storage_options, cache, cache_dir, cache_limit: the read
             options of a packed output (:class:`~packer.read.options.ReadOptions`; the last
             four for a URL only: LMDB shards are read through the node's shard cache, which
-            also caches NPY/HDF5 shards when one of them is given).
+            also caches NPY/HDF5 shards when one of them is given); ``check_records=True``
+            checks every record of a local output against its xxh3 (a URL's always are).
         dataset_options: go to the dataset class: ``transform``, ``target_transform``,
             ``output``, ``on_error``, ``decoder``; for images ``batch_buffer`` (a folder:
             ``is_valid_file``, ``loader``); for clips ``num_frames``, ``sampling``, ``stride``,
@@ -146,6 +147,7 @@ def open_dataset(
     kinds += [FieldDataset] if kind in (None, "fields") else []
     known = [n for n in keywords_of(*kinds) if n != "root"]
     check_keywords(dataset_options, {*known, *READ_OPTIONS, "kind"}, "open_dataset")
+    read = replace(read, check_records=bool(dataset_options.pop("check_records", False)))
     path = file_path(str(path)) if is_file_url(path) else path  # file:///x is the local /x
     if is_url(path):
         return _open_packed(str(path), split, kind, read, dataset_options)
