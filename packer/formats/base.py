@@ -41,7 +41,7 @@ from packer.formats.files import (
     shard_readahead,
 )
 
-__all__ = ["LAYOUTS", "FileReader", "Reader", "ReaderBase", "check_shard_files"]
+__all__ = ["LAYOUTS", "FileReader", "Reader", "ReaderBase", "shard_identities"]
 
 LAYOUTS = ("shards", "per-sample")
 
@@ -103,11 +103,6 @@ def _shard_identity(root: Path, folder: int, shard: ShardInfo) -> Identity:
             f"{shard.bytes}: it is truncated or was modified; convert again"
         )
     return identity(st)
-
-
-def check_shard_files(root: Path, manifest: Manifest) -> None:
-    """Raise FormatError if a shard named by the manifest is missing, odd or of the wrong size."""
-    shard_identities(root, manifest)
 
 
 class ReaderBase:
