@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from packer.decode.audio import decode_audio
-from packer.tools.audio_demo import encode_clip, tone
+from packer.demo.audio import encode_clip, tone
 
 CONTAINERS = {"wav": "wav", "flac": "flac", "opus": "opus"}
 

@@ -34,8 +34,8 @@ import torch
 from packer.decode.fast import available
 from packer.decode.outputs import decode
 from packer.decode.transforms import RandomResizedCrop
+from packer.demo.image import photo_like
 from packer.tools.bench_report import markdown_table
-from packer.tools.image_demo import photo_like
 from packer.tools.train_transform import DecodedRandomResizedCrop as PillowCrop
 
 PILLOW_CROP = "pillow decode + RandomResizedCrop"

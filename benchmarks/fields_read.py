@@ -3,7 +3,7 @@
 WebDataset (its own tars) and LitData (its own ``optimize()`` output), in one run.
 
 Data: ``--samples`` photo-like 400×350 JPEGs (quality 90) with captions
-(:func:`packer.tools.field_demo.make_caption_set`, the demo's and the tests' generator), as
+(:func:`packer.demo.fields.make_caption_set`, the demo's and the tests' generator), as
 key-grouped files, and the same samples as WebDataset tars (``--per-shard`` samples each) and
 as LitData chunks (``--chunk-mb``); packer's outputs use shards of the same size.
 
@@ -53,7 +53,7 @@ def _bytes(path: Path) -> int:
 
 def prepare(root: Path, samples: int, per_shard: int, chunk_mb: int) -> dict[str, Path]:
     """The key-grouped files, the tars and LitData's chunks (made once, reused)."""
-    from packer.tools.field_demo import make_caption_set, write_shards
+    from packer.demo.fields import make_caption_set, write_shards
 
     work = root / f"n{samples}"
     marker = work / "made.json"

@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def photos(count: int) -> list[bytes]:
-    from packer.tools.image_demo import photo_like
+    from packer.demo.image import photo_like
 
     rng = np.random.default_rng(0)
     out = []

@@ -168,7 +168,7 @@ def child(args: argparse.Namespace) -> None:
 
 def make_dataset(where: Path, samples: int) -> Path:
     import packer
-    from packer.tools.image_demo import make_image_tree
+    from packer.demo.image import make_image_tree
 
     tree = make_image_tree(
         where.parent / "jpegs", classes=4, per_class=samples // 4, size=(320, 240), bad=0

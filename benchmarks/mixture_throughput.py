@@ -36,7 +36,7 @@ from harness.throughput_report import machine_info
 import packer
 from packer.core.manifest import MANIFEST_NAME, load_manifest
 from packer.core.sizes import parse_size
-from packer.tools.image_demo import make_image_tree
+from packer.demo.image import make_image_tree
 
 TARGET = 0.95
 

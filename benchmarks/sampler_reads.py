@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 import packer
 from packer.core.manifest import MANIFEST_NAME, load_manifest
 from packer.core.sizes import parse_size
-from packer.tools.image_demo import make_image_tree
+from packer.demo.image import make_image_tree
 from packer.tools.targets import cold_supported, data_files, evict_page_cache
 from packer.tools.timing import time_batches
 

@@ -50,7 +50,7 @@ from harness.throughput_report import machine_info
 
 import packer
 from packer.core.cpus import available_cpus
-from packer.tools.image_demo import make_image_tree
+from packer.demo.image import make_image_tree
 from packer.write.dask_client import dask_client
 
 

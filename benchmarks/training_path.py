@@ -95,7 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def dataset(data: Path, images: int) -> Path:
     """``data/n<images>/train.lmdb``: photo-like 400×350 JPEGs in 10 classes, packed once."""
     import packer
-    from packer.tools.image_demo import make_image_tree
+    from packer.demo.image import make_image_tree
 
     folder = data / f"n{images}"
     out = folder / "train.lmdb"

@@ -33,8 +33,8 @@ from harness.damage import corrupted_scan, patched_frame_header
 from PIL import Image
 
 from packer.decode.check import CHECKS, check_image
+from packer.demo.image import photo_like
 from packer.errors import InputFileError
-from packer.tools.image_demo import photo_like
 
 
 def _encoded(image: Image.Image, **options: Any) -> bytes:

@@ -3,7 +3,7 @@
 Streaming's ``MDSWriter``, WebDataset's ``ShardWriter`` and LitData's ``optimize``, in one run.
 
 Data: the image–caption set of ``fields_read.py`` (``--samples`` photo-like 400×350 JPEGs,
-quality 90, ~87 KB, with a caption and a class; :func:`packer.tools.field_demo.make_caption_set`,
+quality 90, ~87 KB, with a caption and a class; :func:`packer.demo.fields.make_caption_set`,
 made once under ``--root``). Each pass runs in a fresh process that first reads every sample into
 memory (not timed), then writes ``{key, jpg: bytes, txt: str, cls: int}`` as each tool's users
 write it, all with 64 MB shards (``--shard-mb``), no compression:
@@ -97,7 +97,7 @@ def photos(root: Path, samples: int) -> Path:
     """``root/n<samples>/files``: fields_read.py's caption set (made when missing)."""
     files = root / f"n{samples}" / "files"
     if len(list(files.glob("*.jpg"))) != samples:
-        from packer.tools.field_demo import make_caption_set
+        from packer.demo.fields import make_caption_set
 
         make_caption_set(files, samples, size=(400, 350), seed=0)
     return files

@@ -18,8 +18,8 @@ from s3_server import CREDENTIALS, S3Server, moto_endpoint, s3_bucket
 
 import packer
 from packer.core.manifest import MANIFEST_NAME
+from packer.demo.image import DemoTree, make_image_tree
 from packer.formats import FORMATS
-from packer.tools.image_demo import DemoTree, make_image_tree
 
 _FIRST: dict[str, str] = {}
 for _suffix, _module in FORMATS.items():

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 import packer
 from packer.cli import main
 from packer.decode.audio import AudioError, check_audio
-from packer.tools.audio_demo import encode_clip, make_audio_tree, tone, wav_bytes
+from packer.demo.audio import encode_clip, make_audio_tree, tone, wav_bytes
 
 av = pytest.importorskip("av")
 
@@ -50,7 +50,7 @@ def test_a_class_tree_of_clips_converts_through_the_cli(tmp_path: Path) -> None:
 
 def test_an_image_tree_is_not_taken_for_clips(tmp_path: Path) -> None:
     """A class folder holding an image and a clip is an image tree (its clips ignored)."""
-    from packer.tools.image_demo import make_image_tree
+    from packer.demo.image import make_image_tree
 
     make_image_tree(tmp_path / "src", classes=2, per_class=2)
     first = sorted(p for p in (tmp_path / "src").iterdir() if p.is_dir())[0]

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 import packer
 from packer.cli import main
+from packer.demo.audio import encode_clip, make_audio_tree, tone
 from packer.read.describe import inspect_dict
-from packer.tools.audio_demo import encode_clip, make_audio_tree, tone
 
 pytest.importorskip("av")
 

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 import packer
 from packer.decode.audio import AudioOptions, decode_audio
-from packer.tools.audio_demo import encode_clip, make_audio_tree, tone, wav_bytes
+from packer.demo.audio import encode_clip, make_audio_tree, tone, wav_bytes
 
 av = pytest.importorskip("av")
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import packer
 from packer.cli import main
-from packer.tools.audio_demo import make_audio_tree
+from packer.demo.audio import make_audio_tree
 
 pytest.importorskip("av")
 

@@ -209,7 +209,7 @@ def test_packer_help_lists_bench_and_doctor() -> None:
 
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from packer.tools.video_demo import make_video_tree
+    from packer.demo.video import make_video_tree
     from packer.write.convert import convert_video
 
     root = tmp_path_factory.mktemp("vbench")

@@ -240,7 +240,7 @@ def test_training_peers_packer_pass(tmp_path: Path) -> None:
     run in the benchmark venv of benchmarks/peers_env.sh)."""
     from PIL import Image
 
-    from packer.tools.field_demo import make_caption_set
+    from packer.demo.fields import make_caption_set
 
     script = _script("training_peers")
     make_caption_set(tmp_path / "files", 20, size=(300, 250), seed=0)
@@ -255,7 +255,7 @@ def test_training_peers_packer_pass(tmp_path: Path) -> None:
 def test_fields_read_packer_passes(tmp_path: Path) -> None:
     """The packer rows of fields_read.py: its collate and the list collate read every sample and
     every image byte (the peers' rows run in the benchmark venv of benchmarks/peers_env.sh)."""
-    from packer.tools.field_demo import make_caption_set
+    from packer.demo.fields import make_caption_set
 
     script = _script("fields_read")
     written = make_caption_set(tmp_path / "files", 20, size=(300, 250), seed=0)
@@ -273,7 +273,7 @@ def test_transport(
     packed: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """transport.py side by side on a class dataset, and its pass over a dataset with fields."""
-    from packer.tools.field_demo import make_caption_set
+    from packer.demo.fields import make_caption_set
 
     make_caption_set(tmp_path / "files", 12, size=(200, 150), seed=0)
     fields = packer.convert(tmp_path / "files", tmp_path / "f.npy", progress=False).dst

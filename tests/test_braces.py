@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 import packer
 from packer.cli import main
+from packer.demo.fields import make_caption_set, write_shards
 from packer.source.tars import expand_braces
-from packer.tools.field_demo import make_caption_set, write_shards
 
 BASH = shutil.which("bash")
 

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 import packer
 from packer.core.manifest import load_manifest
-from packer.tools.image_demo import make_image_tree
+from packer.demo.image import make_image_tree
 
 
 @pytest.fixture(scope="module")

@@ -27,10 +27,10 @@ import packer
 from packer.cli.app import main
 from packer.core.file_locks import UnsafeCacheFile
 from packer.core.manifest import MANIFEST_NAME, file_checksum, load_manifest
+from packer.demo.image import make_image_tree
 from packer.errors import FormatError
 from packer.remote import storage
 from packer.remote.cache import wait_for_downloads
-from packer.tools.image_demo import make_image_tree
 
 BUCKET = "trust"
 # these tests attack the cache's whole-shard downloads: no first batch by ranged GETs

@@ -16,8 +16,8 @@ from harness.scale import make_linked_tree
 
 import packer
 from packer.core.manifest import ShardInfo
+from packer.demo.image import DemoTree
 from packer.errors import PackerError
-from packer.tools.image_demo import DemoTree
 from packer.write.resume import PROGRESS_DIR, Progress, Rows
 
 SHARD = "15kB"

@@ -14,7 +14,7 @@ import pytest
 import xxhash
 
 import packer
-from packer.tools.image_demo import make_image_tree
+from packer.demo.image import make_image_tree
 
 # xxh3-64 of the tables of a 3-class × 4-image tree, as converted before fields existed
 PINNED = {"index.npy": "f044923e9d0bc17e", "keys.txt": "f51eeeb6c3731e54"}

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from packer import __version__
 from packer.cli.app import main
-from packer.tools.image_demo import DemoTree
+from packer.demo.image import DemoTree
 
 
 def run(*args: str) -> tuple[int, str]:

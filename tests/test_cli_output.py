@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from packer.demo.image import DemoTree, make_image_tree
 from packer.read.verify import verify
-from packer.tools.image_demo import DemoTree, make_image_tree
 
 
 def default_sigint() -> None:

@@ -33,10 +33,10 @@ from packer.core.manifest import (
     load_records,
 )
 from packer.core.manifest_schema import trusted_digest
+from packer.demo.image import make_image_tree
+from packer.demo.video import make_video_tree
 from packer.errors import FormatError
 from packer.read.verify import verify
-from packer.tools.image_demo import make_image_tree
-from packer.tools.video_demo import make_video_tree
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ import packer
 from packer.core.manifest import shard_name
 from packer.core.sizes import parse_size
 from packer.decode.check import DEFAULT_MAX_PIXELS
+from packer.demo.image import DemoTree
 from packer.formats import by_name, lmdb
 from packer.formats.writer import WriterBase
-from packer.tools.image_demo import DemoTree
 from packer.write.loading import DEFAULT_MAX_FILE_SIZE
 from packer.write.plan import ConversionPlan, Limits, plan_conversion
 

@@ -8,8 +8,8 @@ import pytest
 
 import packer
 from packer.core.manifest import MANIFEST_NAME
+from packer.demo.image import DemoTree
 from packer.errors import DestinationError, InputFileError, PackerError
-from packer.tools.image_demo import DemoTree
 from packer.write.convert import plan_shards
 
 
@@ -105,7 +105,7 @@ def test_an_empty_class_is_refused_or_kept(tree: DemoTree, tmp_path: Path) -> No
 
 
 def test_the_summary_says_what_was_detected(tree: DemoTree, tmp_path: Path) -> None:
-    from packer.tools.video_demo import make_video_tree
+    from packer.demo.video import make_video_tree
 
     text = packer.convert(tree.root, tmp_path / "i.npy", progress=False).summary()
     assert (

@@ -15,11 +15,11 @@ import pytest
 
 import packer
 from packer.decode.outputs import decode
+from packer.demo.image import DemoTree, make_image_tree
+from packer.demo.video import make_video_tree
 from packer.formats import lmdb as lmdb_format
 from packer.read.verify import verify
 from packer.source.images import natural_key
-from packer.tools.image_demo import DemoTree, make_image_tree
-from packer.tools.video_demo import make_video_tree
 
 
 def source_bytes(tree: DemoTree) -> dict[str, bytes]:

@@ -11,8 +11,8 @@ from harness.damage import corrupt_scan
 from torch.utils.data import DataLoader
 
 import packer
+from packer.demo.image import DemoTree
 from packer.errors import InputFileError
-from packer.tools.image_demo import DemoTree
 
 
 @pytest.fixture

@@ -19,9 +19,9 @@ import packer
 import packer.write.dask_client
 from packer.cli.app import main
 from packer.core.sizes import parse_size
+from packer.demo.image import DemoTree, make_image_tree
 from packer.errors import PackerError
 from packer.source.images import scan
-from packer.tools.image_demo import DemoTree, make_image_tree
 from packer.write.dask_client import dask_client
 from packer.write.merge import merge
 from packer.write.pipeline import plan_shards
@@ -208,7 +208,7 @@ def test_video_with_a_process_pool(tmp_path: Path, tree_files: Files, suffix: st
     NPY/HDF5 files, BMP frame files, LMDB shards) with the same bytes as a local run."""
     from concurrent.futures import ProcessPoolExecutor
 
-    from packer.tools.video_demo import make_video_tree
+    from packer.demo.video import make_video_tree
 
     frames = make_video_tree(tmp_path / "frames", classes=2, per_class=3, frames=(4, 9)).root
     one = packer.convert(frames, tmp_path / f"one{suffix}", shard_size="20kB", progress=False)

@@ -9,8 +9,8 @@ import torch
 from PIL import Image
 
 import packer
+from packer.demo.image import DemoTree
 from packer.errors import FormatError, PackerError
-from packer.tools.image_demo import DemoTree
 
 
 def test_outputs(packed: dict[str, Path], suffix: str) -> None:

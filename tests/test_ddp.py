@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import packer
-from packer.tools.image_demo import make_image_tree
+from packer.demo.image import make_image_tree
 
 BATCH = 3
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 import packer
+from packer.demo.image import DemoTree
 from packer.errors import DestinationError
 from packer.read.verify import verify
-from packer.tools.image_demo import DemoTree
 
 
 def snapshot(root: Path) -> dict[str, bytes]:

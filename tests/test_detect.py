@@ -11,11 +11,11 @@ from click.testing import CliRunner
 
 import packer
 from packer.cli.app import main
+from packer.demo.image import DemoTree
+from packer.demo.video import make_video_files, make_video_tree
 from packer.errors import SourceError
 from packer.source.detect import detect_kind
 from packer.source.images import IMAGE_EXTENSIONS, scan
-from packer.tools.image_demo import DemoTree
-from packer.tools.video_demo import make_video_files, make_video_tree
 
 
 def jpeg(tree: DemoTree) -> bytes:

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from packer.cli.measure import doctor as doctor_command
+from packer.demo.image import make_image_tree
 from packer.errors import PackerError
 from packer.tools.doctor import _sample_cost, doctor, measure_split, spread_indices
-from packer.tools.image_demo import make_image_tree
 from packer.tools.stalls import HEADROOM
 
 
@@ -133,8 +133,8 @@ def test_decode_advice_names_the_decoder_and_the_resize_command(tmp_path: Path) 
 
     import numpy as np
 
+    from packer.demo.image import photo_like
     from packer.tools.decode_advice import decode_advice
-    from packer.tools.image_demo import photo_like
 
     rng = np.random.default_rng(0)
     samples = []

@@ -22,10 +22,10 @@ from packer.decode import fast as fast_decoders
 from packer.decode import registry as decoders
 from packer.decode.outputs import decode
 from packer.decode.registry import DECODERS, check_decoder, decoders_for
+from packer.demo.image import DemoTree, photo_like
 from packer.errors import PackerError
 from packer.read.datasets import FolderDataset
 from packer.read.open import open_dataset
-from packer.tools.image_demo import DemoTree, photo_like
 
 AVAILABLE = fast_decoders.available()
 # simplejpeg and OpenCV are in the `fast` extra CI installs: they are tested, never skipped.

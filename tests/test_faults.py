@@ -18,10 +18,10 @@ import pytest
 import packer
 from packer.core.manifest import MANIFEST_NAME
 from packer.core.sizes import parse_size
+from packer.demo.image import DemoTree
+from packer.demo.video import make_video_tree
 from packer.errors import FormatError, PackerError
 from packer.source.images import scan
-from packer.tools.image_demo import DemoTree
-from packer.tools.video_demo import make_video_tree
 from packer.write.pipeline import plan_shards
 
 KILLER = """

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 import packer
 from packer.cli import main
-from packer.tools.field_demo import make_coco_set
+from packer.demo.fields import make_coco_set
 
 
 @pytest.fixture(scope="module")

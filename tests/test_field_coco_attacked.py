@@ -18,8 +18,8 @@ from click.testing import CliRunner
 
 import packer
 from packer.cli import main
+from packer.demo.fields import make_coco_set
 from packer.errors import SourceError
-from packer.tools.field_demo import make_coco_set
 
 
 def _set(tmp_path: Path, images: int = 4) -> tuple[Path, dict[str, Any]]:

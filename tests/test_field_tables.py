@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 import packer
 from packer.cli import main
-from packer.tools.field_demo import make_caption_set, write_table
+from packer.demo.fields import make_caption_set, write_table
 
 Samples = dict[str, dict[str, bytes]]
 

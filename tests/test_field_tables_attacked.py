@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 import packer
 from packer.cli import main
+from packer.demo.fields import make_caption_set
 from packer.errors import SourceError
-from packer.tools.field_demo import make_caption_set
 
 
 @pytest.fixture

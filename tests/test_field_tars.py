@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader
 
 import packer
 from packer.cli import main
+from packer.demo.fields import make_caption_set, write_shards
 from packer.source.tars import expand_braces
-from packer.tools.field_demo import make_caption_set, write_shards
 
 Samples = dict[str, dict[str, bytes]]
 BUCKET = "tars"

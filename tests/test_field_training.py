@@ -14,7 +14,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 import packer
 from packer.core.manifest import MANIFEST_NAME
-from packer.tools.field_demo import make_caption_set, write_shards, write_table
+from packer.demo.fields import make_caption_set, write_shards, write_table
 
 Samples = dict[str, dict[str, bytes]]
 

@@ -15,8 +15,8 @@ import pytest
 from torch.utils.data import DataLoader, Dataset
 
 import packer
+from packer.demo.fields import make_caption_set
 from packer.read import transport
-from packer.tools.field_demo import make_caption_set
 
 Samples = dict[str, dict[str, bytes]]
 

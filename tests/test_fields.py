@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 import packer
 from packer.cli import main
-from packer.tools.field_demo import make_caption_set
+from packer.demo.fields import make_caption_set
 from packer.transforms import RandomResizedCrop
 
 BUCKET = "fields"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import packer
+from packer.demo.image import make_image_tree
 from packer.errors import DestinationError
-from packer.tools.image_demo import make_image_tree
 from packer.write.disk_full import estimate_output
 from packer.write.plan import plan_conversion
 

@@ -11,7 +11,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 import packer
-from packer.tools.field_demo import make_caption_set
+from packer.demo.fields import make_caption_set
 
 
 def _views(dst: Path) -> tuple:

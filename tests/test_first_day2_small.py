@@ -43,7 +43,7 @@ def test_shell_completion_script_is_produced_as_documented() -> None:
 
 def test_the_key_is_accepted_as_a_field(tmp_path: Path) -> None:
     import packer
-    from packer.tools.field_demo import make_caption_set
+    from packer.demo.fields import make_caption_set
 
     written = make_caption_set(tmp_path / "pairs", 6, seed=1)
     dst = tmp_path / "pairs.lmdb"

@@ -10,10 +10,10 @@ import pytest
 from PIL import Image
 
 import packer
+from packer.demo.image import DemoTree
 from packer.errors import DestinationError
 from packer.formats import FORMATS, format_for
 from packer.formats import lmdb as lmdb_format
-from packer.tools.image_demo import DemoTree
 
 
 def source_bytes(tree: DemoTree) -> dict[str, bytes]:

@@ -43,10 +43,10 @@ from click.testing import CliRunner
 import packer
 from packer.cli.app import main
 from packer.core.manifest import INDEX_NAME, KEYS_NAME, MANIFEST_NAME, RECORDS_NAME
+from packer.demo.image import make_image_tree
+from packer.demo.video import make_video_tree
 from packer.errors import PackerError
 from packer.read.verify import verify
-from packer.tools.image_demo import make_image_tree
-from packer.tools.video_demo import make_video_tree
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid escape sequence:DeprecationWarning")
 SEED = 18

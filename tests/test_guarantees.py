@@ -32,9 +32,9 @@ from PIL import Image
 import packer
 from packer.cli.app import main
 from packer.decode.check import check_image
+from packer.demo.image import DemoTree
 from packer.errors import FormatError, InputFileError
 from packer.source.labels import read_labels
-from packer.tools.image_demo import DemoTree
 
 STRACE_INSTALL = "apt-get install -y strace"
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 import packer
 from packer.cli import main
-from packer.tools.audio_demo import encode_clip, tone, wav_bytes
+from packer.demo.audio import encode_clip, tone, wav_bytes
 
 datasets = pytest.importorskip("datasets")  # the dev extra installs it
 pytest.importorskip("av")

@@ -26,9 +26,9 @@ from packer.core.manifest import (
     load_records,
 )
 from packer.decode import registry as decoders
+from packer.demo.image import DemoTree
 from packer.errors import FormatError, InputFileError
 from packer.read.verify import verify
-from packer.tools.image_demo import DemoTree
 
 OUTSIDE = b"SECRET-OUTSIDE-THE-DATASET" * 100
 
@@ -185,7 +185,7 @@ def test_truncated_or_missing_shard(
 
 
 def test_a_truncated_video_file_in_a_worker(tmp_path: Path) -> None:
-    from packer.tools.video_demo import make_video_tree
+    from packer.demo.video import make_video_tree
 
     tree = make_video_tree(tmp_path / "v", classes=1, per_class=3, frames=(6, 8))
     dst = tmp_path / "v.npy"

@@ -14,8 +14,8 @@ from harness.damage import corrupt_scan
 
 import packer
 from packer.cli.app import main
+from packer.demo.image import DemoTree
 from packer.source.images import IMAGE_EXTENSIONS
-from packer.tools.image_demo import DemoTree
 
 
 def images_under(root: Path) -> int:

@@ -12,7 +12,7 @@ import pytest
 
 import packer
 from packer.decode.outputs import decode
-from packer.tools.image_demo import DemoTree, make_image_tree
+from packer.demo.image import DemoTree, make_image_tree
 
 FORMATS = (".lmdb", ".npy", ".h5", ".bmp")
 

@@ -33,10 +33,10 @@ from click.testing import CliRunner
 
 import packer
 from packer.cli.app import main
+from packer.demo.image import make_image_tree
+from packer.demo.video import make_video_tree
 from packer.read.describe import inspect_dict
 from packer.read.verify import verify
-from packer.tools.image_demo import make_image_tree
-from packer.tools.video_demo import make_video_tree
 
 STRACE = shutil.which("strace")
 

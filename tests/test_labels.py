@@ -10,9 +10,9 @@ from click.testing import CliRunner
 
 import packer
 from packer.cli.app import main
+from packer.demo.image import DemoTree
 from packer.errors import SourceError
 from packer.source.labels import classes_from, read_classes, read_labels, scan_flat
-from packer.tools.image_demo import DemoTree
 
 
 @pytest.fixture

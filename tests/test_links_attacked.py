@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 import packer
 from packer.cli import main
+from packer.demo.fields import make_caption_set, make_coco_set, write_table
 from packer.source.links import OUTSIDE
-from packer.tools.field_demo import make_caption_set, make_coco_set, write_table
 
 
 def _reasons(result: packer.ConvertResult) -> dict[str, str]:
@@ -156,8 +156,8 @@ def test_cli_follow_links_flag(grouped: Path, tmp_path: Path) -> None:
 
 
 def test_symlink_loops_at_the_top_of_a_source_are_skipped_and_listed(tmp_path: Path) -> None:
-    from packer.tools.image_demo import make_image_tree
-    from packer.tools.video_demo import make_video_tree
+    from packer.demo.image import make_image_tree
+    from packer.demo.video import make_video_tree
 
     trees = {"cls": tmp_path / "cls", "vid": tmp_path / "vid", "grp": tmp_path / "grp"}
     make_image_tree(trees["cls"], classes=2, per_class=2, size=(64, 48), bad=0)
@@ -171,7 +171,7 @@ def test_symlink_loops_at_the_top_of_a_source_are_skipped_and_listed(tmp_path: P
 
 
 def test_loops_inside_a_class_and_grouped_field_loops(tmp_path: Path) -> None:
-    from packer.tools.image_demo import make_image_tree
+    from packer.demo.image import make_image_tree
 
     make_image_tree(tmp_path / "cls", classes=2, per_class=2, size=(64, 48), bad=0)
     os.symlink("deep", tmp_path / "cls" / "class_00" / "deep")

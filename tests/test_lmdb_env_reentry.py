@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import packer
-from packer.tools.image_demo import make_image_tree
+from packer.demo.image import make_image_tree
 
 ROOT = str(Path(__file__).resolve().parents[1])
 

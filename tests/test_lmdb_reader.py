@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 import packer
+from packer.demo.image import make_image_tree
 from packer.errors import FormatError
 from packer.formats.lmdb import record_key
 from packer.read import rows
 from packer.source.images import scan
-from packer.tools.image_demo import make_image_tree
 
 # Batches by the first record of shard 1 (``b``, at least 4): within shard 0 unless they say.
 BATCHES: dict[str, Callable[[int], list[int]]] = {

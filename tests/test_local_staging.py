@@ -18,10 +18,10 @@ from torch.utils.data import DataLoader
 
 import packer
 from packer.core.manifest import load_manifest
+from packer.demo.image import make_image_tree
 from packer.errors import FormatError, PackerError
 from packer.remote import cached_reader, storage
 from packer.remote.cache import ShardCache, wait_for_downloads
-from packer.tools.image_demo import make_image_tree
 
 
 @pytest.fixture(autouse=True)

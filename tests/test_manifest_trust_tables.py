@@ -22,8 +22,8 @@ from packer.core.manifest import (
     load_index,
     load_manifest,
 )
+from packer.demo.fields import make_caption_set
 from packer.errors import FormatError
-from packer.tools.field_demo import make_caption_set
 
 
 def _copy(src: Path, dst: Path) -> Path:

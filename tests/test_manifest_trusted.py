@@ -61,7 +61,7 @@ def test_a_flipped_byte_in_what_a_reader_trusts_is_refused(
 
 
 def test_a_flipped_class_name_is_refused(tmp_path: Path) -> None:
-    from packer.tools.image_demo import make_image_tree
+    from packer.demo.image import make_image_tree
 
     tree = make_image_tree(tmp_path / "img", classes=2, per_class=2, size=(16, 16), bad=0)
     out = tmp_path / "c.npy"

@@ -17,10 +17,10 @@ from s3_server import S3Server
 import packer
 from packer.cli.app import main
 from packer.core.cpus import available_cpus
+from packer.demo.image import make_image_tree
 from packer.errors import PackerError
 from packer.remote.cache import wait_for_downloads
 from packer.tools.doctor_remote import doctor_remote
-from packer.tools.image_demo import make_image_tree
 
 DELAY = 0.05  # seconds the proxy holds every request
 BUCKET = "data"  # the module's bucket on the shared S3 server (conftest)

@@ -21,7 +21,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 import packer
-from packer.tools.image_demo import make_image_tree
+from packer.demo.image import make_image_tree
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")  # torchdata
 
@@ -295,7 +295,7 @@ def test_a_stateful_dataloader_checkpoint_resumes_the_exact_order(
 
 
 def test_images_and_clips_mix_and_set_epoch_reaches_the_clips(big: Any, tmp_path: Path) -> None:
-    from packer.tools.video_demo import make_video_tree
+    from packer.demo.video import make_video_tree
     from packer.write.convert import convert_video
 
     tree = make_video_tree(tmp_path / "frames", classes=2, per_class=2, seed=3)

@@ -12,7 +12,7 @@ import pytest
 from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
 import packer
-from packer.tools.image_demo import DemoTree
+from packer.demo.image import DemoTree
 
 SUFFIXES = [".bmp", ".h5", ".lmdb", ".npy"]  # one per format (conftest's)
 

@@ -155,7 +155,7 @@ def test_every_odd_frame_keeps_or_skips_its_video(
 def video_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]]:
     """``odd/<name>.mp4`` (PyAV): tiny frames, and a clip cut at four lengths; with the
     number of frames each kept video holds."""
-    from packer.tools.video_demo import pan_frames, write_video
+    from packer.demo.video import pan_frames, write_video
 
     root = tmp_path_factory.mktemp("odd") / "files"
     (root / "odd").mkdir(parents=True)

@@ -15,11 +15,11 @@ import pytest
 from tiny_dataset import write_tiny
 
 import packer
+from packer.demo.image import DemoTree
 from packer.errors import PackerError
 from packer.read.fields import FieldDataset
 from packer.read.open import open_dataset
 from packer.read.store import open_packed
-from packer.tools.image_demo import DemoTree
 
 OPEN = """
 import sys

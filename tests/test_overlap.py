@@ -18,9 +18,9 @@ from PIL import Image
 
 import packer
 from packer.decode.check import _eighth, check_image
+from packer.demo.image import DemoTree, photo_like
 from packer.errors import InputFileError
 from packer.source.images import scan
-from packer.tools.image_demo import DemoTree, photo_like
 from packer.write.loading import Loaded, load_image, load_in_order
 from packer.write.overlap import ShardFinisher
 from packer.write.plan import plan_conversion

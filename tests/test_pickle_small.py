@@ -16,10 +16,10 @@ from tiny_dataset import write_tiny
 
 import packer
 from packer.core.manifest import load_manifest, write_manifest
+from packer.demo.fields import make_caption_set
+from packer.demo.image import DemoTree
+from packer.demo.video import make_video_tree
 from packer.errors import FormatError, PackerError
-from packer.tools.field_demo import make_caption_set
-from packer.tools.image_demo import DemoTree
-from packer.tools.video_demo import make_video_tree
 from packer.write.convert import convert_video
 
 

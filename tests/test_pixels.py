@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader
 import packer
 from packer.cli.app import main
 from packer.decode.pixels import to_pixels
+from packer.demo.image import DemoTree
 from packer.errors import PackerError
-from packer.tools.image_demo import DemoTree
 
 
 def test_to_pixels_crops_the_centre_of_the_short_side_resize() -> None:

@@ -18,9 +18,9 @@ from click.testing import CliRunner
 
 import packer
 from packer.cli.app import main
+from packer.demo.image import DemoTree
+from packer.demo.video import make_video_tree
 from packer.errors import SourceError
-from packer.tools.image_demo import DemoTree
-from packer.tools.video_demo import make_video_tree
 
 WNIDS = ["n00000001", "n00000002", "n00000003"]
 

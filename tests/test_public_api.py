@@ -11,7 +11,7 @@ import pytest
 
 import packer
 from packer import errors
-from packer.tools.image_demo import DemoTree, make_image_tree
+from packer.demo.image import DemoTree, make_image_tree
 
 
 @pytest.mark.parametrize("name", packer.__all__)
@@ -91,7 +91,7 @@ def test_one_naming_scheme_with_the_old_names_kept() -> None:
 
 
 def test_open_dataset_checks_the_kind_asked_for(packed: dict[str, Path], tmp_path: Path) -> None:
-    from packer.tools.video_demo import make_video_tree
+    from packer.demo.video import make_video_tree
 
     image = packer.open_dataset(packed[".lmdb"], kind="image")
     assert isinstance(image, packer.LMDBDataset)

@@ -11,8 +11,8 @@ import pytest
 from s3_server import S3Server
 
 import packer
+from packer.demo.video import make_video_tree
 from packer.read.options import READ_OPTIONS
-from packer.tools.video_demo import make_video_tree
 from packer.write.convert import convert_video
 
 BUCKET = "options"

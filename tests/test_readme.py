@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 
 import packer
-from packer.tools.field_demo import make_caption_set, make_coco_set, write_shards, write_table
-from packer.tools.image_demo import make_image_tree
-from packer.tools.video_demo import make_video_tree
+from packer.demo.fields import make_caption_set, make_coco_set, write_shards, write_table
+from packer.demo.image import make_image_tree
+from packer.demo.video import make_video_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

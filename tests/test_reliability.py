@@ -22,8 +22,8 @@ from torch.utils.data import DataLoader
 import packer
 from packer.core.manifest import MANIFEST_NAME
 from packer.core.sizes import parse_size
+from packer.demo.image import DemoTree, photo_like
 from packer.errors import DestinationError
-from packer.tools.image_demo import DemoTree, photo_like
 
 
 def jpeg(image: Image.Image, **kw: object) -> bytes:

@@ -17,11 +17,11 @@ from torch.utils.data import DataLoader
 
 import packer
 from packer.core.manifest import INDEX_NAME, RECORDS_NAME, load_manifest
+from packer.demo.image import make_image_tree
+from packer.demo.video import make_video_tree
 from packer.errors import FormatError, PackerError
 from packer.remote.cache import wait_for_downloads
 from packer.remote.storage import GAP, coalesce, is_url
-from packer.tools.image_demo import make_image_tree
-from packer.tools.video_demo import make_video_tree
 from packer.write.convert import convert_video
 
 IMAGES = ("images.npy", "images.h5")

@@ -27,11 +27,11 @@ from torch.utils.data import ConcatDataset, DataLoader
 import packer
 from packer.cli.app import main
 from packer.core.manifest import load_manifest
+from packer.demo.image import make_image_tree
+from packer.demo.video import make_video_tree
 from packer.errors import FormatError, PackerError
 from packer.remote import storage
 from packer.remote.cache import ShardCache, wait_for_downloads
-from packer.tools.image_demo import make_image_tree
-from packer.tools.video_demo import make_video_tree
 from packer.write.convert import convert_video
 
 ROOT = Path(__file__).resolve().parents[1]

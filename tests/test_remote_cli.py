@@ -14,10 +14,10 @@ from s3_server import S3Server
 import packer
 from packer.cli.app import main
 from packer.core.manifest import load_manifest
+from packer.demo.image import make_image_tree
+from packer.demo.video import make_video_tree
 from packer.read.describe import inspect_dict
 from packer.read.verify import verify
-from packer.tools.image_demo import make_image_tree
-from packer.tools.video_demo import make_video_tree
 from packer.write.convert import convert_video
 
 NAMES = ("images.npy", "images.h5", "videos.h5")

@@ -16,11 +16,11 @@ from s3_server import S3Server
 
 import packer
 from packer.core.manifest import load_manifest
+from packer.demo.image import make_image_tree
+from packer.demo.video import make_video_tree
 from packer.errors import FormatError, PackerError
 from packer.read.verify import verify
 from packer.remote import storage
-from packer.tools.image_demo import make_image_tree
-from packer.tools.video_demo import make_video_tree
 from packer.write.convert import convert_video
 
 BUCKET = "faults"  # the module's bucket on the shared S3 server (conftest)

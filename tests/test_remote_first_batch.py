@@ -21,11 +21,11 @@ from torch.utils.data import DataLoader, RandomSampler
 
 import packer
 from packer.core.manifest import load_manifest
+from packer.demo.image import make_image_tree
 from packer.errors import PackerError
 from packer.remote import cached_reader as remote_cached
 from packer.remote import storage
 from packer.remote.cache import ShardCache, wait_for_downloads
-from packer.tools.image_demo import make_image_tree
 
 BUCKET = "first"
 NAMES = ["images.npy", "images.h5", "images.lmdb"]

@@ -25,11 +25,11 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
 import packer
 from packer.core.manifest import load_manifest
+from packer.demo.image import make_image_tree
 from packer.errors import FormatError, PackerError
 from packer.remote import obstore_backend as store_obstore
 from packer.remote import storage
 from packer.remote.storage import RemoteFolder, passing, remote_error
-from packer.tools.image_demo import make_image_tree
 
 BUCKET = "obstore"
 NAMES = ("images.npy", "images.h5", "images.bmp", "images.lmdb")

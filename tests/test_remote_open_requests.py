@@ -10,10 +10,10 @@ from fault_proxy import FaultProxy
 from s3_server import S3Server
 
 import packer
+from packer.demo.image import make_image_tree
 from packer.errors import FormatError
 from packer.read.store import open_packed
 from packer.remote.opener import fetched_manifest
-from packer.tools.image_demo import make_image_tree
 
 BUCKET = "opens"
 

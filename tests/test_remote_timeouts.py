@@ -24,9 +24,9 @@ from stall_relay import StallRelay, stall_relay
 
 import packer
 from packer.cli.app import main
+from packer.demo.image import make_image_tree
 from packer.errors import FormatError, PackerError
 from packer.remote import storage
-from packer.tools.image_demo import make_image_tree
 
 BUCKET = "timeouts"
 QUICK = {"connect_timeout": 1, "read_timeout": 1, "min_rate": 2_000_000}

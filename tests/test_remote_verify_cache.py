@@ -16,11 +16,11 @@ from s3_server import S3Server
 import packer
 from packer.cli.app import main
 from packer.core.manifest import load_manifest
+from packer.demo.image import make_image_tree
 from packer.errors import PackerError
 from packer.read.verify import verify
 from packer.remote import storage
 from packer.remote.cache import ShardCache, wait_for_downloads
-from packer.tools.image_demo import make_image_tree
 
 BUCKET = "verified"
 

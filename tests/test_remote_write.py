@@ -25,10 +25,10 @@ from s3_server import S3Server
 
 import packer
 from packer.cli.app import main
+from packer.demo.image import make_image_tree
+from packer.demo.video import make_video_tree
 from packer.errors import DestinationError
 from packer.remote import storage
-from packer.tools.image_demo import make_image_tree
-from packer.tools.video_demo import make_video_tree
 from packer.upload.staging import staging_folder
 from packer.write.convert import convert_video
 

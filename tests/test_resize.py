@@ -15,8 +15,8 @@ from PIL import Image
 import packer
 from packer.cli.app import main
 from packer.decode.resize import Resize, resize_to
+from packer.demo.image import DemoTree, photo_like
 from packer.errors import PackerError
-from packer.tools.image_demo import DemoTree, photo_like
 
 SUFFIXES = [".bmp", ".h5", ".lmdb", ".npy"]
 

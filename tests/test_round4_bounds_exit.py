@@ -22,7 +22,7 @@ from bounds_servers import FileServer, file_server
 
 import packer
 from packer.core import file_locks
-from packer.tools.image_demo import make_image_tree
+from packer.demo.image import make_image_tree
 
 READER = textwrap.dedent(
     """

@@ -17,8 +17,8 @@ from s3_server import S3Server
 from stall_relay import StallRelay, stall_relay
 
 import packer
+from packer.demo.image import make_image_tree
 from packer.remote import storage, watchdog
-from packer.tools.image_demo import make_image_tree
 
 BUCKET = "bounds-get"
 ATTEMPTS = 2

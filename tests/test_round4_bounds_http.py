@@ -14,9 +14,9 @@ import pytest
 from bounds_servers import FileServer, file_server
 
 import packer
+from packer.demo.image import make_image_tree
 from packer.errors import FormatError, PackerError
 from packer.remote import storage
-from packer.tools.image_demo import make_image_tree
 
 ATTEMPTS = 3
 OPTIONS = {"backend": "fsspec"}

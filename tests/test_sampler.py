@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, DistributedSampler
 
 import packer
+from packer.demo.image import DemoTree
+from packer.demo.video import make_video_tree
 from packer.errors import PackerError
 from packer.read.sampler import ShardedSampler, block_starts, epoch_order
-from packer.tools.image_demo import DemoTree
-from packer.tools.video_demo import make_video_tree
 from packer.write.convert import convert_video
 
 

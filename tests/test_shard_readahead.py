@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import packer
+from packer.demo.image import make_image_tree
+from packer.demo.video import make_video_tree
 from packer.formats.files import shard_readahead
-from packer.tools.image_demo import make_image_tree
 from packer.tools.targets import data_files, evict_page_cache
-from packer.tools.video_demo import make_video_tree
 
 
 def read_bytes() -> int:

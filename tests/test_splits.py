@@ -11,9 +11,9 @@ from click.testing import CliRunner
 
 import packer
 from packer.cli.app import main
+from packer.demo.image import DemoTree
 from packer.errors import PackerError, SourceError
 from packer.read.verify import verify
-from packer.tools.image_demo import DemoTree
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import packer
 import packer.video
 
 PACKAGE = Path(packer.__file__).parent
-# The only modules allowed to reach packer.tools: the command line (the floor above) and the
-# facades, lazily, for public names.
-ALLOWED = {"cli/app.py", "cli/measure.py", "__init__.py", "video/__init__.py"}
+# The only modules allowed to reach packer.tools: the command line and the demo (the floors above)
+# and the facades, lazily, for public names.
+ALLOWED = {"cli/app.py", "cli/measure.py", "__init__.py", "video/__init__.py", "demo/image.py"}
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -38,8 +38,8 @@ def test_no_core_module_imports_tools() -> None:
 
 
 def test_public_names_of_the_moved_modules_resolve() -> None:
+    from packer.demo.video import make_video_files, make_video_tree, run_video_demo
     from packer.tools.diagnose import LoaderReport, diagnose
-    from packer.tools.video_demo import make_video_files, make_video_tree, run_video_demo
     from packer.tools.worker_threads import worker_init_fn
 
     assert (packer.diagnose, packer.LoaderReport) == (diagnose, LoaderReport)
@@ -54,7 +54,7 @@ def test_photo_like_makes_images_of_any_size() -> None:
     under 42 px), and a photo-sized image is the same one as before for the same seed."""
     import numpy as np
 
-    from packer.tools.image_demo import photo_like
+    from packer.demo.image import photo_like
 
     for size in ((1, 1), (7, 40), (41, 41), (64, 48)):
         assert photo_like(np.random.default_rng(0), *size).size == size

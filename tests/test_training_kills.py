@@ -57,7 +57,7 @@ import pytest
 import torch
 
 import packer
-from packer.tools.image_demo import make_image_tree
+from packer.demo.image import make_image_tree
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")  # torchdata
 

@@ -29,9 +29,9 @@ from packer.decode.transforms import (
     decode_scaled,
     pick_denom,
 )
+from packer.demo.image import photo_like
 from packer.errors import PackerError
 from packer.read.open import open_dataset
-from packer.tools.image_demo import photo_like
 
 DECODERS = ["auto", "pillow", "simplejpeg", "opencv"] + (
     ["turbojpeg"] if "turbojpeg" in fast_decoders.available() else []

@@ -26,9 +26,9 @@ from s3_server import S3Server
 from test_remote_write import assert_same_dataset, files, objects
 
 import packer
+from packer.demo.image import make_image_tree
+from packer.demo.video import make_video_tree
 from packer.errors import DestinationError
-from packer.tools.image_demo import make_image_tree
-from packer.tools.video_demo import make_video_tree
 from packer.upload.staging import convert_to_url, staging_folder
 
 BUCKET = "foreign"

@@ -16,8 +16,8 @@ from s3_server import S3Server
 
 import packer
 from packer.core.sizes import parse_size
+from packer.demo.image import make_image_tree
 from packer.errors import DestinationError
-from packer.tools.image_demo import make_image_tree
 from packer.upload.staging import convert_to_url
 from packer.write.disk_full import estimate_output
 from packer.write.plan import plan_conversion

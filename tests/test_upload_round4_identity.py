@@ -34,8 +34,8 @@ from test_remote_write import assert_same_dataset, files, objects
 
 import packer
 from packer.cli.app import main
+from packer.demo.image import make_image_tree
 from packer.errors import DestinationError
-from packer.tools.image_demo import make_image_tree
 from packer.upload.staging import convert_to_url, staging_folder
 
 BUCKET = "round4"

@@ -17,7 +17,7 @@ import pytest
 from s3_server import S3Server
 from test_remote_write import objects
 
-from packer.tools.image_demo import make_image_tree
+from packer.demo.image import make_image_tree
 
 BUCKET = "round4-fsync"
 

@@ -13,7 +13,7 @@ from s3_server import S3Server
 from test_remote_write import assert_same_dataset, files, objects
 
 import packer
-from packer.tools.image_demo import make_image_tree
+from packer.demo.image import make_image_tree
 from packer.upload.staging import convert_to_url
 
 BUCKET = "round4-overwrite"

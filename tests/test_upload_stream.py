@@ -22,9 +22,9 @@ from test_remote_write import assert_same_dataset, files, holding_proxy, objects
 
 import packer
 from packer.cli.app import main
+from packer.demo.image import make_image_tree
+from packer.demo.video import make_video_tree
 from packer.errors import DestinationError
-from packer.tools.image_demo import make_image_tree
-from packer.tools.video_demo import make_video_tree
 from packer.upload.staging import convert_to_url, merge_to_url, staging_folder
 
 BUCKET = "stream"  # the module's bucket on the shared S3 server (conftest)

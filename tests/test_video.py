@@ -15,6 +15,7 @@ from torch.utils.data import ConcatDataset, DataLoader
 
 from packer.core.manifest import RECORDS_NAME, load_index, load_keys, load_manifest
 from packer.decode.outputs import decode
+from packer.demo.video import VideoTree, make_video_files, make_video_tree, run_video_demo
 from packer.errors import DestinationError, InputFileError, PackerError
 from packer.formats.files import OpenFile
 from packer.read.describe_video import describe_video
@@ -24,7 +25,6 @@ from packer.read.video_datasets import (
     HDF5VideoDataset,
     NPYVideoDataset,
 )
-from packer.tools.video_demo import VideoTree, make_video_files, make_video_tree, run_video_demo
 from packer.write.convert import convert_video
 
 SUFFIXES = (".bmp", ".h5", ".lmdb", ".npy")

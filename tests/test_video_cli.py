@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 import packer
 from packer.cli.app import main
-from packer.tools.video_demo import VideoTree, make_video_tree
+from packer.demo.video import VideoTree, make_video_tree
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_verify_names_the_corrupt_frame(frames: VideoTree, tmp_path: Path) -> No
 
 
 def test_video_options_refused_for_images(tmp_path: Path) -> None:
-    from packer.tools.image_demo import make_image_tree
+    from packer.demo.image import make_image_tree
 
     tree = make_image_tree(tmp_path / "img", classes=1, per_class=2, size=(64, 48), bad=0)
     with pytest.raises(packer.PackerError, match="fps only apply to video sources"):

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from packer.demo.image import make_image_tree
 from packer.errors import SourceError
 from packer.source.detect import detect_kind
 from packer.source.videos import scan_videos
-from packer.tools.image_demo import make_image_tree
 
 
 def touch_frames(folder: Path, names: list[str]) -> None:

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 
 import packer
 from packer.cli.app import main
-from packer.tools.field_demo import make_caption_set
+from packer.demo.fields import make_caption_set
 
 FORMATS = [".lmdb", ".npy", ".h5"]
 

@@ -22,7 +22,7 @@ import packer
 from packer.cli.app import main
 from packer.cli.pack import CHECK_CHOICES
 from packer.decode.check import CHECKS, DEFAULT_CHECK
-from packer.tools.image_demo import photo_like
+from packer.demo.image import photo_like
 from packer.upload.url_writer import Writer as UrlWriter
 from packer.write.writer import Writer as LocalWriter
 from packer.write.writer_values import Check, WriterOptions

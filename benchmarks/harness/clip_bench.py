@@ -34,6 +34,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from packer.core.manifest import MANIFEST_NAME
+from packer.demo.video import make_video_tree, write_video
 from packer.read.clip_frames import clip_indices, clip_rng
 from packer.read.open import open_video_dataset
 from packer.read.video_datasets import NPYVideoDataset, VideoDataset
@@ -41,7 +42,6 @@ from packer.source.videos import scan_videos
 from packer.tools.io_counters import read_counters, resident_fraction
 from packer.tools.targets import close_dataset, data_files, evict_page_cache, payload_bytes
 from packer.tools.timing import time_batches
-from packer.tools.video_demo import make_video_tree, write_video
 from packer.write.convert import convert_video
 from packer.write.video_load import import_av
 

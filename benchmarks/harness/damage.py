@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from packer.tools.image_demo import photo_like
+from packer.demo.image import photo_like
 
 __all__ = [
     "OddImage",

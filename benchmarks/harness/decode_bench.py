@@ -45,9 +45,9 @@ from packer.core.handles import keep_freed_heap
 from packer.core.manifest import MANIFEST_NAME, load_manifest
 from packer.decode.outputs import decode
 from packer.decode.transforms import RandomResizedCrop
+from packer.demo.image import make_image_tree
 from packer.errors import PackerError
 from packer.source.images import scan
-from packer.tools.image_demo import make_image_tree
 from packer.tools.targets import close_dataset, data_files
 from packer.tools.timing import measure_throughput
 from packer.tools.train_transform import DecodedRandomResizedCrop

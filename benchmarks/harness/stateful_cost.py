@@ -28,7 +28,7 @@ from typing import Any
 import packer
 from harness.host_load import own_usage
 from packer.core.manifest import MANIFEST_NAME, load_manifest
-from packer.tools.image_demo import make_image_tree
+from packer.demo.image import make_image_tree
 
 __all__ = ["Config", "one_pass", "open_target", "prepare_small", "sampler_costs"]
 

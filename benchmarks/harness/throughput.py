@@ -35,9 +35,9 @@ from harness.plain_lmdb import PlainLMDBDataset
 from packer.core.handles import keep_freed_heap
 from packer.core.manifest import MANIFEST_NAME, load_manifest
 from packer.decode.outputs import decode
+from packer.demo.image import make_image_tree
 from packer.errors import PackerError
 from packer.source.images import scan
-from packer.tools.image_demo import make_image_tree
 from packer.tools.io_counters import resident_fraction
 from packer.tools.targets import close_dataset, data_files, evict_page_cache
 from packer.tools.timing import measure_throughput

@@ -23,9 +23,9 @@ _EXPORTS = {
     "check_audio": "packer.decode.audio",
     "decode_audio": "packer.decode.audio",
     "scan_audio": "packer.source.audio",
-    "encode_clip": "packer.tools.audio_demo",
-    "make_audio_tree": "packer.tools.audio_demo",
-    "wav_bytes": "packer.tools.audio_demo",
+    "encode_clip": "packer.demo.audio",
+    "make_audio_tree": "packer.demo.audio",
+    "wav_bytes": "packer.demo.audio",
 }
 
 __all__ = sorted(_EXPORTS)

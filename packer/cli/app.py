@@ -316,18 +316,18 @@ def demo(workdir: Path, classes: int, per_class: int, kind: str, quiet: bool) ->
     """
     results: list[Any]
     if kind == "fields":
-        from packer.tools.field_demo import run_fields_demo
+        from packer.demo.fields import run_fields_demo
 
         click.echo("\n".join(run_fields_demo(workdir, classes * per_class, not quiet)))
         return
     if kind == "video":
-        from packer.tools.video_demo import run_video_demo
+        from packer.demo.video import run_video_demo
 
         video_tree, results, rows = run_video_demo(workdir, classes, per_class, progress=not quiet)
         click.echo(f"generated {len(video_tree.videos)} frame folders in {video_tree.root}")
         unit, batch = "clips", 16
     else:
-        from packer.tools.image_demo import run_demo
+        from packer.demo.image import run_demo
 
         tree, results, rows = run_demo(workdir, classes, per_class, progress=not quiet)
         click.echo(f"generated {len(tree.good)} JPEGs, {len(tree.bad)} truncated, in {tree.root}")

@@ -29,9 +29,9 @@ _EXPORTS = {
     "convert_video": "packer.convert",
     "detect_kind": "packer.source.detect",
     "scan_videos": "packer.source.videos",
-    "make_video_files": "packer.tools.video_demo",
-    "make_video_tree": "packer.tools.video_demo",
-    "run_video_demo": "packer.tools.video_demo",
+    "make_video_files": "packer.demo.video",
+    "make_video_tree": "packer.demo.video",
+    "run_video_demo": "packer.demo.video",
     "describe_video": "packer.read.describe_video",
 }
 

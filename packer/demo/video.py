@@ -1,6 +1,6 @@
 """Generate small video trees (JPEG frame folders and video files) for the demo, tests, benchmarks.
 
-A video is a camera pan over one photo-like picture (:func:`packer.tools.image_demo.photo_like`): frame ``j``
+A video is a camera pan over one photo-like picture (:func:`packer.demo.image.photo_like`): frame ``j``
 is a window shifted by ``j`` pixels, so consecutive frames differ a little, as in real video.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from packer.tools.image_demo import DemoRow, convert_each, photo_like, time_targets
+from packer.demo.image import DemoRow, convert_each, photo_like, time_targets
 
 __all__ = ["VideoTree", "make_video_files", "make_video_tree", "pan_frames", "run_video_demo"]
 
@@ -172,7 +172,7 @@ def run_video_demo(
 ) -> tuple[VideoTree, list[Any], list[DemoRow]]:
     """Generate frame folders, convert them to every format, and time reading 8-frame clips.
 
-    Returns the tree, each conversion's result and one :class:`packer.tools.image_demo.DemoRow` per dataset
+    Returns the tree, each conversion's result and one :class:`packer.demo.image.DemoRow` per dataset
     (the JPEG frame folder first) whose ``bytes_per_s``/``decoded_per_s`` are **clips** per
     second (``output="bytes"`` / ``"numpy"``, ``num_workers=0``, batch 16, median of ``repeats``).
     """

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.tools.image_demo import photo_like
+from packer.demo.image import photo_like
 
 __all__ = ["make_caption_set", "make_coco_set", "run_fields_demo", "write_shards", "write_table"]
 
