@@ -55,8 +55,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     from s3_server import s3_server
 
     import packer
+    from packer.demo.image import make_image_tree
     from packer.remote.cache import wait_for_downloads
-    from packer.tools.image_demo import make_image_tree
 
     width, height = (int(v) for v in args.size.split("x"))
     work = Path(tempfile.mkdtemp(prefix="packer-cache-check-"))
