@@ -7,7 +7,7 @@ Generates ``--images`` photo-like JPEGs (packer's demo generator) in memory, spr
 
 - ``decode <name>``: ``packer.decode.outputs.decode(data, "numpy", name)`` for each decoder;
 - ``pillow decode + RandomResizedCrop``: full Pillow decode, then the Pillow training crop of
-  ``packer.tools.train_transform`` (torchvision's algorithm) to an array;
+  ``packer.diagnosis.train_transform`` (torchvision's algorithm) to an array;
 - ``fused RandomResizedCrop <name>``: :class:`packer.decode.transforms.RandomResizedCrop` on the bytes.
 
 Usage::
@@ -31,12 +31,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from packer.bench.bench_report import markdown_table
 from packer.decode.fast import available
 from packer.decode.outputs import decode
 from packer.decode.transforms import RandomResizedCrop
 from packer.demo.image import photo_like
-from packer.tools.bench_report import markdown_table
-from packer.tools.train_transform import DecodedRandomResizedCrop as PillowCrop
+from packer.diagnosis.train_transform import DecodedRandomResizedCrop as PillowCrop
 
 PILLOW_CROP = "pillow decode + RandomResizedCrop"
 

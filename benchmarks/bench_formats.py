@@ -2,8 +2,8 @@
 """``packer bench`` as a script: a JPEG folder against its packed copies, with storage counters.
 
 Generates (or reuses) a photo-like tree under ``--data``, converts it to each ``--formats``
-suffix, then runs :func:`packer.tools.bench.run_bench` over the folder (the baseline) and the packed
-outputs, and :func:`packer.tools.storage_cost.measure_storage` for the per-sample kernel counters.
+suffix, then runs :func:`packer.bench.bench.run_bench` over the folder (the baseline) and the packed
+outputs, and :func:`packer.bench.storage_cost.measure_storage` for the per-sample kernel counters.
 Prints markdown tables and saves JSON with the machine and the command.
 
 Usage::
@@ -19,10 +19,10 @@ from pathlib import Path
 
 from harness.throughput import prepare_images
 
-from packer.tools.bench import BenchSpec, run_bench
-from packer.tools.bench_report import runs_table, stalls_text, storage_table, write_json
-from packer.tools.storage_cost import measure_storage
-from packer.tools.targets import path_labels
+from packer.bench.bench import BenchSpec, run_bench
+from packer.bench.bench_report import runs_table, stalls_text, storage_table, write_json
+from packer.bench.storage_cost import measure_storage
+from packer.diagnosis.targets import path_labels
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -22,7 +22,7 @@ from pathlib import Path
 from harness.sleepy import SleepyDataset
 from torch.utils.data import DataLoader
 
-from packer.tools.diagnose import diagnose
+from packer.diagnosis.diagnose import diagnose
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -7,7 +7,7 @@ Generates (or reuses) photo-like JPEG trees under ``--data`` — ``--images`` 40
 converts each to a packed LMDB (the same bytes), an LMDB resized at write time
 (``packer.convert(..., short_side=256)``) and, when packer supports it, decoded 112×112 pixels
 (``packer.convert(..., size=112)`` to ``.npy``). Then it times full passes through a real
-DataLoader (``packer.tools.timing.measure_throughput``, batch 64, ``default_collate`` into one
+DataLoader (``packer.diagnosis.timing.measure_throughput``, batch 64, ``default_collate`` into one
 B×3×H×W uint8 tensor) at each of ``--workers``, page cache warm (every file read once before
 each pass), each pass in a freshly forked child:
 
@@ -52,7 +52,7 @@ from harness.record import report_head, run_costs, save_report, stamped_log
 from harness.throughput_report import machine_info
 
 from packer.decode.fast import available
-from packer.tools.targets import disk_bytes
+from packer.diagnosis.targets import disk_bytes
 
 
 def _size(text: str) -> tuple[int, int]:

@@ -133,8 +133,8 @@ def one_pass(cfg: dict[str, Any]) -> dict[str, Any]:
     import torch
     from torch.utils.data import DataLoader, RandomSampler
 
-    from packer.tools.io_counters import resident_fraction
-    from packer.tools.targets import evict_page_cache
+    from packer.diagnosis.io_counters import resident_fraction
+    from packer.diagnosis.targets import evict_page_cache
 
     torch.manual_seed(cfg["seed"])
     source = Path(cfg["path"])

@@ -55,7 +55,7 @@ from harness.throughput import (
 from harness.throughput_report import machine_info, summarise
 
 from packer.core.handles import keep_freed_heap
-from packer.tools.timing import measure_throughput
+from packer.diagnosis.timing import measure_throughput
 
 PACKER = "lmdb"
 

@@ -3,7 +3,7 @@
 
 Generates (or reuses) a photo-like JPEG tree under ``--data``, converts it to ``.lmdb``, ``.h5``,
 ``.npy`` and ``.bmp`` (reusing complete outputs of the same size), then times full passes over
-every dataset with ``packer.tools.timing.measure_throughput``:
+every dataset with ``packer.diagnosis.timing.measure_throughput``:
 
 - datasets: the JPEG folder (``packer.FolderDataset``, the baseline), an in-memory list of the
   same JPEG bytes (the ceiling: no I/O at all), each packed output (``packer.open_dataset``) and,
@@ -11,7 +11,7 @@ every dataset with ``packer.tools.timing.measure_throughput``:
   (``harness.plain_lmdb.PlainLMDBDataset``, the baseline of packer's LMDB reader);
 - modes: ``bytes`` (``output="bytes"``) and ``decoded`` (``output="numpy"``);
 - ``num_workers`` 0 and 2, batch 64, page cache ``warm`` (files read once just before the pass)
-  and ``cold`` (``packer.tools.targets.evict_page_cache`` just before the pass; residency is checked
+  and ``cold`` (``packer.diagnosis.targets.evict_page_cache`` just before the pass; residency is checked
   with ``mincore`` and recorded); in bytes mode with workers > 0 also ``packer.collate_bytes``.
 
 Every configuration runs ``--repeats`` times, interleaved (one pass of each configuration per
@@ -67,7 +67,7 @@ from harness.throughput_report import (
     targets_table,
 )
 
-from packer.tools.targets import disk_bytes
+from packer.diagnosis.targets import disk_bytes
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -29,8 +29,8 @@ import packer
 from packer.core.manifest import MANIFEST_NAME, load_manifest
 from packer.core.sizes import parse_size
 from packer.demo.image import make_image_tree
-from packer.tools.targets import cold_supported, data_files, evict_page_cache
-from packer.tools.timing import time_batches
+from packer.diagnosis.targets import cold_supported, data_files, evict_page_cache
+from packer.diagnosis.timing import time_batches
 
 SAMPLERS = ("random", "sharded", "sharded-256", "sharded-mix8", "sequential")
 

@@ -46,8 +46,8 @@ from harness.throughput_report import machine_info
 from torch.utils.data import DataLoader
 
 import packer
+from packer.bench.bench_report import markdown_table
 from packer.source.images import scan
-from packer.tools.bench_report import markdown_table
 
 MB = 1e6
 

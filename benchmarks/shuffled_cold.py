@@ -42,8 +42,8 @@ from harness.forked import in_child
 from harness.throughput import prewarm, resident_all
 
 import packer
-from packer.tools.targets import close_dataset, data_files, evict_page_cache
-from packer.tools.timing import measure_throughput
+from packer.diagnosis.targets import close_dataset, data_files, evict_page_cache
+from packer.diagnosis.timing import measure_throughput
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -36,9 +36,9 @@ _EXPORTS = {
     "unpack_bytes": "packer.read.collate",
     "ShardedSampler": "packer.read.sampler",
     "Mixture": "packer.read.mixture",
-    "LoaderReport": "packer.tools.diagnose",
-    "diagnose": "packer.tools.diagnose",
-    "worker_init_fn": "packer.tools.worker_threads",
+    "LoaderReport": "packer.diagnosis.diagnose",
+    "diagnose": "packer.diagnosis.diagnose",
+    "worker_init_fn": "packer.diagnosis.worker_threads",
     "BMPVideoDataset": "packer.read.video_datasets",
     "HDF5VideoDataset": "packer.read.video_datasets",
     "LMDBVideoDataset": "packer.read.video_datasets",
@@ -97,6 +97,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from packer.diagnosis.diagnose import LoaderReport, diagnose
+    from packer.diagnosis.worker_threads import worker_init_fn
     from packer.read.collate import collate_bytes, unpack_bytes
     from packer.read.datasets import (
         BMPDataset,
@@ -116,8 +118,6 @@ if TYPE_CHECKING:
         LMDBVideoDataset,
         NPYVideoDataset,
     )
-    from packer.tools.diagnose import LoaderReport, diagnose
-    from packer.tools.worker_threads import worker_init_fn
     from packer.upload.staging import convert_to_url, merge_to_url
     from packer.upload.url_writer import Writer
     from packer.write.pack import pack

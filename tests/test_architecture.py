@@ -174,9 +174,8 @@ def test_every_module_has_a_floor() -> None:
     unplaced = [
         m
         for p in PACKAGE.rglob("*.py")
-        if (m := module_name(p)) not in containers | {"packer.video", "packer.tools"}
+        if (m := module_name(p)) not in containers | {"packer.video"}
         and not any(m == f or m.startswith(f + ".") and f not in containers for f in placed)
-        and not m.startswith("packer.tools.")
     ]
     assert unplaced == []
     root = sorted(p.stem for p in PACKAGE.glob("*.py"))

@@ -14,12 +14,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from packer.bench.bench import BenchSpec, check_paths, run_bench
+from packer.bench.storage_cost import measure_storage
 from packer.cli.measure import bench
+from packer.diagnosis.io_counters import io_available, resident_fraction
+from packer.diagnosis.targets import bench_collate, evict_page_cache, open_for_mode
 from packer.errors import PackerError
-from packer.tools.bench import BenchSpec, check_paths, run_bench
-from packer.tools.io_counters import io_available, resident_fraction
-from packer.tools.storage_cost import measure_storage
-from packer.tools.targets import bench_collate, evict_page_cache, open_for_mode
 
 SAMPLES = 12
 BATCH = 4
@@ -150,7 +150,7 @@ def test_cli_bench_json_is_a_flag_printing_json(clean: dict[str, Path], tmp_path
 def test_plot_has_a_log_axis_so_slow_rows_are_visible(
     clean: dict[str, Path], tmp_path: Path
 ) -> None:
-    from packer.tools.bench_report import plot_runs
+    from packer.bench.bench_report import plot_runs
 
     spec = BenchSpec(workers=(0,), modes=("bytes", "decode"), batch_size=BATCH, warmup=0)
     runs = list(run_bench([clean[".lmdb"]], spec))
@@ -263,7 +263,7 @@ def test_cli_bench_decoder_and_a_resized_copy_side_by_side(
     assert result.exit_code == 0, result.output
     rows = [line for line in result.output.splitlines() if line.startswith("| images")]
     assert [r.split("|")[1].strip() for r in rows] == ["images.lmdb", "images@32.lmdb"]
-    from packer.tools.resized_copy import resized_copy
+    from packer.bench.resized_copy import resized_copy
 
     copy = resized_copy(clean[".lmdb"], 32, 6, tmp_path)  # what the second row read
     small = open_for_mode(copy, "decode")
@@ -275,7 +275,7 @@ def test_cli_bench_decoder_and_a_resized_copy_side_by_side(
 def test_markdown_table_aligns_each_column_and_refuses_a_ragged_row() -> None:
     """The one table renderer of bench and benchmarks/harness: a rule cell per column, ``--:``
     for right-aligned ones; a row or an alignment of the wrong width is a ValueError."""
-    from packer.tools.bench_report import markdown_table
+    from packer.bench.bench_report import markdown_table
 
     text = markdown_table(["name", "n"], "lr", [["a", 1], ("b", "2.0×")])
     assert text.splitlines() == ["| name | n |", "|---|--:|", "| a | 1 |", "| b | 2.0× |"]

@@ -1,4 +1,4 @@
-"""The benchmark scripts are thin parse_args() + main(args) over packer.tools: run each, tiny.
+"""The benchmark scripts are thin parse_args() + main(args) over packer.bench and packer.diagnosis: run each, tiny.
 
 Marked ``bench``: not part of ``make test`` (the suite's CPU budget), run by ``make bench-check``
 (and by ``.ci/run`` after the suite)."""

@@ -15,16 +15,20 @@ from harness.sleepy import SleepyDataset
 from torch.utils.data import DataLoader
 
 from packer.cli.measure import doctor
-from packer.errors import PackerError
-from packer.tools.diagnose import diagnose, load_loader
-from packer.tools.stalls import (
+from packer.diagnosis.diagnose import diagnose, load_loader
+from packer.diagnosis.stalls import (
     advise_workers,
     batch_build_seconds,
     detect_stall,
     recommend_workers,
     wait_stats,
 )
-from packer.tools.worker_threads import make_worker_init_fn, worker_init_fn, worker_thread_report
+from packer.diagnosis.worker_threads import (
+    make_worker_init_fn,
+    worker_init_fn,
+    worker_thread_report,
+)
+from packer.errors import PackerError
 
 
 def test_every_fourth_wait_large_gives_period_four() -> None:

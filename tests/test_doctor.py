@@ -12,9 +12,9 @@ from click.testing import CliRunner
 
 from packer.cli.measure import doctor as doctor_command
 from packer.demo.image import make_image_tree
+from packer.diagnosis.doctor import _sample_cost, doctor, measure_split, spread_indices
+from packer.diagnosis.stalls import HEADROOM
 from packer.errors import PackerError
-from packer.tools.doctor import _sample_cost, doctor, measure_split, spread_indices
-from packer.tools.stalls import HEADROOM
 
 
 def _one_num_workers(text: str) -> int:
@@ -134,7 +134,7 @@ def test_decode_advice_names_the_decoder_and_the_resize_command(tmp_path: Path) 
     import numpy as np
 
     from packer.demo.image import photo_like
-    from packer.tools.decode_advice import decode_advice
+    from packer.diagnosis.decode_advice import decode_advice
 
     rng = np.random.default_rng(0)
     samples = []
@@ -180,13 +180,13 @@ def _small_jpeg() -> bytes:
 def test_choose_decoder_follows_the_measurement(
     ms: dict[str, float], default: str, expected: str
 ) -> None:
-    from packer.tools.decode_advice import choose_decoder
+    from packer.diagnosis.decode_advice import choose_decoder
 
     assert choose_decoder(ms, default) == expected
 
 
 def test_decoder_advice_says_pillow_when_pillow_is_fastest() -> None:
-    from packer.tools.decode_advice import DecodeAdvice, _decoder_advice
+    from packer.diagnosis.decode_advice import DecodeAdvice, _decoder_advice
 
     advice = DecodeAdvice(ms={"pillow": 1.40, "simplejpeg": 1.68})
     _decoder_advice(advice, "simplejpeg", "x.lmdb")

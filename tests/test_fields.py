@@ -127,8 +127,8 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_caption_pass_leaves_the_images_on_disk(
     suffix: str, photos: Path, tmp_path: Path
 ) -> None:
-    from packer.tools.io_counters import resident_fraction
-    from packer.tools.targets import evict_page_cache
+    from packer.diagnosis.io_counters import resident_fraction
+    from packer.diagnosis.targets import evict_page_cache
 
     dst = packer.convert(photos, tmp_path / f"big{suffix}", progress=False).dst
     shards = sorted(str(p) for p in dst.glob("shard-*"))

@@ -95,7 +95,7 @@ def test_verify_writes_no_progress_bar_into_a_log_file(tmp_path: Path) -> None:
 
 COST = """
 import os, signal
-from packer.tools.diagnose import sample_cost
+from packer.diagnosis.diagnose import sample_cost
 
 class Work:  # a CPU-bound sample (~40 ms, longer than a time slice): no storage at all
     def __len__(self):

@@ -203,7 +203,7 @@ def test_cache_limit_is_kept(source: Path, tmp_path: Path, monkeypatch: pytest.M
 def test_doctor_recommends_staging_with_a_command_that_works(
     made: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from packer.tools import doctor as doctor_module
+    from packer.diagnosis import doctor as doctor_module
 
     source = made["images.lmdb"]
     report = doctor_module.doctor(source, batch_size=4, workers=0, budget_s=20)

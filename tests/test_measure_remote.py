@@ -18,9 +18,9 @@ import packer
 from packer.cli.app import main
 from packer.core.cpus import available_cpus
 from packer.demo.image import make_image_tree
+from packer.diagnosis.doctor_remote import doctor_remote
 from packer.errors import PackerError
 from packer.remote.cache import wait_for_downloads
-from packer.tools.doctor_remote import doctor_remote
 
 DELAY = 0.05  # seconds the proxy holds every request
 BUCKET = "data"  # the module's bucket on the shared S3 server (conftest)

@@ -17,9 +17,9 @@ from s3_server import S3Server
 import packer
 from packer.core.manifest import load_manifest
 from packer.demo.image import make_image_tree
+from packer.diagnosis.io_counters import resident_fraction
+from packer.diagnosis.targets import evict_page_cache
 from packer.remote.cache import ShardCache, wait_for_downloads
-from packer.tools.io_counters import resident_fraction
-from packer.tools.targets import evict_page_cache
 
 BUCKET = "prefetch"
 

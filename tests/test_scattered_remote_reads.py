@@ -82,7 +82,7 @@ def test_a_shuffled_dataloader_batch_path_warns_too(remote: tuple[str, Path], se
 
 
 def test_doctor_on_the_url_gives_the_same_advice(remote: tuple[str, Path], server: Any) -> None:
-    from packer.tools.doctor_remote import doctor_remote
+    from packer.diagnosis.doctor_remote import doctor_remote
 
     url, _ = remote
     with warnings.catch_warnings(record=True) as caught:

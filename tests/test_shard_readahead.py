@@ -14,8 +14,8 @@ import pytest
 import packer
 from packer.demo.image import make_image_tree
 from packer.demo.video import make_video_tree
+from packer.diagnosis.targets import data_files, evict_page_cache
 from packer.formats.files import shard_readahead
-from packer.tools.targets import data_files, evict_page_cache
 
 
 def read_bytes() -> int:

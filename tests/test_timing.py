@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 from torch.utils.data import DataLoader
 
+from packer.diagnosis import timing as timing_module
+from packer.diagnosis.timing import Throughput, measure_throughput, median_run, time_batches
 from packer.errors import PackerError
-from packer.tools import timing as timing_module
-from packer.tools.timing import Throughput, measure_throughput, median_run, time_batches
 
 
 class CountedClock:
-    """The real clock for :mod:`packer.tools.timing`, each of its sleeps recorded: a step is an
+    """The real clock for :mod:`packer.diagnosis.timing`, each of its sleeps recorded: a step is an
     event counted, not a time compared."""
 
     perf_counter = staticmethod(time.perf_counter)

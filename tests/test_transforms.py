@@ -259,7 +259,7 @@ def test_dataloader_workers(packed: dict[str, Path]) -> None:
 def test_decoded_crop_draws_the_fused_crops_box_and_shares_it_across_a_clip() -> None:
     """The Pillow crop of decoded images (tools) samples with crop_params, as the fused one:
     with torch seeded alike, its output is exactly that box resized; a clip's frames share it."""
-    from packer.tools.train_transform import DecodedRandomResizedCrop
+    from packer.diagnosis.train_transform import DecodedRandomResizedCrop
 
     frames = [PHOTO, PHOTO.transpose(Image.Transpose.FLIP_LEFT_RIGHT)]
     for seed in range(5):

@@ -15,7 +15,7 @@ The library half of ``benchmarks/video_clips.py``:
   ``/proc/self/stat``) at its first batch and after every batch, and writes the difference into
   its slot of a shared-memory tensor (:class:`CountedClips`); a run's disk bytes are the sum
   over the slots. Payload per clip: the stored bytes of the clip's sampled frames
-  (:func:`packer.tools.targets.payload_bytes`).
+  (:func:`packer.diagnosis.targets.payload_bytes`).
 """
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from packer.core.manifest import MANIFEST_NAME
 from packer.demo.video import make_video_tree, write_video
+from packer.diagnosis.io_counters import read_counters, resident_fraction
+from packer.diagnosis.targets import close_dataset, data_files, evict_page_cache, payload_bytes
+from packer.diagnosis.timing import time_batches
 from packer.read.clip_frames import clip_indices, clip_rng
 from packer.read.open import open_video_dataset
 from packer.read.video_datasets import NPYVideoDataset, VideoDataset
 from packer.source.videos import scan_videos
-from packer.tools.io_counters import read_counters, resident_fraction
-from packer.tools.targets import close_dataset, data_files, evict_page_cache, payload_bytes
-from packer.tools.timing import time_batches
 from packer.write.convert import convert_video
 from packer.write.video_load import import_av
 

@@ -7,7 +7,7 @@ import statistics
 from typing import Any
 
 from harness.clip_bench import FOLDER
-from packer.tools.bench_report import markdown_table as table
+from packer.bench.bench_report import markdown_table as table
 
 __all__ = ["markdown", "open_text", "targets_text"]
 

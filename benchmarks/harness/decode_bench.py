@@ -15,7 +15,7 @@ decoded 112×112 pixels in NPY), in the JPEG decoder (Pillow or a fast one) and 
 - ``stored pixels``: ``output="tensor"`` from a decoded NPY, then a random horizontal flip
   (:class:`RandomFlip`); no decode, no resample.
 
-Each pass (:func:`packer.tools.timing.measure_throughput`) runs in a freshly forked child that
+Each pass (:func:`packer.diagnosis.timing.measure_throughput`) runs in a freshly forked child that
 applies packer's allocator setting, reads the row's files once (warm page cache, residency
 checked with ``mincore``) and seeds torch with 0.
 """
@@ -46,11 +46,11 @@ from packer.core.manifest import MANIFEST_NAME, load_manifest
 from packer.decode.outputs import decode
 from packer.decode.transforms import RandomResizedCrop
 from packer.demo.image import make_image_tree
+from packer.diagnosis.targets import close_dataset, data_files
+from packer.diagnosis.timing import measure_throughput
+from packer.diagnosis.train_transform import DecodedRandomResizedCrop
 from packer.errors import PackerError
 from packer.source.images import scan
-from packer.tools.targets import close_dataset, data_files
-from packer.tools.timing import measure_throughput
-from packer.tools.train_transform import DecodedRandomResizedCrop
 
 __all__ = [
     "BASELINE",
@@ -81,7 +81,7 @@ class DecodeThenCrop:
     """torchvision's ``RandomResizedCrop(size)`` on a decoded image, to a 3×H×W uint8 tensor.
 
     Takes a PIL image or an H×W×3 uint8 array (wrapped without a copy); the crop is
-    :class:`packer.tools.train_transform.DecodedRandomResizedCrop` (crop sampling by
+    :class:`packer.diagnosis.train_transform.DecodedRandomResizedCrop` (crop sampling by
     :func:`packer.decode.transforms.crop_params` on torch's global generator, as the fused transform).
     """
 

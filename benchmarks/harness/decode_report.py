@@ -8,7 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from harness.decode_bench import BASELINE, Key, Row, Variant
-from packer.tools.bench_report import markdown_table as table
+from packer.bench.bench_report import markdown_table as table
 
 __all__ = ["markdown_table", "summarise"]
 

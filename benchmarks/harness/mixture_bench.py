@@ -24,8 +24,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 import packer
 from harness.host_load import host_busy_seconds, others_during, own_usage
 from harness.throughput import prewarm, resident_all
-from packer.tools.io_counters import read_counters
-from packer.tools.targets import close_dataset, data_files, evict_page_cache
+from packer.diagnosis.io_counters import read_counters
+from packer.diagnosis.targets import close_dataset, data_files, evict_page_cache
 
 __all__ = ["KINDS", "OneAfterOther", "Sequenced", "one_pass"]
 

@@ -2,7 +2,7 @@
 
 The library half of ``benchmarks/read_throughput.py``: the image data it generates and converts,
 the configurations (dataset, mode, workers, cache, collate) it sweeps, and one timed pass of a
-configuration (:func:`packer.tools.timing.measure_throughput`), each in a freshly forked child
+configuration (:func:`packer.diagnosis.timing.measure_throughput`), each in a freshly forked child
 by default, with CPU time, page faults and the other processes' CPU share recorded.
 
 Baselines measured in the same run: the JPEG folder (``packer.FolderDataset``), the JPEG bytes in
@@ -36,11 +36,11 @@ from packer.core.handles import keep_freed_heap
 from packer.core.manifest import MANIFEST_NAME, load_manifest
 from packer.decode.outputs import decode
 from packer.demo.image import make_image_tree
+from packer.diagnosis.io_counters import resident_fraction
+from packer.diagnosis.targets import close_dataset, data_files, evict_page_cache
+from packer.diagnosis.timing import measure_throughput
 from packer.errors import PackerError
 from packer.source.images import scan
-from packer.tools.io_counters import resident_fraction
-from packer.tools.targets import close_dataset, data_files, evict_page_cache
-from packer.tools.timing import measure_throughput
 
 __all__ = [
     "CLASSES",

@@ -26,8 +26,8 @@ from harness.throughput import (
     PLAIN_LMDB,
     Config,
 )
-from packer.tools.bench_report import markdown_table as table
-from packer.tools.timing import Throughput, median_run
+from packer.bench.bench_report import markdown_table as table
+from packer.diagnosis.timing import Throughput, median_run
 
 __all__ = ["evaluate_targets", "machine_info", "markdown_table", "summarise", "targets_table"]
 

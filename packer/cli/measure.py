@@ -67,7 +67,7 @@ def json_options(func: Any) -> Any:
 
 
 def _report(runs: list[Any], costs: list[Any], options: dict[str, Any], complete: bool) -> None:
-    from packer.tools.bench_report import (
+    from packer.bench.bench_report import (
         bench_json,
         plot_runs,
         runs_table,
@@ -137,11 +137,11 @@ def bench(paths: tuple[Any, ...], workers: str, modes: str, json_value: str | No
       packer bench images/ images.lmdb images.npy --workers 0,2 --mode bytes,decode --plot b.png
       packer bench images.lmdb --json > bench.json
     """
+    from packer.bench.bench import BenchSpec, check_paths, plan, run_bench
+    from packer.bench.storage_cost import measure_storage
     from packer.decode.registry import check_decoder
-    from packer.tools.bench import BenchSpec, check_paths, plan, run_bench
-    from packer.tools.io_counters import io_available
-    from packer.tools.storage_cost import measure_storage
-    from packer.tools.targets import cold_supported, path_labels
+    from packer.diagnosis.io_counters import io_available
+    from packer.diagnosis.targets import cold_supported, path_labels
 
     as_json, json_out, stray = _json_mode(json_value, json_out)
     texts = (stray, *paths) if stray else paths
@@ -190,7 +190,7 @@ def _with_resized(paths: tuple[Path, ...], short_side: int, limit: int | None) -
     """``paths`` plus, for each, a copy of its benched samples stored at ``short_side``."""
     import tempfile
 
-    from packer.tools.resized_copy import resized_copy
+    from packer.bench.resized_copy import resized_copy
 
     workdir = Path(tempfile.mkdtemp(prefix="packer-bench-"))
     click.get_current_context().call_on_close(lambda: shutil.rmtree(workdir, ignore_errors=True))
@@ -245,16 +245,16 @@ def doctor(path: str | None, step_ms: float | None, batch_size: int, workers: in
     if storage_options and not (path is not None and is_url(path)):
         raise click.UsageError("--storage-option is for a URL dataset (s3://..., https://...)")
     if loader_spec is not None:
-        from packer.tools.diagnose import diagnose, load_loader
+        from packer.diagnosis.diagnose import diagnose, load_loader
 
         report: Any = diagnose(load_loader(loader_spec), steps, step_ms or 0.0, budget)
     elif is_url(path):
-        from packer.tools.doctor_remote import doctor_remote
+        from packer.diagnosis.doctor_remote import doctor_remote
 
         where = str(cache_dir) if cache_dir else None
         report = doctor_remote(str(path), storage_options, step_ms, batch_size, cache_dir=where)
     else:
-        from packer.tools.doctor import doctor as run
+        from packer.diagnosis.doctor import doctor as run
 
         report = run(Path(str(path)), step_ms, batch_size, workers, budget)
     data = json.dumps(report.to_dict(), indent=2, default=str)

@@ -169,8 +169,8 @@ def time_targets(
 
     ``open_one(path, output)`` builds the dataset; reading is a DataLoader with ``num_workers=0``.
     """
-    from packer.tools.targets import disk_bytes
-    from packer.tools.timing import measure_throughput, median_run
+    from packer.diagnosis.targets import disk_bytes
+    from packer.diagnosis.timing import measure_throughput, median_run
 
     timings: dict[tuple[str, str], list[Any]] = {}
     for _ in range(repeats):

@@ -12,8 +12,8 @@ import os
 import shutil
 from pathlib import Path
 
+from packer.diagnosis.targets import close_dataset, open_for_mode, subset_indices
 from packer.errors import PackerError
-from packer.tools.targets import close_dataset, open_for_mode, subset_indices
 
 __all__ = ["resized_copy"]
 

@@ -1,8 +1,8 @@
 """``packer bench``: every (path, mode, workers, cache) through a real DataLoader.
 
 Returns plain data and never prints. :func:`run_bench` times each configuration with
-:func:`packer.tools.timing.time_batches` and records the wait of every batch;
-:mod:`packer.tools.storage_cost` counts what each sample costs the storage.
+:func:`packer.diagnosis.timing.time_batches` and records the wait of every batch;
+:mod:`packer.bench.storage_cost` counts what each sample costs the storage.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from packer.errors import PackerError
-from packer.tools.io_counters import resident_fraction
-from packer.tools.stalls import Stall, WaitStats, detect_stall, wait_stats
-from packer.tools.targets import (
+from packer.diagnosis.io_counters import resident_fraction
+from packer.diagnosis.stalls import Stall, WaitStats, detect_stall, wait_stats
+from packer.diagnosis.targets import (
     MODES,
     bench_collate,
     close_dataset,
@@ -30,7 +29,8 @@ from packer.tools.targets import (
     payload_bytes,
     subset_indices,
 )
-from packer.tools.timing import Rates, time_batches
+from packer.diagnosis.timing import Rates, time_batches
+from packer.errors import PackerError
 
 __all__ = ["BenchSpec", "RunResult", "check_paths", "plan", "run_bench", "run_config"]
 

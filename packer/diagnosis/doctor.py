@@ -6,7 +6,7 @@
 4. a real DataLoader run with the standard transform and the per-batch waits
    (:func:`packer.diagnose`);
 5. the recommendation: format and ``packer convert`` command, ONE ``num_workers`` (from the
-   per-sample cost of 2., the step time and the CPUs: :func:`~packer.tools.stalls.advise_workers`,
+   per-sample cost of 2., the step time and the CPUs: :func:`~packer.diagnosis.stalls.advise_workers`,
    the same rule as :func:`packer.diagnose`), ``persistent_workers``, ``pin_memory``, staging in
    ``/dev/shm``, thread limits.
 """
@@ -28,13 +28,12 @@ from packer.core.cpus import available_cpus, memory_available, packer_home
 from packer.core.manifest import MANIFEST_NAME, load_manifest
 from packer.core.sizes import format_size
 from packer.decode.outputs import decode
-from packer.errors import PackerError
-from packer.tools.decode_advice import advise_dataset
-from packer.tools.diagnose import LoaderReport, SampleCost, diagnose
-from packer.tools.doctor_text import render
-from packer.tools.io_counters import resident_fraction
-from packer.tools.stalls import WorkerAdvice, advise_workers
-from packer.tools.targets import (
+from packer.diagnosis.decode_advice import advise_dataset
+from packer.diagnosis.diagnose import LoaderReport, SampleCost, diagnose
+from packer.diagnosis.doctor_text import render
+from packer.diagnosis.io_counters import resident_fraction
+from packer.diagnosis.stalls import WorkerAdvice, advise_workers
+from packer.diagnosis.targets import (
     bench_collate,
     close_dataset,
     cold_supported,
@@ -43,9 +42,10 @@ from packer.tools.targets import (
     open_for_mode,
     stored_bytes,
 )
-from packer.tools.timing import time_batches
-from packer.tools.train_transform import train_transform
-from packer.tools.worker_threads import ThreadReport, worker_thread_report
+from packer.diagnosis.timing import time_batches
+from packer.diagnosis.train_transform import train_transform
+from packer.diagnosis.worker_threads import ThreadReport, worker_thread_report
+from packer.errors import PackerError
 
 __all__ = ["DiskSpeed", "DoctorReport", "doctor", "measure_disk", "measure_split"]
 

@@ -1,6 +1,6 @@
 """Which datasets a measurement opens, which files hold them, and how their bytes are counted.
 
-Shared by :mod:`packer.tools.bench`, :mod:`packer.tools.storage_cost` and :mod:`packer.tools.doctor`; plain functions,
+Shared by :mod:`packer.bench.bench`, :mod:`packer.bench.storage_cost` and :mod:`packer.diagnosis.doctor`; plain functions,
 no printing.
 """
 
@@ -100,15 +100,15 @@ def open_for_mode(
     """Open a packer output or image folder for a bench mode.
 
     ``bytes``: stored bytes, no decode (IO + format cost); ``decode``: decoded H×W×3 arrays;
-    ``transform``: decoded then :func:`packer.tools.train_transform.train_transform` (224×224 crops).
+    ``transform``: decoded then :func:`packer.diagnosis.train_transform.train_transform` (224×224 crops).
     ``decoder`` names the decoder of the decoding modes (see :mod:`packer.decode.registry`).
     A URL (``s3://...``) is opened through ``storage_options``.
 
     Raises:
         PackerError: unknown mode, or the path is neither a packer output nor an image folder.
     """
+    from packer.diagnosis.train_transform import train_transform
     from packer.read.open import open_dataset
-    from packer.tools.train_transform import train_transform
 
     if mode not in MODES:
         raise PackerError(f"unknown bench mode {mode!r}; expected one of {', '.join(MODES)}")

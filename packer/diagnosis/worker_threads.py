@@ -22,8 +22,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from packer.core.cpus import available_cpus
+from packer.diagnosis.io_counters import process_threads
 from packer.errors import PackerError
-from packer.tools.io_counters import process_threads
 
 __all__ = [
     "THREAD_ENV",

@@ -22,9 +22,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from packer.core.cpus import available_cpus
-from packer.errors import PackerError
-from packer.tools.io_counters import process_threads
-from packer.tools.stalls import (
+from packer.diagnosis.io_counters import process_threads
+from packer.diagnosis.stalls import (
     HEADROOM,
     Stall,
     WaitStats,
@@ -35,7 +34,8 @@ from packer.tools.stalls import (
     detect_stall,
     wait_stats,
 )
-from packer.tools.timing import time_batches
+from packer.diagnosis.timing import time_batches
+from packer.errors import PackerError
 
 __all__ = ["LoaderReport", "SampleCost", "diagnose", "load_loader", "sample_cost"]
 
@@ -217,7 +217,7 @@ def diagnose(
 
     The ``num_workers`` advice comes from the cost of one sample, measured in this process after
     the run (median of up to 16 samples, collate included) × the batch size, the step time and
-    the CPUs (:func:`~packer.tools.stalls.advise_workers`); a loop already fed keeps its workers.
+    the CPUs (:func:`~packer.diagnosis.stalls.advise_workers`); a loop already fed keeps its workers.
 
     Args:
         loader: any ``torch.utils.data.DataLoader`` (the user's dataset, transform and collate).

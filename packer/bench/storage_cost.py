@@ -1,10 +1,10 @@
 """What each sample costs the storage: kernel counters of the process that reads it.
 
 Reads a dataset's samples in bytes mode in one DataLoader worker, normally right after evicting
-its files from the page cache, with :class:`packer.tools.io_counters.MeteredDataset` reading
+its files from the page cache, with :class:`packer.diagnosis.io_counters.MeteredDataset` reading
 ``/proc/self/io`` and ``/proc/self/stat`` around every batch inside that worker. For a video
 dataset a sample is a clip: its disk bytes (``read_bytes``) stand next to its payload, the
-stored bytes of the frames the clip samples (:func:`packer.tools.targets.payload_bytes`).
+stored bytes of the frames the clip samples (:func:`packer.diagnosis.targets.payload_bytes`).
 """
 
 from __future__ import annotations
@@ -16,15 +16,14 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Subset
 
-from packer.errors import PackerError
-from packer.tools.io_counters import (
+from packer.diagnosis.io_counters import (
     IOCounters,
     MeteredDataset,
     io_available,
     metered_collate,
     resident_fraction,
 )
-from packer.tools.targets import (
+from packer.diagnosis.targets import (
     cold_supported,
     evict_page_cache,
     files_for,
@@ -33,6 +32,7 @@ from packer.tools.targets import (
     stored_bytes,
     subset_indices,
 )
+from packer.errors import PackerError
 
 __all__ = ["StorageCost", "measure_storage"]
 

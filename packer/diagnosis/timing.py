@@ -1,7 +1,7 @@
 """The one timing loop of packer's measurements, and the throughput of one timed pass.
 
 :func:`time_batches` iterates anything (a DataLoader, a generator of samples) and records how
-long each ``next()`` waited. ``packer bench`` (:mod:`packer.tools.bench`), ``packer doctor``
+long each ``next()`` waited. ``packer bench`` (:mod:`packer.bench.bench`), ``packer doctor``
 and :func:`packer.diagnose`, ``packer demo`` and ``benchmarks/`` all time through it, so their
 numbers mean the same thing: the first wait includes creating the iterator (starting the
 workers), and ``seconds`` runs from before ``iter()`` to after the iterator is released.

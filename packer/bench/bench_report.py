@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
+from packer.bench.bench import RunResult
+from packer.bench.storage_cost import StorageCost
 from packer.core.cpus import available_cpus
 from packer.errors import PackerError
-from packer.tools.bench import RunResult
-from packer.tools.storage_cost import StorageCost
 
 __all__ = [
     "bench_json",

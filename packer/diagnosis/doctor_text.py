@@ -1,6 +1,6 @@
 """The text of ``packer doctor``: measurements first, then findings and recommendations.
 
-Kept apart from :mod:`packer.tools.doctor` (which measures) so each stays small; it reads a
+Kept apart from :mod:`packer.diagnosis.doctor` (which measures) so each stays small; it reads a
 ``DoctorReport`` by its attributes and imports nothing of the doctor.
 """
 
