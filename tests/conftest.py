@@ -161,7 +161,7 @@ def whole_shards(monkeypatch: pytest.MonkeyPatch) -> None:
 
 _TUNING = {  # module constants tests lower for a while: each must be back after every test
     "packer.remote.cached_reader": ("RANGED_SHARE", "RANGED_FLOOR", "AHEAD", "IN_ORDER"),
-    "packer.core.file_locks": ("PREFETCH_THREADS",),
+    "packer.remote.downloads": ("PREFETCH_THREADS",),
     "packer.read.rows": ("BLOCK",),
 }
 

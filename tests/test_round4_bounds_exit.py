@@ -21,8 +21,8 @@ import pytest
 from bounds_servers import FileServer, file_server
 
 import packer
-from packer.core import file_locks
 from packer.demo.image import make_image_tree
+from packer.remote import downloads
 
 READER = textwrap.dedent(
     """
@@ -83,16 +83,16 @@ def test_cancelled_downloads_drop_their_waiting_work_and_stop_the_running() -> N
     def running(k: int) -> None:
         ran.append(k)
         release.wait(60)
-        saw.append(file_locks.cancelled())
+        saw.append(downloads.cancelled())
 
-    threads = file_locks.PREFETCH_THREADS
+    threads = downloads.PREFETCH_THREADS
     for k in range(threads + 3):
-        assert file_locks.in_background(f"test-cancel-{k}", lambda k=k: running(k))
+        assert downloads.in_background(f"test-cancel-{k}", lambda k=k: running(k))
     while len(ran) < threads:  # the threads took their work (an event each, no clock)
         release.wait(0.01)
-    assert file_locks.cancel_downloads() == 3
+    assert downloads.cancel_downloads() == 3
     release.set()
-    assert file_locks.wait_for_downloads(60)
+    assert downloads.wait_for_downloads(60)
     assert sorted(ran) == list(range(threads)) and saw == [True] * threads, (ran, saw)
-    assert file_locks.in_background("test-cancel-after", lambda: saw.append(file_locks.cancelled()))
-    assert file_locks.wait_for_downloads(60) and saw[-1] is False
+    assert downloads.in_background("test-cancel-after", lambda: saw.append(downloads.cancelled()))
+    assert downloads.wait_for_downloads(60) and saw[-1] is False

@@ -42,21 +42,19 @@ from packer.core.cpus import packer_home
 from packer.core.file_locks import (
     CacheEntry,
     UnsafeCacheFile,
-    background,
-    cancel_downloads,
     finished,
-    in_background,
     lock,
     own_file,
     release,
     release_at_exit,
     unlink_quietly,
-    wait_for_downloads,
     write_new,
 )
 from packer.core.sizes import format_size, parse_size
 from packer.errors import FormatError, PackerError
 from packer.remote.download import CorruptDownload, download
+from packer.remote.downloads import background, cancel_downloads, end_downloads, in_background
+from packer.remote.downloads import wait_for_downloads as wait_for_downloads
 from packer.remote.storage import RemoteFolder
 
 __all__ = [
@@ -75,7 +73,8 @@ _LIMITED: dict[tuple[int, str, int], ShardCache] = {}  # the limited caches used
 
 def _trim_at_exit() -> None:
     """At exit (a DataLoader worker's too), its downloads done, objects released: trim back."""
-    release_at_exit()  # downloads end first, unless a failed read cancelled them
+    end_downloads()  # downloads end first, unless a failed read cancelled them
+    release_at_exit()
     for (pid, _, _), cache in list(_LIMITED.items()):
         if pid == os.getpid():
             with suppress(OSError, PackerError):

@@ -19,11 +19,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from packer.core.contained import check_url_name
-from packer.core.file_locks import background, cancel_downloads, cancelled
 from packer.core.retry import Retry, retried
 from packer.core.sizes import WHOLE, bounds, deadline, read_advice
 from packer.errors import FormatError, PackerError
 from packer.formats.files import coalesce
+from packer.remote.downloads import background, cancel_downloads, cancelled
 from packer.remote.failures import (
     MissingObject,
     Passing,
