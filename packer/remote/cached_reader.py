@@ -129,6 +129,10 @@ class CachedShards:
         """Records ``rec`` from the cache copied into ``out`` at ``dest``, not checked yet."""
         raise NotImplementedError
 
+    def _cache_check(self) -> RecordCheck:
+        """The check of the records read from cached shards (:class:`CacheCheck`)."""
+        return CacheCheck(self)
+
     def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
         """The stored bytes of each record, in the order asked, each checked against its
         xxh3: from the cached shard (:class:`CacheCheck`), or by a ranged GET (checked by the
@@ -137,7 +141,7 @@ class CachedShards:
         far = self._far(rec)
         if not len(far):
             out = self._near_many(rec)
-            CacheCheck(self).many(rec, out)
+            self._cache_check().many(rec, out)
             return out
         out = [b""] * len(rec)
         for j, data in zip(far.tolist(), self._ranged_many(rec[far])):
@@ -145,7 +149,7 @@ class CachedShards:
         near = np.setdiff1d(np.arange(len(rec)), far)
         if len(near):
             got = self._near_many(rec[near])
-            CacheCheck(self).many(rec[near], got)
+            self._cache_check().many(rec[near], got)
             for j, data in zip(near.tolist(), got):
                 out[j] = data
         return out
@@ -164,7 +168,7 @@ class CachedShards:
         self._copy_far(rec, far, out, dest)
         if len(near):
             self._near_into(rec[near], out, dest[near])
-            CacheCheck(self).into(rec[near], out, dest[near])
+            self._cache_check().into(rec[near], out, dest[near])
 
     def _replace(self, file: int) -> None:
         """Shard ``file``'s cached copy, found corrupt, downloaded again and renamed over in
