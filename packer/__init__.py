@@ -21,7 +21,7 @@ from packer.read.verify import Problem, VerifyReport, verify  # noqa: E402
 from packer.upload.merging import merge  # noqa: E402  (a local dataset's parts, or a URL's)
 
 # Eager and torch-free: a conversion starts without importing torch.
-from packer.write.convert import ConvertResult, convert  # noqa: E402
+from packer.write.convert import ConvertOptions, ConvertResult, convert  # noqa: E402
 
 _EXPORTS = {
     "BMPDataset": "packer.read.datasets",
@@ -58,6 +58,7 @@ _EXPORTS = {
 __all__ = [
     "BMPDataset",
     "BMPVideoDataset",
+    "ConvertOptions",
     "ConvertResult",
     "DatasetExistsError",
     "DestinationError",

@@ -11,13 +11,12 @@ from typing import Any
 import click
 
 from packer import __version__
-from packer.cli.fields import field_kwargs, field_options
+from packer.cli.fields import field_options
 from packer.cli.upload import (
     OutputPath,
     SourcePath,
-    converter,
+    convert_with,
     kept_in,
-    source_kwargs,
     upload_kwargs,
     upload_options,
 )
@@ -240,45 +239,45 @@ def convert(
       packer convert imagenet/ s3://bucket/imagenet.lmdb --storage-option endpoint_url=http://minio:9000
     """
     from packer.source.labels import labels_option, pinned_classes
-
-    classes = pinned_classes(classes_file, classes_from)
-    given = {"quality": quality, "max_side": max_side, "short_side": short_side, "fps": fps}
-    video: dict[str, Any] = {k: v for k, v in {**given, "size": size}.items() if v is not None}
-    if skip_bad_frames:
-        video["skip_bad_frames"] = True
-    if reencode:
-        video["reencode"] = True
-    video.update(field_kwargs(require, image_column, annotations, follow_links))
     from packer.write.dask_client import dask_client
+    from packer.write.options import ConvertOptions
     from packer.write.tasks import parse_part
 
     part_of = parse_part(part) if part else None
-    executor = click.get_current_context().with_resource(dask_client(dask)) if dask else None
+    options = ConvertOptions(
+        format=fmt,
+        shard_size=shard_size,
+        workers=workers,
+        overwrite=overwrite,
+        strict=strict,
+        check=check,
+        resume=resume,
+        progress=not (quiet or as_json),
+        kind=kind,
+        max_file_size=max_file_size,
+        max_pixels=max_pixels,
+        split=list(splits) or None,
+        labels=labels_option(labels_given),
+        classes=pinned_classes(classes_file, classes_from),
+        allow_empty=allow_empty,
+        part=part_of,
+        require=require,
+        image_column=image_column,
+        annotations=annotations,
+        follow_links=follow_links,
+        quality=quality,
+        max_side=max_side,
+        short_side=short_side,
+        reencode=reencode,
+        size=size,
+        fps=fps,
+        skip_bad_frames=skip_bad_frames,
+        source_options=storage_options if isinstance(src, str) else None,  # a URL source's
+        executor=click.get_current_context().with_resource(dask_client(dask)) if dask else None,
+    )
+    uploads = upload_kwargs(dst, staging, keep_staging, storage_options, staging_limit, src)
     try:
-        result = converter(dst)(
-            src,
-            dst,
-            format=fmt,
-            shard_size=shard_size,
-            workers=workers,
-            overwrite=overwrite,
-            strict=strict,
-            check=check,
-            resume=resume,
-            progress=not (quiet or as_json),
-            kind=kind,
-            max_file_size=max_file_size,
-            max_pixels=max_pixels,
-            split=list(splits) or None,
-            labels=labels_option(labels_given),
-            classes=classes,
-            allow_empty=allow_empty,
-            executor=executor,
-            part=part_of,
-            **video,
-            **source_kwargs(src, dst, storage_options),
-            **upload_kwargs(dst, staging, keep_staging, storage_options, staging_limit, src),
-        )
+        result = convert_with(src, dst, options, uploads)
     except KeyboardInterrupt:
         kept = kept_in(dst, part_of, staging, storage_options)
         again = " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "--resume")

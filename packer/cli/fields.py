@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-__all__ = ["field_kwargs", "field_options"]
+__all__ = ["field_options"]
 
 KINDS = ["image", "video", "files", "tars", "table", "coco", "audio"]
 KIND_HELP = (
@@ -50,19 +50,3 @@ def field_options(func: Any) -> Any:
         help="Samples with fields: skip (and list) a sample without this field (repeatable).",
     )(func)
     return click.option("--kind", type=click.Choice(KINDS), help=KIND_HELP)(func)
-
-
-def field_kwargs(
-    require: tuple[str, ...],
-    image_column: str | None,
-    annotations: tuple[Path, ...],
-    follow_links: bool = False,
-) -> dict[str, Any]:
-    """The conversion's keyword arguments for the options given (none for those not given)."""
-    given = {
-        "require": list(require),
-        "image_column": image_column,
-        "annotations": [str(a) for a in annotations],
-        "follow_links": follow_links,
-    }
-    return {k: v for k, v in given.items() if v}

@@ -11,7 +11,7 @@ import click
 
 from packer.cli.util import Decorator, flag, storage_option
 
-__all__ = ["OutputPath", "converter", "kept_in", "upload_kwargs", "upload_options"]
+__all__ = ["OutputPath", "convert_with", "kept_in", "upload_kwargs", "upload_options"]
 
 STAGING_HELP = (
     "With a URL DST: the local folder the output is built in (default: "
@@ -42,11 +42,6 @@ class OutputPath(click.ParamType):
 
 class SourcePath(OutputPath):
     """A conversion's source: a URL of WebDataset tars (kept as text) or a local path."""
-
-
-def source_kwargs(src: Any, dst: Any, storage_options: dict[str, Any]) -> dict[str, Any]:
-    """A URL source's keyword arguments: ``--storage-option`` reaches its store too."""
-    return {"source_options": storage_options} if isinstance(src, str) else {}
 
 
 def upload_options(streams: bool = False) -> Decorator:
@@ -107,13 +102,14 @@ def kept_in(dst: Any, part: tuple[int, int] | None, staging: Path | None, option
     return str(part_path(dst, part[0]) if part else dst)
 
 
-def converter(dst: Any) -> Any:
-    """The function converting into ``dst``: :func:`packer.upload.staging.convert_to_url` for a URL,
-    else :func:`packer.write.convert.convert`."""
+def convert_with(src: Any, dst: Any, options: Any, uploads: dict[str, Any]) -> Any:
+    """Convert ``src`` into ``dst`` with ``options`` (a ``ConvertOptions``): through
+    :func:`packer.upload.staging.convert_to_url` for a URL (with the ``uploads`` options, and
+    ``options`` as its keywords), else :func:`packer.write.convert.convert`."""
     if isinstance(dst, str):
         from packer.upload.staging import convert_to_url
 
-        return convert_to_url
+        return convert_to_url(src, dst, **options.keywords(), **uploads)
     from packer.write.convert import convert
 
-    return convert
+    return convert(src, dst, options=options, **uploads)

@@ -15,32 +15,39 @@ import time
 from typing import Any
 
 from packer.core.manifest import Manifest
-from packer.decode.check import DEFAULT_CHECK, DEFAULT_MAX_PIXELS
 from packer.errors import DestinationError
 from packer.remote.storage import is_url
 from packer.source.images import SkippedInput
-from packer.source.labels import Labels, class_index_of
+from packer.source.labels import class_index_of
 from packer.source.links import OUTSIDE
 from packer.write.destination import DestinationLock, check_destination, clear_leftovers, publish
 from packer.write.disk_full import check_room, disk_full_error
 from packer.write.finish import Found, find_finished, publish_finished
-from packer.write.loading import DEFAULT_MAX_FILE_SIZE
-from packer.write.pipeline import Event, ShardHook, finalize, plan_shards, write_shards
+from packer.write.options import ConvertOptions, options_of
+from packer.write.pipeline import finalize, plan_shards, write_shards
 from packer.write.plan import DEFAULT_SHARD_SIZE, ConversionPlan, plan_conversion
 from packer.write.result import ConvertResult
 from packer.write.resume import Progress, fingerprint, unstarted
 from packer.write.splits import build_splits
 from packer.write.tasks import run_distributed
 
-__all__ = ["DEFAULT_SHARD_SIZE", "ConvertResult", "convert", "convert_video", "plan_shards"]
+__all__ = [
+    "DEFAULT_SHARD_SIZE",
+    "ConvertOptions",
+    "ConvertResult",
+    "convert",
+    "convert_video",
+    "plan_shards",
+]
 
 
 def _run(plan: ConversionPlan, fp: dict, resume: bool) -> Manifest:
     """Write the output into ``DST.partial`` (resuming it, or from scratch) and return its
     manifest; a full disk or a failed write is a :class:`DestinationError`."""
-    job, partial, part = plan.job(), plan.partial, plan.part
+    job, partial, part = plan.job(), plan.partial, plan.settings.part
     progress = Progress(partial)
-    if plan.after_shard is None:  # else shards leave as they finish (an upload's staging)
+    settings = plan.settings
+    if settings.after_shard is None:  # else shards leave as they finish (an upload's staging)
         check_room(partial, plan.format, job.source, plan.options, resume)
     try:
         if resume and partial.is_dir():
@@ -51,11 +58,13 @@ def _run(plan: ConversionPlan, fp: dict, resume: bool) -> Manifest:
             partial.mkdir()
             progress.start(fp)
             done = []
-        if plan.executor is None and part is None:
+        if settings.executor is None and part is None:
             done = write_shards(job, done, progress)
             manifest, _ = finalize(job, done, plan.options)
         else:
-            manifest = run_distributed(job, done, progress, plan.options, fp, plan.executor, part)
+            manifest = run_distributed(
+                job, done, progress, plan.options, fp, settings.executor, part
+            )
     except OSError as exc:
         if exc.errno == errno.ENOSPC or shutil.disk_usage(partial.parent).free < (1 << 20):
             raise disk_full_error(partial, job.source, plan.format, plan.options) from exc
@@ -69,30 +78,15 @@ def convert(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
     *,
-    format: str | None = None,
-    shard_size: int | str = DEFAULT_SHARD_SIZE,
-    workers: int | None = None,
-    overwrite: bool = False,
-    strict: bool = False,
-    check: str = DEFAULT_CHECK,
-    resume: bool = False,
-    progress: bool = True,
-    kind: str | None = None,
-    on_event: Event | None = None,
-    max_file_size: int | str = DEFAULT_MAX_FILE_SIZE,
-    max_pixels: int = DEFAULT_MAX_PIXELS,
-    split: str | list[str] | None = None,
-    classes: list[str] | None = None,
-    labels: Labels | None = None,
-    allow_empty: bool = False,
-    executor: Any = None,
-    part: tuple[int, int] | None = None,
-    after_shard: ShardHook | None = None,
-    source_options: dict[str, Any] | None = None,
-    follow_links: bool = False,
-    **video_options: Any,
+    options: ConvertOptions | None = None,
+    **keywords: Any,
 ) -> ConvertResult:
     """Convert the folder ``src`` into a packed dataset at ``dst``.
+
+    The options below are given as keywords, as ``options`` (a :class:`packer.ConvertOptions`
+    holding them, typed: :mod:`packer.write.options`), or both (the keywords then replace the
+    options they name); each is checked as the options are built, before any work: a wrong type
+    or an unknown name is a :class:`PackerError` naming it.
 
     Args:
         src: the source folder: ``<class>/<image>``, or for video ``<class>/<video>/<frame>``
@@ -138,24 +132,24 @@ def convert(
             file or folder through a link whose target leaves the source; without it such a
             sample is skipped and listed (:mod:`packer.source.links`). Class and video trees
             always follow links, as ``ImageFolder`` does.
-        video_options: for images and video, ``quality``, ``max_side``, ``short_side`` and
-            ``reencode`` (write-time resize, :mod:`packer.decode.resize`); for images into ``.npy``,
-            ``size`` (decoded size×size pixels, :mod:`packer.decode.pixels`); for video, ``fps``,
-            ``skip_bad_frames`` (see :func:`packer.write.video.prepare_video`).
+        quality, max_side, short_side, reencode: for images and video, the write-time resize
+            (:mod:`packer.decode.resize`).
+        size: for images into ``.npy``, decoded size×size pixels (:mod:`packer.decode.pixels`).
+        fps, skip_bad_frames: for video (see :func:`packer.write.video.prepare_video`).
+        require, image_column, annotations: for samples with fields, the fields a sample must
+            have, a table's image column, COCO's annotation files.
 
     Raises:
         PackerError: bad arguments, a bad source or destination, or (with ``strict``) a bad file.
     """
-    given = dict(locals())  # exactly the parameters above, as passed: the plan checks them all
+    settings = options_of(options, keywords)  # every option checked, before any work
     if is_url(dst):
         raise DestinationError(
             f"convert() writes a local folder, not the URL {dst!r}: use "
             "packer.convert_to_url(src, url, storage_options=...), which builds the output in a "
             "local staging folder and uploads it (the CLI does so for packer convert SRC URL)"
         )
-    plan = plan_conversion(
-        **{k: v for k, v in given.items() if k != "video_options"}, **video_options
-    )
+    plan = plan_conversion(src, dst, options=settings)
     return _convert_splits(plan) if plan.splits is not None else _convert_folder(plan)
 
 
@@ -180,7 +174,7 @@ def _convert_folder(plan: ConversionPlan) -> ConvertResult:
             f"{outside} input(s) skipped as {OUTSIDE}: not followed; --follow-links "
             "(follow_links=True) reads them"
         )
-    given = plan.classes is not None
+    given = plan.settings.classes is not None
     result.class_index, result.warnings = class_index_of(
         len(source.classes), plan.labels_file, given, plan.kind == "image"
     )
@@ -206,14 +200,14 @@ def _finish(plan: ConversionPlan) -> tuple[Manifest, Found | None, bool]:
 
 
 def _finish_locked(plan: ConversionPlan) -> tuple[Manifest, Found | None, bool]:
-    dst, partial, resume = plan.dst, plan.partial, plan.resume
-    check_destination(dst, plan.overwrite, plan.src, resume, published_ok=resume)  # again
+    dst, partial, resume, overwrite = plan.dst, plan.partial, plan.resume, plan.settings.overwrite
+    check_destination(dst, overwrite, plan.src, resume, published_ok=resume)  # again
     clear_leftovers(dst)
     source = plan.prepared.source if plan.prepared is not None else None
     fp = fingerprint(source, plan.format, plan.options)
     found = None
-    if plan.part is None:
-        found = find_finished(dst, fp, source, resume, plan.overwrite)
+    if plan.settings.part is None:
+        found = find_finished(dst, fp, source, resume, overwrite)
     if found is not None:
         publish_finished(found, dst)
         return found.manifest, found, False
@@ -246,7 +240,8 @@ def _convert_splits(plan: ConversionPlan) -> ConvertResult:
     splits = plan.splits
     assert splits is not None
     fp = plan.splits_fingerprint()
-    with build_splits(plan.src, plan.dst, splits, fp, plan.overwrite, plan.resume) as build:
+    overwrite = plan.settings.overwrite
+    with build_splits(plan.src, plan.dst, splits, fp, overwrite, plan.resume) as build:
         for name, dst, resume in build.todo():
             build.done(name, _finish(plan.for_split(name, dst, resume))[0])
     dst, results, manifest = plan.dst, build.results, build.manifest

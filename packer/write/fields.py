@@ -11,6 +11,7 @@ image field is resized at write time: ``--short-side``/``--max-side``, recorded)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import stat
@@ -21,7 +22,7 @@ from typing import Any
 
 from packer.core.fields import ABSENT, check_field_name
 from packer.core.manifest import bytes_checksum
-from packer.decode.resize import RESIZE_OPTIONS, Resize
+from packer.decode.resize import Resize
 from packer.decode.values import check_value
 from packer.errors import InputFileError, PackerError
 from packer.source.audio import scan_audio
@@ -32,6 +33,7 @@ from packer.source.samples import FieldSample, FieldScan, Part
 from packer.source.tables import scan_table
 from packer.source.tars import scan_tars
 from packer.write.loading import DEFAULT_MAX_FILE_SIZE, Loaded, read_input
+from packer.write.options import ConvertOptions, FieldOptions, Limits, given
 from packer.write.pipeline import Prepared
 
 __all__ = [
@@ -44,28 +46,26 @@ __all__ = [
 ]
 
 FIELD_OPTIONS = ("require", "image_column", "annotations")  # the sources' own options
+assert set(FIELD_OPTIONS) < {f.name for f in dataclasses.fields(FieldOptions)}
 # the kinds of source whose samples have fields
 FIELD_SOURCES = ("files", "tars", "table", "coco", "audio")
 
 
-def scan_fields(kind: str, src: Path, options: dict[str, Any]) -> FieldScan:
+def scan_fields(kind: str, src: Path, options: FieldOptions) -> FieldScan:
     """Scan source ``src`` of ``kind`` (one of FIELD_SOURCES) with its options.
 
     Raises:
         PackerError: an unknown kind, a bad option or a source that cannot be scanned.
     """
-    required = options.get("require") or []
-    if isinstance(required, str):
-        required = [r for r in required.split(",") if r]
-    required = [check_field_name(r, "--require") for r in required]
+    required = [check_field_name(r, "--require") for r in options.require]
     if kind == "files":
         return scan_grouped(src, required)
     if kind == "tars":
-        return scan_tars(src, required, bool(options.get("follow_links")))
+        return scan_tars(src, required, options.follow_links)
     if kind == "table":
-        return scan_table(src, options.get("image_column"), required)
+        return scan_table(src, options.image_column, required)
     if kind == "coco":
-        return scan_coco(src, options.get("annotations") or [], required)
+        return scan_coco(src, list(options.annotations), required)
     if kind == "audio":
         return scan_audio(src, required)
     raise PackerError(f"unknown kind {kind!r}; expected one of {', '.join(FIELD_SOURCES)}")
@@ -123,12 +123,13 @@ def load_fields(
     names: Sequence[str],
     kinds: Sequence[str],
     check: str = "fast",
-    max_file_size: int = DEFAULT_MAX_FILE_SIZE,
-    max_pixels: int = 0,
+    limits: Limits | None = None,
     resize: Resize | None = None,
 ) -> Loaded:
     """One sample's records, one per field of ``names`` (absent: no bytes, checksum 0), or
-    the reason it cannot be used."""
+    the reason it cannot be used (an image field over ``limits.max_pixels`` among them)."""
+    limits = limits or Limits()
+    max_file_size, max_pixels = limits.max_file_size, limits.max_pixels
     by_field = {p.field: p for p in sample.parts}
     records: list[bytes] = []
     sums: list[int] = []
@@ -156,9 +157,7 @@ def load_fields(
     return Loaded(records, checksums=sums)
 
 
-def prepare_fields(
-    scan: FieldScan, fmt: ModuleType, check: str, limits: dict[str, int], options: dict[str, Any]
-) -> Prepared:
+def prepare_fields(scan: FieldScan, fmt: ModuleType, options: ConvertOptions) -> Prepared:
     """The conversion's part for a scanned source of samples with fields.
 
     Raises:
@@ -170,20 +169,19 @@ def prepare_fields(
             f"{fmt.NAME.upper()} stores one decoded image per file: samples with fields need "
             ".lmdb, .npy or .h5 (their image fields keep their bytes)"
         )
-    options = {k: v for k, v in options.items() if k not in FIELD_OPTIONS}
-    if options.pop("size", None) is not None:
+    if options.size is not None:
         raise PackerError(
             "--size stores decoded pixels of class-folder images; samples with fields keep "
             "their images' bytes (use --short-side/--max-side to make them smaller)"
         )
-    video_only = sorted(k for k, v in options.items() if k not in RESIZE_OPTIONS and v is not None)
+    video_only = sorted(given(options.video))
     if video_only:
         raise PackerError(f"{', '.join(video_only)} only apply to video sources")
-    resize = Resize.from_options(options)
+    check, resize = options.check, options.resize
     images = [f.name for f in scan.fields if f.kind == "image"]
     recorded: dict[str, Any] = {
         "check": check,
-        **limits,
+        **dataclasses.asdict(options.limits),
         "fields": [f.to_dict() for f in scan.fields],
         "source_kind": scan.source_kind,
         **scan.recorded,
@@ -207,8 +205,7 @@ def prepare_fields(
         kinds=tuple(f.kind for f in scan.fields),
         check=check,
         resize=resize if resize.active else None,
-        max_file_size=limits["max_file_size"],
-        max_pixels=limits["max_pixels"],
+        limits=options.limits,
     )
     clips = any(f.kind == "audio" for f in scan.fields)  # a clip's check decodes its stream
     cpu_bound = resize.active or (check != "fast" and bool(images or clips))

@@ -25,7 +25,7 @@ from typing import Any
 
 from packer.decode.check import check_image
 from packer.decode.pixels import to_pixels
-from packer.decode.resize import RESIZE_OPTIONS, Resize
+from packer.decode.resize import Resize
 from packer.errors import InputFileError, PackerError, SourceError
 from packer.remote.fetch import fetch_object, source_folder
 from packer.remote.storage import RemoteFolder
@@ -34,8 +34,9 @@ from packer.source.hf_tables import RowPart, scan_hf
 from packer.source.links import read_source_file
 from packer.source.samples import Part
 from packer.source.tars import expand_braces, unique_names
-from packer.write.fields import FIELD_OPTIONS, prepare_fields, read_part
+from packer.write.fields import prepare_fields, read_part
 from packer.write.loading import Loaded
+from packer.write.options import ConvertOptions, Limits, given
 from packer.write.pipeline import Prepared
 from packer.write.splits import SplitPlan
 
@@ -132,13 +133,13 @@ def load_hf_image(
     check: str = "fast",
     transcode: Callable[[bytes], bytes] | None = None,
     resize: Resize | None = None,
-    max_file_size: int = 0,
-    max_pixels: int = 0,
+    limits: Limits | None = None,
 ) -> Loaded:
     """Read, check, resize and transcode the image of one row into one record."""
+    limits = limits or Limits()
     try:
-        data = part_bytes(sample.part, root, follow_links, max_file_size)
-        check_image(data, check, max_pixels)
+        data = part_bytes(sample.part, root, follow_links, limits.max_file_size)
+        check_image(data, check, limits.max_pixels)
     except InputFileError as exc:
         return Loaded(None, str(exc))
     try:
@@ -171,20 +172,18 @@ def load_hf_fields(
     return loader(dataclasses.replace(sample, parts=tuple(parts)))
 
 
-def _image_loader(fmt: ModuleType, check: str, limits: dict[str, int], options: dict) -> Any:
+def _image_loader(fmt: ModuleType, options: ConvertOptions) -> Any:
     """The image loader's options and what the manifest records of them (as for a class tree)."""
-    options = {k: v for k, v in options.items() if k not in FIELD_OPTIONS}
-    size = options.pop("size", None)
-    video_only = sorted(k for k, v in options.items() if k not in RESIZE_OPTIONS and v is not None)
+    check, size, resize = options.check, options.size, options.resize
+    video_only = sorted(given(options.video))
     if video_only:
         raise PackerError(f"{', '.join(video_only)} only apply to video sources")
-    resize = Resize.from_options(options)
-    recorded: dict[str, Any] = {"check": check, **limits}
+    recorded: dict[str, Any] = {"check": check, **dataclasses.asdict(options.limits)}
     transcode = fmt.TRANSCODE
     if resize.active:
         recorded["resize"] = resize.recorded()
     if size is not None:
-        if fmt.NAME != "npy" or resize.active or not isinstance(size, int) or not 1 <= size <= 4096:
+        if fmt.NAME != "npy" or resize.active or not 1 <= size <= 4096:
             raise PackerError(
                 f"--size {size!r}: decoded size×size pixels (1..4096) need a .npy destination "
                 "and no --short-side/--max-side/--quality/--reencode"
@@ -196,8 +195,7 @@ def _image_loader(fmt: ModuleType, check: str, limits: dict[str, int], options: 
         "check": check,
         "transcode": transcode,
         "resize": resize if resize.active else None,
-        "max_file_size": limits["max_file_size"],
-        "max_pixels": limits["max_pixels"],
+        "limits": options.limits,
     }
     return kwargs, recorded, cpu_bound
 
@@ -206,36 +204,32 @@ def prepare_hf(
     files: list[str],
     features: dict[str, Any] | None,
     fmt: ModuleType,
-    check: str,
-    limits: dict[str, int],
-    options: dict[str, Any],
+    options: ConvertOptions,
     classes: list[str] | None = None,
-    follow_links: bool = False,
 ) -> Prepared:
     """The conversion's part for one Hugging Face dataset (or split) made of ``files``.
 
     Raises:
         PackerError: the source cannot be scanned, or an option it cannot honour.
     """
-    required = options.get("require") or []
-    required = [r for r in required.split(",") if r] if isinstance(required, str) else required
+    required, follow_links = options.fields.require, options.fields.follow_links
     scan = scan_hf(files, features, classes, list(required))
     root = scan.root
     if scan.kind == "image":
-        if options.get("require"):
+        if required:
             raise PackerError("--require applies to samples with fields; this table is images")
-        kwargs, recorded, cpu_bound = _image_loader(fmt, check, limits, options)
+        kwargs, recorded, cpu_bound = _image_loader(fmt, options)
         recorded["source_kind"] = "hf"
         loader = functools.partial(load_hf_image, root=root, follow_links=follow_links, **kwargs)
         prepared = Prepared(scan, loader, cpu_bound, recorded, "img")
     else:
-        prepared = prepare_fields(scan, fmt, check, limits, options)  # type: ignore[arg-type]
+        prepared = prepare_fields(scan, fmt, options)  # type: ignore[arg-type]
         loader = functools.partial(
             load_hf_fields,
             loader=prepared.loader,
             root=root,
             follow_links=follow_links,
-            max_file_size=limits["max_file_size"],
+            max_file_size=options.limits.max_file_size,
         )
         prepared = dataclasses.replace(prepared, loader=loader)
     if follow_links:
@@ -295,13 +289,9 @@ def prepare_hf_source(
     kind: str,
     src: Path,
     fmt: ModuleType,
-    check: str,
-    limits: dict[str, int],
-    options: dict[str, Any],
+    options: ConvertOptions,
     classes: list[str] | None,
     labels: Any,
-    allow_empty: bool = False,
-    follow_links: bool = False,
 ) -> Prepared:
     """:func:`packer.write.prepare.prepare`'s part for a single Hugging Face dataset at
     ``src`` (same arguments): ``prepare_one(files, features, classes=...)`` scans it.

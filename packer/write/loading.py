@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from packer.core.manifest import bytes_checksum
-from packer.decode.check import DEFAULT_MAX_PIXELS, check_image
+from packer.decode.check import check_image
 from packer.errors import InputFileError, PackerError
 from packer.source.links import read_source_file
+from packer.write.options import DEFAULT_MAX_FILE_SIZE, Limits
 
 __all__ = [
     "DEFAULT_MAX_FILE_SIZE",
@@ -54,9 +55,6 @@ class Loaded:
     def __post_init__(self) -> None:
         if self.records is not None and not self.checksums:
             self.checksums = [bytes_checksum(r) for r in self.records]
-
-
-DEFAULT_MAX_FILE_SIZE = 64_000_000
 
 
 def read_input(path: str, max_bytes: int = DEFAULT_MAX_FILE_SIZE) -> bytes:
@@ -112,14 +110,14 @@ def load_image(
     sample: Any,
     check: str = "fast",
     transcode: Callable[[bytes], bytes] | None = None,
-    max_file_size: int = DEFAULT_MAX_FILE_SIZE,
-    max_pixels: int = DEFAULT_MAX_PIXELS,
+    limits: Limits | None = None,
     resize: Any = None,
 ) -> Loaded:
     """Read, check, resize (a :class:`packer.decode.resize.Resize`) and transcode one image file
-    (``sample.path``) into one record."""
+    (``sample.path``) into one record; one over ``limits`` (default: the defaults) is skipped."""
+    limits = limits or Limits()
     try:
-        data = read_input(sample.path, max_file_size)
+        data = read_input(sample.path, limits.max_file_size)
     except InputFileError as exc:
         return Loaded(None, str(exc))
     if len(data) != sample.size:  # shards were planned, and --resume fingerprinted, by size
@@ -129,7 +127,7 @@ def load_image(
             "convert again once it is complete",
         )
     try:
-        check_image(data, check, max_pixels)
+        check_image(data, check, limits.max_pixels)
     except InputFileError as exc:
         return Loaded(None, str(exc))
     try:  # raise ImageError on bad bytes (anything else: skip_unexpected's business)

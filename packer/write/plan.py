@@ -15,14 +15,12 @@ import dataclasses
 import functools
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from packer.core.cpus import available_cpus
-from packer.core.sizes import parse_size
-from packer.decode.check import DEFAULT_CHECK, DEFAULT_MAX_PIXELS
 from packer.errors import DestinationError, InputFileError, PackerError, SourceError
 from packer.formats import by_name, default_layout, format_for
 from packer.remote.fetch import fetch_tars
@@ -33,16 +31,14 @@ from packer.source.images import class_dirs
 from packer.source.labels import Labels, one_labels_file
 from packer.write.destination import check_destination, check_reach, partial_path
 from packer.write.hf import fetch_parquet, plan_hf_splits, prepare_hf, prepare_hf_source
-from packer.write.loading import DEFAULT_MAX_FILE_SIZE
-from packer.write.pipeline import Event, Job, Prepared, ShardHook
+from packer.write.options import DEFAULT_SHARD_SIZE, ConvertOptions, Limits, options_of
+from packer.write.pipeline import Job, Prepared
 from packer.write.prepare import prepare, prepare_split
 from packer.write.resume import sample_folders
 from packer.write.splits import SplitPlan, plan_splits
 from packer.write.tasks import check_part, part_path
 
 __all__ = ["DEFAULT_SHARD_SIZE", "ConversionPlan", "Limits", "plan_conversion"]
-
-DEFAULT_SHARD_SIZE = 1 << 30
 
 # The options a root of splits' progress is fingerprinted by (each split adds its own).
 _SPLITS_FINGERPRINTED = [
@@ -52,21 +48,14 @@ _SPLITS_FINGERPRINTED = [
 
 
 @dataclass(frozen=True)
-class Limits:
-    """Inputs skipped (and listed) before they are read or decoded."""
-
-    max_file_size: int
-    max_pixels: int
-
-
-@dataclass(frozen=True)
 class ConversionPlan:
     """Everything one conversion is, validated: what to read, what to write, how.
 
     ``prepared`` is the scanned source and its loader (a single folder); ``splits`` the checked
     root of splits instead (then ``kind`` is ``"splits"`` and ``layout`` is ``""``). ``dst`` is
-    where the output is published (``DST.part-I`` for a part). ``executor`` only says where the
-    shards are written, not what they hold: it is left out of comparisons and of a pickle.
+    where the output is published (``DST.part-I`` for a part). ``settings`` are the options it
+    was planned from (:class:`packer.write.options.ConvertOptions`), as given; the plan holds
+    what it resolved of them (``format``, ``kind``, ``workers``, ``resume`` for a split).
     """
 
     src: Path
@@ -74,26 +63,13 @@ class ConversionPlan:
     format: str
     kind: str
     layout: str
-    check: str
-    limits: Limits
-    shard_size: int
     workers: int
-    strict: bool
     resume: bool
-    overwrite: bool
-    progress: bool
-    allow_empty: bool
-    extra: tuple[tuple[str, Any], ...]  # the kind's options (resize, size, fps, ...), sorted
-    part: tuple[int, int] | None
-    classes: tuple[str, ...] | None
+    settings: ConvertOptions
     labels_file: str | os.PathLike[str] | None  # a single folder's labels file
     how: str  # why the source was taken for its kind, for the summary
     prepared: Prepared | None
     splits: SplitPlan | None
-    on_event: Event | None = None
-    follow_links: bool = False  # a source with fields: read through links leaving its root
-    executor: Any = field(default=None, compare=False, repr=False)
-    after_shard: ShardHook | None = field(default=None, compare=False, repr=False)
 
     @property
     def fmt(self) -> ModuleType:
@@ -101,8 +77,21 @@ class ConversionPlan:
         return by_name(self.format)
 
     @property
+    def shard_size(self) -> int:
+        return self.settings.shard_size
+
+    @property
+    def limits(self) -> Limits:
+        return self.settings.limits
+
+    @property
+    def executor(self) -> Any:
+        return self.settings.executor
+
+    @property
     def extra_options(self) -> dict[str, Any]:
-        return dict(self.extra)
+        """The options given of the source's kind (resize, ``size``, video, fields)."""
+        return self.settings.kind_options()
 
     @property
     def partial(self) -> Path:
@@ -117,7 +106,7 @@ class ConversionPlan:
     def job(self) -> Job:
         """The pipeline's view of this plan (:mod:`packer.write.pipeline`)."""
         assert self.prepared is not None, "a root of splits runs one job per split"
-        prepared = self.prepared
+        prepared, settings = self.prepared, self.settings
         return Job(
             fmt=self.fmt,
             layout=self.layout,
@@ -127,11 +116,11 @@ class ConversionPlan:
             cpu_bound=prepared.cpu_bound,
             shard_size=self.shard_size,
             workers=self.workers,
-            strict=self.strict,
-            progress=self.progress,
+            strict=settings.strict,
+            progress=settings.progress,
             unit=prepared.unit,
-            on_event=self.on_event,
-            after_shard=self.after_shard,
+            on_event=settings.on_event,
+            after_shard=settings.after_shard,
             max_file_size=self.limits.max_file_size if self.kind == "image" else None,
         )
 
@@ -150,7 +139,7 @@ class ConversionPlan:
             prepared=self.splits.prepared[split],
             splits=None,
         )
-        check_destination(dst, plan.overwrite, plan.src, resume, published_ok=resume)
+        check_destination(dst, plan.settings.overwrite, plan.src, resume, published_ok=resume)
         assert plan.prepared is not None  # --strict was applied to every split by plan_splits
         check_reach(plan.src, sample_folders(plan.prepared.source), dst)
         return plan
@@ -158,24 +147,20 @@ class ConversionPlan:
     def splits_fingerprint(self) -> dict[str, Any]:
         """What a root of splits' output depends on besides each split's own fingerprint."""
         assert self.splits is not None, "only a root of splits has splits"
-        given = {
+        settings = self.settings
+        named = {
             "format": self.format,
-            "shard_size": self.shard_size,
-            "check": self.check,
-            "strict": self.strict,
-            **dataclasses.asdict(self.limits),
+            "shard_size": settings.shard_size,
+            "check": settings.check,
+            "strict": settings.strict,
+            **dataclasses.asdict(settings.limits),
             **self.extra_options,
         }
         return {
             "root": str(self.src.resolve()),
             "splits": self.splits.splits,
-            "options": {k: given.get(k) for k in _SPLITS_FINGERPRINTED},
+            "options": {k: named.get(k) for k in _SPLITS_FINGERPRINTED},
         }
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state.pop("executor", None)  # a live client stays in the process that holds it
-        return state
 
 
 def _check_scan(plan: ConversionPlan) -> None:
@@ -183,7 +168,7 @@ def _check_scan(plan: ConversionPlan) -> None:
     assert plan.prepared is not None
     source = plan.prepared.source
     check_reach(plan.src, sample_folders(source), plan.dst)
-    if plan.strict and source.skipped:
+    if plan.settings.strict and source.skipped:
         raise InputFileError(f"{source.skipped[0].path}: {source.skipped[0].reason} (--strict)")
 
 
@@ -191,35 +176,18 @@ def plan_conversion(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
     *,
-    format: str | None = None,
-    shard_size: int | str = DEFAULT_SHARD_SIZE,
-    workers: int | None = None,
-    overwrite: bool = False,
-    strict: bool = False,
-    check: str = DEFAULT_CHECK,
-    resume: bool = False,
-    progress: bool = True,
-    kind: str | None = None,
-    on_event: Event | None = None,
-    max_file_size: int | str = DEFAULT_MAX_FILE_SIZE,
-    max_pixels: int = DEFAULT_MAX_PIXELS,
-    split: str | list[str] | None = None,
-    classes: list[str] | None = None,
-    labels: Labels | None = None,
-    allow_empty: bool = False,
-    executor: Any = None,
-    part: tuple[int, int] | None = None,
-    after_shard: ShardHook | None = None,
-    source_options: dict[str, Any] | None = None,
-    follow_links: bool = False,
-    **video_options: Any,
+    options: ConvertOptions | None = None,
+    **keywords: Any,
 ) -> ConversionPlan:
-    """Validate :func:`packer.write.convert.convert`'s arguments (same names, same meaning), scan the
-    source and check the destination; return the plan. Writes nothing.
+    """Plan converting ``src`` into ``dst`` with ``options`` (a
+    :class:`~packer.write.options.ConvertOptions`; ``keywords``, :func:`packer.convert`'s, replace
+    some of them): scan the source and check the destination; return the plan. Writes nothing.
 
     Raises:
         PackerError: bad arguments, a bad source or destination, or (with ``strict``) a bad file.
     """
+    settings = options_of(options, keywords)
+    source_options, kind, split = settings.source_options, settings.kind, settings.split
     if is_url(src):
         src = fetch_parquet(str(src), source_options) or fetch_tars(str(src), source_options)
     elif source_options:
@@ -227,16 +195,10 @@ def plan_conversion(
     src_path, dst_path = Path(src), Path(os.fspath(dst).rstrip("/") or "/")
     _check_resolvable(src_path, "source", SourceError)
     _check_resolvable(dst_path, "destination", DestinationError)
-    fmt = by_name(format) if format else format_for(dst_path)
-    if workers is not None and workers < 1:
-        raise PackerError(f"invalid workers {workers}; expected 1 or more")
-    size = parse_size(shard_size)
-    limits = Limits(parse_size(max_file_size), int(max_pixels))
-    if limits.max_pixels < 1:
-        raise PackerError(f"invalid max_pixels {max_pixels}; expected 1 or more")
+    fmt = by_name(settings.format) if settings.format else format_for(dst_path)
     hf = hf_source(src_path) if kind in (None, "hf") else None  # a DatasetDict has splits too
     found = hf.splits if hf is not None else find_splits(src_path) if kind != "video" else []
-    wanted = [split] if isinstance(split, str) else list(split or found)
+    wanted = list(split or found)
     unknown = [w for w in wanted if w not in found]
     if unknown:
         raise PackerError(
@@ -249,27 +211,15 @@ def plan_conversion(
         format=fmt.NAME,
         kind=kind or "",
         layout="",
-        check=check,
-        limits=limits,
-        shard_size=size,
-        workers=workers or available_cpus(),
-        strict=strict,
-        resume=resume,
-        overwrite=overwrite,
-        progress=progress,
-        allow_empty=allow_empty,
-        extra=tuple(sorted(video_options.items())),
-        part=part,
-        classes=tuple(classes) if classes is not None else None,
+        workers=settings.workers or available_cpus(),
+        resume=settings.resume,
+        settings=settings,
         labels_file=None,
         how="given" if kind else "detected",
         prepared=None,
         splits=None,
-        on_event=on_event,
-        follow_links=bool(follow_links),
-        executor=executor,
-        after_shard=after_shard,
     )
+    labels = settings.labels
     if wanted:
         return _plan_splits(plan, found, wanted, labels)
     return _plan_folder(plan, labels)
@@ -287,22 +237,11 @@ def _check_resolvable(path: Path, what: str, error: type[PackerError]) -> None:
 
 
 def _prepare_split(plan: ConversionPlan) -> functools.partial[Prepared]:
-    limits = dataclasses.asdict(plan.limits)
-    return functools.partial(
-        prepare_split, plan.fmt, plan.check, limits, plan.extra_options, plan.allow_empty
-    )
+    return functools.partial(prepare_split, plan.fmt, plan.settings)
 
 
 def _prepare_hf(plan: ConversionPlan) -> functools.partial[Prepared]:
-    limits, options = dataclasses.asdict(plan.limits), plan.extra_options
-    return functools.partial(
-        prepare_hf,
-        fmt=plan.fmt,
-        check=plan.check,
-        limits=limits,
-        options=options,
-        follow_links=plan.follow_links,
-    )
+    return functools.partial(prepare_hf, fmt=plan.fmt, options=plan.settings)
 
 
 def _plan_splits(
@@ -310,55 +249,45 @@ def _plan_splits(
 ) -> ConversionPlan:
     """A root of splits (``found`` its splits): every wanted split checked and scanned
     (:func:`plan_splits`, which also applies ``--strict`` to each)."""
-    if plan.part is not None:
+    settings = plan.settings
+    if settings.part is not None:
         raise PackerError("--part does not take a root of splits; convert each --split")
-    check_destination(plan.dst, plan.overwrite, plan.src, plan.resume, published_ok=plan.resume)
-    classes = list(plan.classes) if plan.classes is not None else None
+    check_destination(plan.dst, settings.overwrite, plan.src, plan.resume, published_ok=plan.resume)
+    classes = list(settings.classes) if settings.classes is not None else None
     hf = hf_source(plan.src) if plan.kind in ("", "hf") else None
     if hf is not None:
-        split_plan = plan_hf_splits(hf, wanted, _prepare_hf(plan), classes, plan.strict)
+        split_plan = plan_hf_splits(hf, wanted, _prepare_hf(plan), classes, settings.strict)
     else:
         split_plan = plan_splits(
-            plan.src, wanted, _prepare_split(plan), labels, classes, plan.strict, found
+            plan.src, wanted, _prepare_split(plan), labels, classes, settings.strict, found
         )
     return dataclasses.replace(plan, kind="splits", splits=split_plan)
 
 
 def _plan_folder(plan: ConversionPlan, labels: Labels | None) -> ConversionPlan:
     """A single folder: its destination checked, its kind detected, its source scanned."""
+    settings = plan.settings
     file = one_labels_file(labels, plan.src) if isinstance(labels, Mapping) else labels
     dst = plan.dst
-    if plan.part is not None:
-        check_part(plan.part)
-        dst = part_path(dst, plan.part[0])
-    check_destination(dst, plan.overwrite, plan.src, plan.resume, published_ok=plan.resume)
+    if settings.part is not None:
+        check_part(settings.part)
+        dst = part_path(dst, settings.part[0])
+    check_destination(dst, settings.overwrite, plan.src, plan.resume, published_ok=plan.resume)
     kind, how = plan.kind or None, plan.how
     if not kind:
         how = "a labels file" if file is not None else "detected"
-    if kind is None and plan.extra_options.get("annotations"):
+    if kind is None and settings.fields.annotations:
         kind, how = "coco", "given: --annotations"
     if kind is None and file is None:
         detection = detect_fields(plan.src) or detect(plan.src, class_dirs(plan.src))
         kind, how = detection.kind, f"detected: {detection.reason}"
     kind = kind or "image"
     fmt = plan.fmt
-    classes = list(plan.classes) if plan.classes is not None else None
-    limits = dataclasses.asdict(plan.limits)
+    classes = list(settings.classes) if settings.classes is not None else None
     prepare_kind = (
         functools.partial(prepare_hf_source, _prepare_hf(plan)) if kind == "hf" else prepare
     )
-    prepared = prepare_kind(
-        kind,
-        plan.src,
-        fmt,
-        plan.check,
-        limits,
-        plan.extra_options,
-        classes,
-        file,
-        plan.allow_empty,
-        follow_links=plan.follow_links,
-    )
+    prepared = prepare_kind(kind, plan.src, fmt, settings, classes, file)
     planned = dataclasses.replace(
         plan,
         dst=dst,

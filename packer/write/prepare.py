@@ -15,13 +15,13 @@ from typing import Any
 
 from packer.decode.check import CHECKS
 from packer.decode.pixels import to_pixels
-from packer.decode.resize import RESIZE_OPTIONS, Resize
 from packer.errors import PackerError
 from packer.source.audio import looks_audio_tree, scan_audio
 from packer.source.images import scan
 from packer.source.labels import read_labels, scan_flat
-from packer.write.fields import FIELD_OPTIONS, FIELD_SOURCES, prepare_fields, scan_fields
+from packer.write.fields import FIELD_SOURCES, prepare_fields, scan_fields
 from packer.write.loading import load_image, load_source_files
+from packer.write.options import ConvertOptions, given
 from packer.write.pipeline import Prepared
 
 __all__ = ["prepare", "prepare_images", "prepare_split"]
@@ -30,22 +30,17 @@ __all__ = ["prepare", "prepare_images", "prepare_split"]
 def prepare_images(
     src: Path,
     fmt: ModuleType,
-    check: str,
-    limits: dict[str, int],
-    options: dict[str, Any],
+    options: ConvertOptions,
     classes: list[str] | None = None,
     labels: str | os.PathLike[str] | None = None,
-    allow_empty: bool = False,
     index_from: str = "the given index",
 ) -> Prepared:
-    options = dict(options)
-    size = options.pop("size", None)
-    video_only = sorted(k for k, v in options.items() if k not in RESIZE_OPTIONS and v is not None)
+    check, size, resize = options.check, options.size, options.resize
+    video_only = sorted(given(options.video))
     if video_only:
         raise PackerError(f"{', '.join(video_only)} only apply to video sources")
-    resize = Resize.from_options(options)
     transcode = fmt.TRANSCODE
-    recorded: dict[str, Any] = {"check": check, **limits}
+    recorded: dict[str, Any] = {"check": check, **dataclasses.asdict(options.limits)}
     if resize.active:
         recorded["resize"] = resize.recorded()
     if size is not None:
@@ -54,12 +49,12 @@ def prepare_images(
                 "--size stores decoded size×size pixels: it needs a .npy destination and no "
                 "--short-side/--max-side/--quality/--reencode"
             )
-        if not isinstance(size, int) or not 1 <= size <= 4096:
+        if not 1 <= size <= 4096:
             raise PackerError(f"invalid size {size!r}; expected 1..4096 pixels")
         transcode = functools.partial(to_pixels, size=size)
         recorded["pixels"] = [size, size, 3]
     loader = functools.partial(
-        load_image, check=check, transcode=transcode, resize=resize, **limits
+        load_image, check=check, transcode=transcode, resize=resize, limits=options.limits
     )
     # A decode (the scan check's, a resize's, a transcode's) holds the GIL for ~1/4 of its time
     # (Pillow's Python around libjpeg): a process pool, not threads, keeps every core on it.
@@ -69,7 +64,7 @@ def prepare_images(
         name = os.path.basename(labels)
         source = scan_flat(src, tokens, classes, labels_name=name, index_from=index_from)
     else:
-        source = scan(src, classes=classes, allow_empty=allow_empty)
+        source = scan(src, classes=classes, allow_empty=options.allow_empty)
     return Prepared(source, loader, cpu_bound, recorded, "img")
 
 
@@ -77,72 +72,64 @@ def prepare(
     kind: str,
     src: Path,
     fmt: ModuleType,
-    check: str,
-    limits: dict[str, int],
-    options: dict,
+    options: ConvertOptions,
     classes: list[str] | None,
     labels: str | os.PathLike[str] | None,
-    allow_empty: bool = False,
     index_from: str = "the given index",
-    follow_links: bool = False,
 ) -> Prepared:
-    """The kind's part of a conversion (``index_from``: where ``classes`` came from, for the
-    error naming a label the index does not know; ``follow_links``: a source with fields reads
-    a file through a link leaving its root, see :mod:`packer.source.links`; class and video
-    trees always follow links, as ImageFolder does)."""
-    if check not in CHECKS:
-        raise PackerError(f"invalid check {check!r}; expected one of {', '.join(CHECKS)}")
+    """The kind's part of a conversion (``classes``: the class index, the given one or a root of
+    splits' shared one; ``index_from``: where it came from, for the error naming a label the
+    index does not know). A source with fields reads a file through a link leaving its root
+    only with ``follow_links`` (:mod:`packer.source.links`); class and video trees always
+    follow links, as ImageFolder does."""
+    if options.check not in CHECKS:
+        raise PackerError(f"invalid check {options.check!r}; expected one of {', '.join(CHECKS)}")
+    fields = options.fields
     if kind in FIELD_SOURCES:
         if classes is not None or labels is not None:
             raise PackerError(
                 "--labels, --classes and splits apply to class-folder images, not to samples "
                 f"with fields (--kind {kind})"
             )
-        scanned = scan_fields(kind, src, {**options, "follow_links": follow_links})
-        return _within_source(
-            prepare_fields(scanned, fmt, check, limits, options), follow_links, limits
-        )
-    given = sorted(k for k in FIELD_OPTIONS if options.get(k) is not None)
-    if given:
+        scanned = scan_fields(kind, src, fields)
+        return _within_source(prepare_fields(scanned, fmt, options), options)
+    named = sorted(k for k in given(fields) if k != "follow_links")
+    if named:
         raise PackerError(
-            f"{', '.join('--' + g.replace('_', '-') for g in given)} applies to samples with "
+            f"{', '.join('--' + g.replace('_', '-') for g in named)} applies to samples with "
             f"fields (--kind {', '.join(FIELD_SOURCES)}), not to {kind} class folders"
         )
     if kind == "image" or labels is not None:
-        return prepare_images(
-            src, fmt, check, limits, options, classes, labels, allow_empty, index_from
-        )
+        return prepare_images(src, fmt, options, classes, labels, index_from)
     if classes is not None:
         raise PackerError("splits (a shared class index) are supported for images only so far")
     if kind == "video":
         from packer.write.video import prepare_video
 
-        return prepare_video(src, fmt, options, check)
+        return prepare_video(src, fmt, options)
     raise PackerError(
         f"unknown kind {kind!r}; expected one of image, video, {', '.join(FIELD_SOURCES)}"
     )
 
 
-def _within_source(prepared: Prepared, follow_links: bool, limits: dict[str, int]) -> Prepared:
+def _within_source(prepared: Prepared, options: ConvertOptions) -> Prepared:
     """``prepared`` whose loader reads each field file beneath the source's root (a link
     leaving it followed only with ``follow_links``, then recorded in the options)."""
+    follow_links = options.fields.follow_links
     loader = functools.partial(
         load_source_files,
         loader=prepared.loader,
         root=prepared.source.root,
         follow_links=follow_links,
-        max_file_size=limits["max_file_size"],
+        max_file_size=options.limits.max_file_size,
     )
-    options = {**prepared.options, **({"follow_links": True} if follow_links else {})}
-    return dataclasses.replace(prepared, loader=loader, options=options)
+    recorded = {**prepared.options, **({"follow_links": True} if follow_links else {})}
+    return dataclasses.replace(prepared, loader=loader, options=recorded)
 
 
 def prepare_split(
     fmt: ModuleType,
-    check: str,
-    limits: dict[str, int],
-    options: dict[str, Any],
-    allow_empty: bool,
+    options: ConvertOptions,
     folder: Path,
     classes: list[str],
     labels: str | None,
@@ -152,7 +139,8 @@ def prepare_split(
     folders of audio clips: its samples of fields, labelled by the shared class index)."""
     if labels is None and looks_audio_tree(folder):
         scanned = scan_audio(folder, classes=classes)
-        return _within_source(prepare_fields(scanned, fmt, check, limits, options), False, limits)
-    return prepare(
-        "image", folder, fmt, check, limits, options, classes, labels, allow_empty, index_from
-    )
+        unfollowed = dataclasses.replace(
+            options, fields=dataclasses.replace(options.fields, follow_links=False)
+        )
+        return _within_source(prepare_fields(scanned, fmt, options), unfollowed)
+    return prepare("image", folder, fmt, options, classes, labels, index_from)

@@ -11,9 +11,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from packer.decode.check import DEFAULT_CHECK
 from packer.errors import PackerError
 from packer.source.videos import VideoScan, scan_videos
+from packer.write.options import ConvertOptions
 from packer.write.pipeline import Prepared
 from packer.write.video_load import FrameOptions, import_av, load_video
 
@@ -22,17 +22,22 @@ __all__ = ["VIDEO_OPTIONS", "prepare_video"]
 VIDEO_OPTIONS = ("quality", "max_side", "short_side", "fps", "skip_bad_frames")
 
 
-def _frame_options(options: dict[str, Any], transcode: Any, check: str) -> FrameOptions:
-    unknown = sorted(set(options) - set(VIDEO_OPTIONS))
+def _frame_options(options: ConvertOptions, transcode: Any) -> FrameOptions:
+    unknown = ["reencode"] * options.resize.reencode + ["size"] * (options.size is not None)
     if unknown:
         raise PackerError(
             f"unknown option(s) {', '.join(unknown)}; video takes {', '.join(VIDEO_OPTIONS)}"
         )
-    frame = FrameOptions(**options, transcode=transcode, check=check)
-    frame.sizing  # noqa: B018  (validates quality, max_side, short_side)
-    if frame.fps is not None and frame.fps <= 0:
-        raise PackerError(f"invalid fps {frame.fps}; expected a positive number")
-    return frame
+    resize, video = options.resize, options.video
+    return FrameOptions(
+        quality=resize.quality,
+        max_side=resize.max_side,
+        short_side=resize.short_side,
+        fps=video.fps,
+        skip_bad_frames=video.skip_bad_frames,
+        transcode=transcode,
+        check=options.check,
+    )
 
 
 def _check_source(source: VideoScan, fps: float | None) -> None:
@@ -47,9 +52,7 @@ def _check_source(source: VideoScan, fps: float | None) -> None:
         )
 
 
-def prepare_video(
-    src: Path, fmt: ModuleType, options: dict[str, Any], check: str = DEFAULT_CHECK
-) -> Prepared:
+def prepare_video(src: Path, fmt: ModuleType, options: ConvertOptions) -> Prepared:
     """Validate the video options, scan ``src`` and return the pipeline's video part.
 
     Options: ``quality`` (JPEG quality of frames decoded from video files or resized, default
@@ -57,7 +60,7 @@ def prepare_video(
     this many frames per second of a video file), ``skip_bad_frames`` (drop a bad frame and
     record it instead of skipping its whole video).
     """
-    frame = _frame_options(options, fmt.TRANSCODE, check)
+    frame = _frame_options(options, fmt.TRANSCODE)
     source = scan_videos(src)
     _check_source(source, frame.fps)
     cpu_bound = frame.transcode is not None or frame.resize or any(v.is_file for v in source.videos)
@@ -67,7 +70,7 @@ def prepare_video(
         "short_side": frame.short_side,
         "fps": frame.fps,
         "skip_bad_frames": frame.skip_bad_frames,
-        "check": check,
+        "check": options.check,
     }
     loader = functools.partial(load_video, options=frame)
     return Prepared(source, loader, cpu_bound, recorded, "video")
