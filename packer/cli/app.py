@@ -238,43 +238,16 @@ def convert(
       packer convert imagenet/train train.lmdb --part $SLURM_ARRAY_TASK_ID/16
       packer convert imagenet/ s3://bucket/imagenet.lmdb --storage-option endpoint_url=http://minio:9000
     """
-    from packer.source.labels import labels_option, pinned_classes
-    from packer.write.dask_client import dask_client
-    from packer.write.options import ConvertOptions
-    from packer.write.tasks import parse_part
+    import dataclasses
 
-    part_of = parse_part(part) if part else None
-    options = ConvertOptions(
-        format=fmt,
-        shard_size=shard_size,
-        workers=workers,
-        overwrite=overwrite,
-        strict=strict,
-        check=check,
-        resume=resume,
-        progress=not (quiet or as_json),
-        kind=kind,
-        max_file_size=max_file_size,
-        max_pixels=max_pixels,
-        split=list(splits) or None,
-        labels=labels_option(labels_given),
-        classes=pinned_classes(classes_file, classes_from),
-        allow_empty=allow_empty,
-        part=part_of,
-        require=require,
-        image_column=image_column,
-        annotations=annotations,
-        follow_links=follow_links,
-        quality=quality,
-        max_side=max_side,
-        short_side=short_side,
-        reencode=reencode,
-        size=size,
-        fps=fps,
-        skip_bad_frames=skip_bad_frames,
-        source_options=storage_options if isinstance(src, str) else None,  # a URL source's
-        executor=click.get_current_context().with_resource(dask_client(dask)) if dask else None,
-    )
+    from packer.cli.convert_options import convert_options
+    from packer.write.dask_client import dask_client
+
+    ctx = click.get_current_context()
+    options = convert_options(ctx.params)
+    if dask:
+        options = dataclasses.replace(options, executor=ctx.with_resource(dask_client(dask)))
+    part_of = options.part
     uploads = upload_kwargs(dst, staging, keep_staging, storage_options, staging_limit, src)
     try:
         result = convert_with(src, dst, options, uploads)

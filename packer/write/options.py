@@ -89,7 +89,8 @@ def _describe(hint: Any) -> str:
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
             return f"a list of {_describe(args[0]).removeprefix('an ').removeprefix('a ')}"
-        return f"a pair ({', '.join(_describe(a) for a in args)})"
+        plain = (_describe(a).removeprefix("an ").removeprefix("a ") for a in args)
+        return f"a pair ({', '.join(plain)})"
     words = {bool: "True or False", int: "an int", float: "a number", str: "a str"}
     if hint in words:
         return words[hint]
@@ -295,7 +296,10 @@ class ConvertOptions(_Typed):
             if mine:
                 part = values.get(name, cls())
                 if not isinstance(part, cls):
-                    raise PackerError(f"option {name!r} is {part!r}; expected a {cls.__name__}")
+                    raise PackerError(
+                        f"option {name!r} is {part!r} ({type(part).__name__}); expected a "
+                        f"{cls.__name__}"
+                    )
                 values[name] = _with(part, mine)
         super().__init__(*args, **values)
 
