@@ -27,7 +27,7 @@ def test_the_plan_is_frozen(tree: DemoTree, tmp_path: Path) -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.shard_size = 1  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        plan.limits.max_pixels = 1  # type: ignore[misc]
+        plan.settings.limits.max_pixels = 1  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.prepared.cpu_bound = True  # type: ignore[misc,union-attr]
 
@@ -40,9 +40,9 @@ def test_equal_arguments_build_equal_plans_and_write_nothing(
     two = plan_conversion(tree.root, dst, shard_size=1 << 20, workers=2, max_side=32)
     assert one == two
     assert one != plan_conversion(tree.root, dst, shard_size="2MiB", workers=2, max_side=32)
-    assert one.format == "npy" and one.kind == "image" and one.shard_size == 1 << 20
-    assert one.limits == Limits(parse_size(DEFAULT_MAX_FILE_SIZE), DEFAULT_MAX_PIXELS)
-    assert one.extra_options == {"max_side": 32}
+    assert one.format == "npy" and one.kind == "image" and one.settings.shard_size == 1 << 20
+    assert one.settings.limits == Limits(parse_size(DEFAULT_MAX_FILE_SIZE), DEFAULT_MAX_PIXELS)
+    assert one.settings.kind_options() == {"max_side": 32}
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # planning writes nothing
 
 
@@ -51,7 +51,7 @@ def test_the_plan_pickles_without_its_executor(tree: DemoTree, tmp_path: Path) -
         plan = plan_conversion(tree.root, tmp_path / "out.h5", executor=pool)
         again = pickle.loads(pickle.dumps(plan))
     assert again == plan
-    assert plan.executor is pool and again.executor is None
+    assert plan.settings.executor is pool and again.settings.executor is None
     assert again.prepared.source == plan.prepared.source  # type: ignore[union-attr]
 
 
@@ -68,7 +68,7 @@ def test_a_root_of_splits_plans_each_split_from_the_one_plan(
     (tmp_path / "out.lmdb.partial").mkdir()  # where the run converts its splits
     val = plan.for_split("val", tmp_path / "out.lmdb.partial" / "val", resume=False)
     assert (val.src, val.kind, val.layout, val.splits) == (root / "val", "image", "shards", None)
-    assert (val.shard_size, val.format, val.limits) == (plan.shard_size, "lmdb", plan.limits)
+    assert (val.settings, val.format) == (plan.settings, "lmdb")
     assert val.prepared is plan.splits.prepared["val"]
 
 
@@ -81,7 +81,7 @@ def test_the_writer_and_the_manifest_take_their_options_from_the_plan(
     assert isinstance(plan, ConversionPlan)
     assert (job.fmt, job.layout, job.shard_size, job.workers) == (lmdb, "shards", 1 << 16, 1)
     assert job.partial == tmp_path / "out.lmdb.partial"
-    assert job.max_file_size == plan.limits.max_file_size
+    assert job.max_file_size == plan.settings.limits.max_file_size
     result = packer.convert(tree.root, dst, shard_size="64KiB", workers=1, check="fast")
     recorded = {k: v for k, v in result.manifest.options.items() if k != "storage"}
     assert recorded == plan.options

@@ -23,7 +23,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from packer.decode.check import check_image
 from packer.decode.pixels import to_pixels
 from packer.decode.resize import Resize
 from packer.errors import InputFileError, PackerError, SourceError
@@ -35,7 +34,7 @@ from packer.source.links import read_source_file
 from packer.source.samples import Part
 from packer.source.tars import expand_braces, unique_names
 from packer.write.fields import prepare_fields, read_part
-from packer.write.loading import Loaded
+from packer.write.loading import Loaded, stored_image
 from packer.write.options import ConvertOptions, Limits, given
 from packer.write.pipeline import Prepared
 from packer.write.splits import SplitPlan
@@ -139,17 +138,9 @@ def load_hf_image(
     limits = limits or Limits()
     try:
         data = part_bytes(sample.part, root, follow_links, limits.max_file_size)
-        check_image(data, check, limits.max_pixels)
     except InputFileError as exc:
         return Loaded(None, str(exc))
-    try:
-        if resize is not None:
-            data = resize.apply(data)
-        if transcode is not None:
-            data = transcode(data)
-    except InputFileError as exc:
-        return Loaded(None, f"cannot decode: {exc}")
-    return Loaded([data])
+    return stored_image(data, check, transcode, limits.max_pixels, resize)
 
 
 def load_hf_fields(

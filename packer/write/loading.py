@@ -38,6 +38,7 @@ __all__ = [
     "load_source_files",
     "read_input",
     "skip_unexpected",
+    "stored_image",
 ]
 
 T = TypeVar("T")
@@ -126,8 +127,20 @@ def load_image(
             f"changed during the conversion ({sample.size} bytes scanned, {len(data)} read); "
             "convert again once it is complete",
         )
+    return stored_image(data, check, transcode, limits.max_pixels, resize)
+
+
+def stored_image(
+    data: bytes,
+    check: str,
+    transcode: Callable[[bytes], bytes] | None,
+    max_pixels: int,
+    resize: Any = None,
+) -> Loaded:
+    """The one record of the image ``data``: checked, resized, transcoded; or why it cannot
+    be used (every image source's last step)."""
     try:
-        check_image(data, check, limits.max_pixels)
+        check_image(data, check, max_pixels)
     except InputFileError as exc:
         return Loaded(None, str(exc))
     try:  # raise ImageError on bad bytes (anything else: skip_unexpected's business)

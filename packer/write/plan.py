@@ -77,23 +77,6 @@ class ConversionPlan:
         return by_name(self.format)
 
     @property
-    def shard_size(self) -> int:
-        return self.settings.shard_size
-
-    @property
-    def limits(self) -> Limits:
-        return self.settings.limits
-
-    @property
-    def executor(self) -> Any:
-        return self.settings.executor
-
-    @property
-    def extra_options(self) -> dict[str, Any]:
-        """The options given of the source's kind (resize, ``size``, video, fields)."""
-        return self.settings.kind_options()
-
-    @property
     def partial(self) -> Path:
         return partial_path(self.dst)
 
@@ -101,7 +84,8 @@ class ConversionPlan:
     def options(self) -> dict[str, Any]:
         """The options the manifest records (and the fingerprint compares)."""
         assert self.prepared is not None, "a root of splits records its options per split"
-        return {"layout": self.layout, "shard_size": self.shard_size, **self.prepared.options}
+        shard_size = self.settings.shard_size
+        return {"layout": self.layout, "shard_size": shard_size, **self.prepared.options}
 
     def job(self) -> Job:
         """The pipeline's view of this plan (:mod:`packer.write.pipeline`)."""
@@ -114,14 +98,14 @@ class ConversionPlan:
             source=prepared.source,
             loader=prepared.loader,
             cpu_bound=prepared.cpu_bound,
-            shard_size=self.shard_size,
+            shard_size=settings.shard_size,
             workers=self.workers,
             strict=settings.strict,
             progress=settings.progress,
             unit=prepared.unit,
             on_event=settings.on_event,
             after_shard=settings.after_shard,
-            max_file_size=self.limits.max_file_size if self.kind == "image" else None,
+            max_file_size=settings.limits.max_file_size if self.kind == "image" else None,
         )
 
     def for_split(self, split: str, dst: Path, resume: bool) -> ConversionPlan:
@@ -154,7 +138,7 @@ class ConversionPlan:
             "check": settings.check,
             "strict": settings.strict,
             **dataclasses.asdict(settings.limits),
-            **self.extra_options,
+            **settings.kind_options(),
         }
         return {
             "root": str(self.src.resolve()),
