@@ -28,16 +28,7 @@ def _frame_options(options: ConvertOptions, transcode: Any) -> FrameOptions:
         raise PackerError(
             f"unknown option(s) {', '.join(unknown)}; video takes {', '.join(VIDEO_OPTIONS)}"
         )
-    resize, video = options.resize, options.video
-    return FrameOptions(
-        quality=resize.quality,
-        max_side=resize.max_side,
-        short_side=resize.short_side,
-        fps=video.fps,
-        skip_bad_frames=video.skip_bad_frames,
-        transcode=transcode,
-        check=options.check,
-    )
+    return FrameOptions(options.resize, options.video, options.check, transcode)
 
 
 def _check_source(source: VideoScan, fps: float | None) -> None:
@@ -62,14 +53,15 @@ def prepare_video(src: Path, fmt: ModuleType, options: ConvertOptions) -> Prepar
     """
     frame = _frame_options(options, fmt.TRANSCODE)
     source = scan_videos(src)
-    _check_source(source, frame.fps)
+    _check_source(source, frame.video.fps)
     cpu_bound = frame.transcode is not None or frame.resize or any(v.is_file for v in source.videos)
+    sizing, video = frame.sizing, frame.video
     recorded = {
-        "quality": frame.quality,
-        "max_side": frame.max_side,
-        "short_side": frame.short_side,
-        "fps": frame.fps,
-        "skip_bad_frames": frame.skip_bad_frames,
+        "quality": sizing.quality,
+        "max_side": sizing.max_side,
+        "short_side": sizing.short_side,
+        "fps": video.fps,
+        "skip_bad_frames": video.skip_bad_frames,
         "check": options.check,
     }
     loader = functools.partial(load_video, options=frame)

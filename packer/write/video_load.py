@@ -11,7 +11,7 @@ ordered pool is :func:`packer.write.loading.load_in_order`, shared with images.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from packer.decode.check import check_image, image_errors
@@ -19,6 +19,7 @@ from packer.decode.resize import Resize
 from packer.errors import InputFileError, PackerError
 from packer.source.videos import VideoSample
 from packer.write.loading import Loaded, read_input
+from packer.write.options import VideoOptions
 
 __all__ = ["FrameOptions", "import_av", "load_video"]
 
@@ -38,25 +39,18 @@ def import_av() -> Any:
 
 @dataclass(frozen=True)
 class FrameOptions:
-    """How frames are produced from a source video."""
+    """How frames are produced from a source video: the conversion's ``sizing`` and ``video``
+    options, the image ``check`` of frames read from frame folders, and a ``transcode``."""
 
-    quality: int = 90
-    max_side: int | None = None
-    short_side: int | None = None
-    fps: float | None = None
-    skip_bad_frames: bool = False
+    sizing: Resize = field(default_factory=Resize)
+    video: VideoOptions = field(default_factory=VideoOptions)
     check: str = "scan"  # packer.decode.check's level for frames read from frame folders
     transcode: Callable[[bytes], bytes] | None = None
 
     @property
     def resize(self) -> bool:
         """Whether frames may be resized (and so re-encoded)."""
-        return self.max_side is not None or self.short_side is not None
-
-    @property
-    def sizing(self) -> Resize:
-        """The write-time resize rules (:mod:`packer.decode.resize`) these options ask for."""
-        return Resize(self.quality, self.max_side, self.short_side)
+        return self.sizing.max_side is not None or self.sizing.short_side is not None
 
 
 def _load_folder(sample: VideoSample, options: FrameOptions) -> Loaded:
@@ -70,7 +64,7 @@ def _load_folder(sample: VideoSample, options: FrameOptions) -> Loaded:
                 data = options.sizing.apply(data)
         except InputFileError as exc:
             reason = str(exc)
-            if not options.skip_bad_frames:
+            if not options.video.skip_bad_frames:
                 return Loaded(None, f"frame {path!r}: {reason}")
             dropped.append((path, reason))
             continue
@@ -122,7 +116,7 @@ def _decode_into(frames: list[bytes], av: Any, path: str, options: FrameOptions)
             if stream is None:
                 raise InputFileError("no video stream")
             rate = float(stream.average_rate or stream.guessed_rate or 25)
-            clock = _FpsFilter(options.fps)
+            clock = _FpsFilter(options.video.fps)
             for number, frame in enumerate(container.decode(stream)):
                 t = frame.time if frame.time is not None else number / rate
                 if clock.keep(float(t)):
