@@ -25,6 +25,7 @@ from packer.source.images import (
     is_image_name,
     is_video_name,
     path_keys,
+    pinned_classes,
 )
 from packer.source.samples import FieldSample, FieldScan, Part, finish_scan
 
@@ -106,15 +107,7 @@ def scan_audio(
     """
     path = Path(root)
     folders = class_dirs(path)
-    if classes is not None:
-        unknown = [c for c in folders if c not in set(classes)]
-        if unknown:
-            shown = ", ".join(repr(c) for c in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
-            raise SourceError(
-                f"{str(path)!r} has class folder(s) the class index does not know: {shown} "
-                f"(the index has {len(classes)} classes, taken from the training split)"
-            )
-    classes = list(folders if classes is None else classes)
+    classes = pinned_classes(path, folders, classes)
     scan = FieldScan(root=str(path.resolve()), kind="fields", classes=classes, samples=[])
     scan.source_kind = "audio"
     found: list[tuple[str, int, int]] = []

@@ -143,6 +143,25 @@ def class_dirs(root: Path) -> list[str]:
     return classes
 
 
+def pinned_classes(root: Path, found: list[str], classes: list[str] | None) -> list[str]:
+    """The class index of a source whose class folders are ``found``: ``classes`` when given
+    (a split's, its training split's), which must know every one of them, else ``found``.
+
+    Raises:
+        SourceError: a class folder ``classes`` does not know.
+    """
+    if classes is None:
+        return list(found)
+    unknown = [c for c in found if c not in set(classes)]
+    if unknown:
+        shown = ", ".join(repr(c) for c in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+        raise SourceError(
+            f"{str(root)!r} has class folder(s) the class index does not know: {shown} "
+            f"(the index has {len(classes)} classes, taken from the training split)"
+        )
+    return list(classes)
+
+
 def unique_keys(keys: list[str]) -> list[str]:
     """Make keys unique, deterministically: a repeated key gets ``~2``, ``~3``, ... in order."""
     taken = set(keys)
@@ -280,16 +299,7 @@ def scan(
         raise SourceError(f"unknown source kind {kind!r}; expected 'image'")
     root_path = Path(root)
     found = class_dirs(root_path)
-    if classes is not None:
-        unknown = [c for c in found if c not in set(classes)]
-        if unknown:
-            shown = ", ".join(repr(c) for c in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
-            raise SourceError(
-                f"{str(root_path)!r} has class folder(s) the class index does not know: {shown} "
-                f"(the index has {len(classes)} classes, taken from the training split)"
-            )
-    else:
-        classes = found
+    classes = pinned_classes(root_path, found, classes)
     result = Scan(root=str(root_path.resolve()), kind=kind, classes=list(classes), samples=[])
     result.skipped += [SkippedInput(p, LOOP) for p in loops_in(root_path)]
     per_class = []
