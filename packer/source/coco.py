@@ -26,7 +26,7 @@ from typing import Any, TypeGuard
 
 from packer.errors import SourceError
 from packer.source.images import SkippedInput, check_source_folder
-from packer.source.json_bounded import INT64, dumps_utf8, loads_bounded, plain_text, read_regular
+from packer.source.json_bounded import INT64, dumps_utf8, inside_path, loads_bounded, read_regular
 from packer.source.samples import FieldSample, FieldScan, Part, finish_scan, why_none
 
 __all__ = ["scan_coco"]
@@ -194,11 +194,9 @@ def _sample(root: str, image: dict[str, Any], merged: _Merged, source: str) -> F
     """The sample of one image, or why it is skipped."""
     name = image["file_name"]
     try:
-        plain_text(name, "file_name")
+        inside_path(name, "file_name", "file_name {!r} is outside the image folder")
     except ValueError as exc:
         return str(exc)
-    if os.path.isabs(name) or ".." in Path(name).parts:
-        return f"file_name {name!r} is outside the image folder"
     if image["id"] in merged.bad:
         return merged.bad[image["id"]]
     path = os.path.join(root, name)

@@ -30,7 +30,7 @@ from typing import Any
 from packer.errors import SourceError
 from packer.source.hf_features import Column, columns_of
 from packer.source.images import Scan, SkippedInput
-from packer.source.json_bounded import dumps_utf8, plain_text, text_value
+from packer.source.json_bounded import dumps_utf8, inside_path, plain_text, text_value
 from packer.source.samples import FieldSample, FieldScan, Part, finish_scan, why_none
 
 __all__ = ["HFImage", "RowPart", "scan_hf"]
@@ -142,11 +142,9 @@ def _image_part(f: _File, name: str, cell: Any, group: int, row: int, at: int | 
     if not isinstance(rel, str) or not rel.strip():
         return "an image with neither bytes nor a path"
     try:
-        plain_text(rel, "its image path")
+        inside_path(rel, "its image path", "image path {!r} climbs out of the table's folder")
     except ValueError as exc:
         return str(exc)
-    if os.path.isabs(rel) or ".." in Path(rel).parts:
-        return f"image path {rel!r} climbs out of the table's folder"
     full = os.path.join(f.folder, rel)
     try:
         size = os.stat(full).st_size

@@ -10,9 +10,18 @@ import decimal
 import json
 import os
 import stat
+from pathlib import Path
 from typing import Any
 
-__all__ = ["INT64", "dumps_utf8", "loads_bounded", "plain_text", "read_regular", "text_value"]
+__all__ = [
+    "INT64",
+    "dumps_utf8",
+    "inside_path",
+    "loads_bounded",
+    "plain_text",
+    "read_regular",
+    "text_value",
+]
 
 INT64 = (-(2**63), 2**63 - 1)  # what a reader gives back as an integer
 
@@ -78,6 +87,18 @@ def plain_text(text: str, what: str, nul: bool = False) -> bytes:
         return text.encode()
     except UnicodeEncodeError:
         raise ValueError(f"{what} holds a lone surrogate (not UTF-8): {text[:60]!r}") from None
+
+
+def inside_path(path: str, what: str, outside: str) -> None:
+    """Refuse a record's path relative to its folder that cannot name a file inside it.
+
+    Raises:
+        ValueError: it holds a NUL or a lone surrogate (``what`` named: :func:`plain_text`),
+            or is absolute or climbs out with ``..`` (``outside``, formatted with the path).
+    """
+    plain_text(path, what)
+    if os.path.isabs(path) or ".." in Path(path).parts:
+        raise ValueError(outside.format(path))
 
 
 def dumps_utf8(value: Any, what: str) -> bytes:

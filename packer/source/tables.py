@@ -29,7 +29,13 @@ from typing import Any
 from packer.core.fields import MAX_FIELDS, field_kind
 from packer.errors import SourceError
 from packer.source.images import SkippedInput
-from packer.source.json_bounded import dumps_utf8, loads_bounded, plain_text, text_value
+from packer.source.json_bounded import (
+    dumps_utf8,
+    inside_path,
+    loads_bounded,
+    plain_text,
+    text_value,
+)
 from packer.source.samples import (
     FieldSample,
     FieldScan,
@@ -189,11 +195,9 @@ def _image_part(table_dir: str, field: str, value: Any) -> tuple[Part | None, st
     if not isinstance(value, str) or not value.strip():
         return None, "no image path"
     try:
-        plain_text(value, "its image path")
+        inside_path(value, "its image path", "image path {!r} is outside the table's folder")
     except ValueError as exc:
         return None, str(exc)
-    if os.path.isabs(value) or ".." in Path(value).parts:
-        return None, f"image path {value!r} is outside the table's folder"
     path = os.path.join(table_dir, value)
     try:
         size = os.stat(path).st_size
