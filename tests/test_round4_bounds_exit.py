@@ -23,6 +23,7 @@ from bounds_servers import FileServer, file_server
 import packer
 from packer.demo.image import make_image_tree
 from packer.remote import downloads
+from packer.remote.failures import MissingObject
 
 READER = textwrap.dedent(
     """
@@ -96,3 +97,28 @@ def test_cancelled_downloads_drop_their_waiting_work_and_stop_the_running() -> N
     assert sorted(ran) == list(range(threads)) and saw == [True] * threads, (ran, saw)
     assert downloads.in_background("test-cancel-after", lambda: saw.append(downloads.cancelled()))
     assert downloads.wait_for_downloads(60) and saw[-1] is False
+
+
+def test_a_failed_read_drops_the_prefetches_waiting(served: FileServer, tmp_path: Path) -> None:
+    """The read's own failure cancels this process's background downloads (the failed store
+    would fail them too, and the process's exit waits for none): the work still waiting is
+    dropped at once, never requested, and a running download stops at its next attempt."""
+    with file_server(served.root) as own:  # its own: the stalls it holds end with this test
+        own.always(r"^GET /images\.npy/shard-00000\.npy", "403")
+        own.always(r"^GET /images\.npy/shard-0*[1-9]\d*\.npy", "stall")
+        options = {"backend": "fsspec", "read_timeout": 600, "connect_timeout": 5}
+        ds = packer.open_dataset(
+            f"{own.endpoint}/images.npy",
+            output="bytes",
+            cache_dir=tmp_path / "cache",
+            storage_options=options,
+        )
+        shards = len(ds.reader.shard_names)
+        started = ds.reader.prefetch(range(1, shards))
+        assert started > downloads.PREFETCH_THREADS, started  # some wait for a thread
+        with pytest.raises(MissingObject, match="403"):
+            ds[0]
+        assert downloads.cancel_downloads() == 0  # the failed read dropped them already
+        stalled = {s.split()[1] for s in own.seen if s.endswith("-> stall")}
+    assert len(stalled) <= downloads.PREFETCH_THREADS, own.seen  # the waiting never went
+    assert downloads.wait_for_downloads(60)  # the running stopped once the store let go

@@ -51,9 +51,9 @@ from packer.core.file_locks import (
     write_new,
 )
 from packer.core.sizes import format_size, parse_size
-from packer.errors import FormatError, PackerError
+from packer.errors import PackerError
 from packer.remote.download import CorruptDownload, download
-from packer.remote.downloads import background, cancel_downloads, end_downloads, in_background
+from packer.remote.downloads import end_downloads, in_background
 from packer.remote.downloads import wait_for_downloads as wait_for_downloads
 from packer.remote.storage import RemoteFolder
 
@@ -228,8 +228,6 @@ class ShardCache:
             release(use)
             if isinstance(exc, OSError):  # the network's are PackerErrors already (storage)
                 raise self._unusable(exc) from exc
-            if isinstance(exc, PackerError) and not (isinstance(exc, FormatError) or background()):
-                cancel_downloads()  # the store failed a read: the prefetches would wait too
             raise
         return CacheEntry(data, use, (found.st_dev, found.st_ino))
 
