@@ -232,9 +232,11 @@ class RemoteFolder:
     def download(self, name: str, fd: int, size: int) -> str:
         """Write the first ``size`` bytes of object ``name`` into the file ``fd`` (from its
         start, truncated first) by ranged GETs of :data:`_CHUNK`, :data:`_IN_FLIGHT` at once,
-        each retried on its own (:meth:`read_runs`; through fsspec, its sockets are watched:
-        :mod:`packer.remote.watchdog`, a trickle is cut at ``read_timeout``); return the xxh3_64 hex digest of the
-        bytes written."""
+        each retried on its own (:meth:`read_runs`), always through fsspec whatever serves the
+        ranged record reads: its sockets are watched (:mod:`packer.remote.watchdog`), so a
+        trickle is cut at ``read_timeout`` (obstore's are bounded per attempt only, by
+        ``bytes / min_rate``: minutes for a chunk); return the xxh3_64 hex digest of the bytes
+        written."""
         import xxhash
 
         digest = xxhash.xxh3_64()
@@ -244,7 +246,7 @@ class RemoteFolder:
             _stop_if_cancelled(self.url_of(name))
             starts = list(range(done, min(size, done + _CHUNK * _IN_FLIGHT), _CHUNK))
             stops = [min(a + _CHUNK, size) for a in starts]
-            runs = self.read_runs([name] * len(starts), starts, stops)
+            runs = self.read_runs([name] * len(starts), starts, stops, via=self.fs())
             for start, block in zip(starts, runs):
                 digest.update(block)
                 view = memoryview(block)
