@@ -18,7 +18,7 @@ import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -41,30 +41,70 @@ from packer.formats.files import (
     shard_readahead,
 )
 
-__all__ = ["LAYOUTS", "FileReader", "Reader", "ReaderBase", "shard_identities"]
+__all__ = [
+    "LAYOUTS",
+    "FilePart",
+    "FileReader",
+    "Reader",
+    "ReaderBase",
+    "RecordReads",
+    "Records",
+    "copy_records",
+    "shard_identities",
+]
 
 LAYOUTS = ("shards", "per-sample")
+
+
+Records = Sequence[int] | np.ndarray  # record numbers (and places in a buffer): ints, flat
 
 
 class Reader(Protocol):
     """Reads records' bytes; picklable, handles open lazily in each process."""
 
-    def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
+    def read_many(self, records: Records) -> list[bytes]:
         """The stored bytes of each record, in the order asked."""
         ...
 
-    def read_into(
-        self,
-        records: Sequence[int] | np.ndarray,
-        out: memoryview,
-        where: Sequence[int] | np.ndarray,
-    ) -> None:
+    def read_into(self, records: Records, out: memoryview, where: Records) -> None:
         """Copy record ``records[k]`` into ``out[where[k]:]``, with no ``bytes`` per record."""
         ...
 
     def close(self) -> None:
         """Close this process's handles (they reopen on the next read)."""
         ...
+
+
+def copy_records(out: memoryview, where: Records, records: Sequence[bytes]) -> None:
+    """Copy ``records[k]`` into ``out[where[k]:where[k]+len(records[k])]``."""
+    for w, data in zip(np.asarray(where, dtype=np.int64).tolist(), records):
+        out[w : w + len(data)] = data
+
+
+class RecordReads:
+    """The reads every reader serves (:class:`Reader`'s, and :meth:`read`): the records asked,
+    and the places they go, taken as flat int64 arrays here, once; a reader implements
+    ``_read_many(rec)`` and ``_read_into(rec, out, dest)`` on those arrays."""
+
+    def read_many(self, records: Records) -> list[bytes]:
+        """The stored bytes of each record, in the order asked."""
+        return self._read_many(np.asarray(records, dtype=np.int64))
+
+    def read_into(self, records: Records, out: memoryview, where: Records) -> None:
+        """Copy record ``records[k]`` into ``out[where[k]:where[k]+length]``, with no
+        ``bytes`` per record."""
+        rec = np.asarray(records, dtype=np.int64)
+        self._read_into(rec, out, np.asarray(where, dtype=np.int64))
+
+    def read(self, record: int) -> bytes:
+        """The stored bytes of one record."""
+        return self.read_many([record])[0]
+
+    def _read_many(self, rec: np.ndarray) -> list[bytes]:
+        raise NotImplementedError
+
+    def _read_into(self, rec: np.ndarray, out: memoryview, dest: np.ndarray) -> None:
+        raise NotImplementedError
 
 
 def shard_identities(root: Path, manifest: Manifest, dir_fd: int | None = None) -> list[Identity]:
@@ -105,12 +145,22 @@ def _shard_identity(root: Path, folder: int, shard: ShardInfo) -> Identity:
     return identity(st)
 
 
-class ReaderBase:
+class FilePart(NamedTuple):
+    """The records of one request that lie in data file ``file``, sorted by offset, with their
+    ``starts`` (offsets in the file) and ``lengths``."""
+
+    file: int
+    records: list[int]
+    starts: list[int]
+    lengths: list[int]
+
+
+class ReaderBase(RecordReads):
     """Picklable state of every reader: the root, the record columns, a handle cache.
 
-    Subclasses implement ``_read_file(file, records, starts, lengths) -> list[bytes]`` and may
-    override ``_read_file_into`` (by default a copy of ``_read_file``'s result); the records of
-    one file come sorted by their ``starts`` (offsets).
+    Subclasses implement ``_read_file(part) -> list[bytes]`` and may override
+    ``_read_file_into(part, out, where)`` (by default a copy of ``_read_file``'s result): a
+    :class:`FilePart` holds one file's records of a request, sorted by their offsets.
     """
 
     CACHE = 4096  # most handles one process keeps open (least recently used closed first)
@@ -209,24 +259,13 @@ class ReaderBase:
         """The path of shard ``file``."""
         return self.root / self.shard_names[file]
 
-    def _read_file(
-        self, file: int, records: list[int], starts: list[int], lengths: list[int]
-    ) -> list[bytes]:
+    def _read_file(self, part: FilePart) -> list[bytes]:
         raise NotImplementedError
 
-    def _read_file_into(
-        self,
-        file: int,
-        records: list[int],
-        starts: list[int],
-        lengths: list[int],
-        out: memoryview,
-        where: list[int],
-    ) -> None:
-        for data, w in zip(self._read_file(file, records, starts, lengths), where):
-            out[w : w + len(data)] = data
+    def _read_file_into(self, part: FilePart, out: memoryview, where: list[int]) -> None:
+        copy_records(out, where, self._read_file(part))
 
-    def _groups(self, records: Sequence[int] | np.ndarray) -> list[tuple[int, np.ndarray]]:
+    def _groups(self, records: Records) -> list[tuple[int, np.ndarray]]:
         """``(file, positions in the request sorted by offset)`` for every file touched."""
         rec = np.asarray(records, dtype=np.int64)
         if rec.ndim != 1:
@@ -243,44 +282,27 @@ class ReaderBase:
         cuts = np.flatnonzero(np.diff(files[order])) + 1
         return [(int(files[g[0]]), g) for g in np.split(order, cuts)]
 
-    def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
-        """The stored bytes of each record, in the order asked."""
-        rec = np.asarray(records, dtype=np.int64)
-        out: list[bytes] = [b""] * len(rec)
+    def _parts(self, rec: np.ndarray) -> list[tuple[np.ndarray, FilePart]]:
+        """``(positions in the request, their FilePart)`` for every file ``rec`` touches."""
+        parts = []
         for file, where in self._groups(rec):
             chosen = rec[where]
-            data = self._read_file(
-                file, chosen.tolist(), self.offset[chosen].tolist(), self.length[chosen].tolist()
-            )
-            for j, d in zip(where.tolist(), data):
+            starts, lengths = self.offset[chosen].tolist(), self.length[chosen].tolist()
+            parts.append((where, FilePart(file, chosen.tolist(), starts, lengths)))
+        return parts
+
+    def _read_many(self, rec: np.ndarray) -> list[bytes]:
+        out: list[bytes] = [b""] * len(rec)
+        for where, part in self._parts(rec):
+            for j, d in zip(where.tolist(), self._read_file(part)):
                 out[j] = d
         return out
 
-    def read_into(
-        self,
-        records: Sequence[int] | np.ndarray,
-        out: memoryview,
-        where: Sequence[int] | np.ndarray,
-    ) -> None:
-        """Copy record ``records[k]`` into ``out[where[k]:where[k]+length]``."""
-        rec = np.asarray(records, dtype=np.int64)
-        dest = np.asarray(where, dtype=np.int64)
-        for file, pos in self._groups(rec):
-            chosen = rec[pos]
-            self._read_file_into(
-                file,
-                chosen.tolist(),
-                self.offset[chosen].tolist(),
-                self.length[chosen].tolist(),
-                out,
-                dest[pos].tolist(),
-            )
+    def _read_into(self, rec: np.ndarray, out: memoryview, dest: np.ndarray) -> None:
+        for pos, part in self._parts(rec):
+            self._read_file_into(part, out, dest[pos].tolist())
 
-    def read(self, record: int) -> bytes:
-        """The stored bytes of one record."""
-        return self.read_many([record])[0]
-
-    def lengths(self, records: Sequence[int] | np.ndarray) -> np.ndarray:
+    def lengths(self, records: Records) -> np.ndarray:
         """Stored byte lengths of ``records``."""
         return self.length[np.asarray(records, dtype=np.int64)]
 
@@ -331,26 +353,16 @@ class FileReader(ReaderBase):
         name = self.keys[file] + self.SAMPLE_SUFFIX
         return self.handles.get(file, lambda: OpenFile(self.folder(), name))
 
-    def _read_file(
-        self, file: int, records: list[int], starts: list[int], lengths: list[int]
-    ) -> list[bytes]:
+    def _read_file(self, part: FilePart) -> list[bytes]:
         if self.layout == "per-sample":
-            return read_ranges(self._open(file), starts, lengths)
-        view = self._mapped(file)
-        return [bytes(view[a : a + n]) for a, n in zip(starts, lengths)]
+            return read_ranges(self._open(part.file), part.starts, part.lengths)
+        view = self._mapped(part.file)
+        return [bytes(view[a : a + n]) for a, n in zip(part.starts, part.lengths)]
 
-    def _read_file_into(
-        self,
-        file: int,
-        records: list[int],
-        starts: list[int],
-        lengths: list[int],
-        out: memoryview,
-        where: list[int],
-    ) -> None:
+    def _read_file_into(self, part: FilePart, out: memoryview, where: list[int]) -> None:
         if self.layout == "per-sample":
-            read_ranges_into(self._open(file), starts, lengths, out, where)
+            read_ranges_into(self._open(part.file), part.starts, part.lengths, out, where)
             return
-        view = self._mapped(file)
-        for a, n, w in zip(starts, lengths, where):
+        view = self._mapped(part.file)
+        for a, n, w in zip(part.starts, part.lengths, where):
             out[w : w + n] = view[a : a + n]

@@ -15,7 +15,7 @@ from pathlib import Path
 from packer.core.manifest import ShardInfo
 from packer.decode.outputs import encode_bmp
 from packer.errors import FormatError
-from packer.formats.base import ReaderBase
+from packer.formats.base import FilePart, ReaderBase
 from packer.formats.writer import WriterBase
 
 __all__ = ["NAME", "Reader", "Writer", "record_path"]
@@ -61,13 +61,11 @@ class Reader(ReaderBase):
     decoder then uses the pixel rows in place from the bytes read (``packer.decode.registry``).
     """
 
-    def _read_file(
-        self, file: int, records: list[int], starts: list[int], lengths: list[int]
-    ) -> list[bytes]:
-        key = self.keys[file]
+    def _read_file(self, part: FilePart) -> list[bytes]:
+        key = self.keys[part.file]
         folder = self.folder()
         out = []
-        for number, length in zip(starts, lengths):
+        for number, length in zip(part.starts, part.lengths):
             name = record_name(key, self.kind, number)
             path = self.root / name
             fd = folder.open(name)

@@ -31,7 +31,7 @@ import numpy as np
 
 from packer.core.manifest import Manifest, ShardInfo, fsync_dir, shard_name
 from packer.errors import FormatError
-from packer.formats.base import ReaderBase
+from packer.formats.base import FilePart, ReaderBase
 from packer.formats.lmdb_env import Handle
 from packer.formats.writer import WriterBase
 
@@ -318,17 +318,16 @@ class Reader(ReaderBase):
             if starts[0] >= 0:
                 handle.prefetch(starts.tolist(), self.length[records].tolist())
 
-    def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
+    def _read_many(self, asked: np.ndarray) -> list[bytes]:
         """The stored bytes of each record, in the order asked.
 
         A batch within one shard (records lie in shard order, so its lowest and highest record
         tell) is one cursor walk when its records are consecutive, else one ``getmulti``, its
         keys ascending (a batch that is not is sorted, then put back in the order asked); a
-        batch across shards goes shard by shard (:meth:`ReaderBase.read_many`).
+        batch across shards goes shard by shard (:meth:`ReaderBase._read_many`).
         """
-        asked = np.asarray(records, dtype=np.int64)
         if asked.ndim != 1 or len(asked) == 0:
-            return super().read_many(asked)
+            return super()._read_many(asked)
         rec, order = asked, None
         if len(rec) > 1 and (rec[1:] < rec[:-1]).any():
             order = np.argsort(rec, kind="stable")
@@ -338,7 +337,7 @@ class Reader(ReaderBase):
             raise IndexError(f"record out of range for a dataset of {len(self.length)} records")
         file = int(self.file[low])
         if file != int(self.file[high]):
-            return super().read_many(asked)
+            return super()._read_many(asked)
         self._prefetch(file, rec)
         values = self._lookup(file, rec, False)
         if order is None:
@@ -348,25 +347,16 @@ class Reader(ReaderBase):
             out[j] = value
         return out
 
-    def _read_file(
-        self, file: int, records: list[int], starts: list[int], lengths: list[int]
-    ) -> list[bytes]:
-        rec = np.asarray(records, dtype=np.int64)
-        self._prefetch(file, rec)
-        return self._lookup(file, rec, False)
+    def _read_file(self, part: FilePart) -> list[bytes]:
+        rec = np.asarray(part.records, dtype=np.int64)
+        self._prefetch(part.file, rec)
+        return self._lookup(part.file, rec, False)
 
-    def _read_file_into(
-        self,
-        file: int,
-        records: list[int],
-        starts: list[int],
-        lengths: list[int],
-        out: memoryview,
-        where: list[int],
-    ) -> None:
-        rec = np.asarray(records, dtype=np.int64)
-        self._prefetch(file, rec)
-        for value, w, n in zip(self._lookup(file, rec, True), where, lengths):
+    def _read_file_into(self, part: FilePart, out: memoryview, where: list[int]) -> None:
+        rec = np.asarray(part.records, dtype=np.int64)
+        self._prefetch(part.file, rec)
+        for value, w, n in zip(self._lookup(part.file, rec, True), where, part.lengths):
             if len(value) != n:
-                raise FormatError(f"a record of {self.shard_names[file]!r} has the wrong length")
+                name = self.shard_names[part.file]
+                raise FormatError(f"a record of {name!r} has the wrong length")
             out[w : w + n] = value

@@ -13,7 +13,7 @@ reader's ``read_many``/``read_into`` with one; the readers at a URL check every 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import numpy as np
 
 from packer.core.fields import record_matches
 from packer.errors import FormatError
-from packer.formats.base import ReaderBase
+from packer.formats.base import ReaderBase, RecordReads
 from packer.formats.bmp import record_name
 
 __all__ = ["CheckedReader", "LocalCheck", "RecordCheck", "check_records"]
@@ -92,7 +92,7 @@ class RecordCheck:
             buffer[where[j] : where[j] + lengths[j]] = views[j]
 
 
-class CheckedReader:
+class CheckedReader(RecordReads):
     """``reader`` with every record it serves checked by ``check`` (:meth:`read_many`,
     :meth:`read_into`, :meth:`read`); anything else is the reader's own."""
 
@@ -100,28 +100,14 @@ class CheckedReader:
         self.reader = reader
         self.check = check
 
-    def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
-        """The stored bytes of each record, in the order asked, each checked."""
-        rec = np.asarray(records, dtype=np.int64)
+    def _read_many(self, rec: np.ndarray) -> list[bytes]:
         out = self.reader.read_many(rec)
         self.check.many(rec, out)
         return out
 
-    def read_into(
-        self,
-        records: Sequence[int] | np.ndarray,
-        out: memoryview,
-        where: Sequence[int] | np.ndarray,
-    ) -> None:
-        """Copy record ``records[k]`` into ``out[where[k]:where[k]+length]``, each checked."""
-        rec = np.asarray(records, dtype=np.int64)
-        dest = np.asarray(where, dtype=np.int64)
+    def _read_into(self, rec: np.ndarray, out: memoryview, dest: np.ndarray) -> None:
         self.reader.read_into(rec, out, dest)
         self.check.into(rec, out, dest)
-
-    def read(self, record: int) -> bytes:
-        """The stored bytes of one record, checked."""
-        return self.read_many([record])[0]
 
     def __getattr__(self, name: str) -> Any:
         reader = self.__dict__.get("reader")  # absent while unpickled

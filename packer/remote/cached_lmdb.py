@@ -126,7 +126,7 @@ class CachedLMDBReader(CachedShards, lmdb.Reader):
         return np.concatenate(far) if far else np.zeros(0, np.int64)
 
     def _near_many(self, rec: np.ndarray) -> list[bytes]:
-        return lmdb.Reader.read_many(self, rec)
+        return lmdb.Reader._read_many(self, rec)
 
     def _near_into(self, rec: np.ndarray, out: Any, dest: np.ndarray) -> None:
-        lmdb.Reader.read_into(self, rec, out, dest)
+        lmdb.Reader._read_into(self, rec, out, dest)

@@ -27,6 +27,7 @@ import numpy as np
 from packer.core.handles import HandleCache
 from packer.core.manifest import Manifest
 from packer.errors import FormatError
+from packer.formats.base import copy_records
 from packer.formats.files import Folder, MappedFile
 from packer.formats.record_check import RecordCheck
 from packer.remote.cache import CacheEntry, ShardCache
@@ -133,11 +134,10 @@ class CachedShards:
         """The check of the records read from cached shards (:class:`CacheCheck`)."""
         return CacheCheck(self)
 
-    def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
+    def _read_many(self, rec: np.ndarray) -> list[bytes]:
         """The stored bytes of each record, in the order asked, each checked against its
         xxh3: from the cached shard (:class:`CacheCheck`), or by a ranged GET (checked by the
         ranged reader) while the shard is on its way."""
-        rec = np.asarray(records, dtype=np.int64)
         far = self._far(rec)
         if not len(far):
             out = self._near_many(rec)
@@ -154,15 +154,9 @@ class CachedShards:
                 out[j] = data
         return out
 
-    def read_into(
-        self,
-        records: Sequence[int] | np.ndarray,
-        out: memoryview,
-        where: Sequence[int] | np.ndarray,
-    ) -> None:
-        """Copy record ``records[k]`` into ``out[where[k]:where[k]+length]``, checked."""
-        rec = np.asarray(records, dtype=np.int64)
-        dest = np.asarray(where, dtype=np.int64)
+    def _read_into(self, rec: np.ndarray, out: memoryview, dest: np.ndarray) -> None:
+        """Records ``rec`` copied into ``out`` at ``dest``, each checked as by
+        :meth:`_read_many`."""
         far = self._far(rec)
         near = np.setdiff1d(np.arange(len(rec)), far) if len(far) else np.arange(len(rec))
         self._copy_far(rec, far, out, dest)
@@ -201,9 +195,7 @@ class CachedShards:
         """Records ``rec[far]`` by ranged GETs (:meth:`_ranged_many`), each copied into the
         buffer ``out`` at its ``dest``."""
         if len(far):
-            for j, data in zip(far.tolist(), self._ranged_many(rec[far])):
-                w = int(dest[j])
-                out[w : w + len(data)] = data
+            copy_records(out, dest[far], self._ranged_many(rec[far]))
 
     @property
     def prefetches(self) -> bool:
@@ -376,4 +368,4 @@ class CachedShardReader(CachedShards, RemoteReader):
                 out[w : w + n] = view[a : a + n]
 
     def _ranged_many(self, rec: np.ndarray) -> list[bytes]:
-        return RemoteReader.read_many(self, rec)
+        return RemoteReader._read_many(self, rec)

@@ -14,7 +14,6 @@ A reader is picklable: the URL, the options and the tables; each process opens i
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -22,7 +21,7 @@ import numpy as np
 from packer.core.keytable import KeyTable
 from packer.core.manifest import Manifest
 from packer.errors import FormatError
-from packer.formats.base import ReaderBase
+from packer.formats.base import ReaderBase, copy_records
 from packer.formats.bmp import record_name
 from packer.formats.record_check import check_records
 from packer.remote import storage
@@ -90,10 +89,7 @@ class RemoteReader(ReaderBase):
         starts: list[int] = []
         stops: list[int] = []
         pieces: list[tuple[int, list[int], list[int], list[int]]] = []
-        for file, where in self._groups(rec):
-            chosen = rec[where]
-            offsets = self.offset[chosen].tolist()
-            lengths = self.length[chosen].tolist()
+        for where, (file, _, offsets, lengths) in self._parts(rec):
             if self.whole_files:  # BMP: record k is file record_name(key, kind, k)
                 key = self.keys[file]
                 for j, number, n in zip(where.tolist(), offsets, lengths):
@@ -111,11 +107,10 @@ class RemoteReader(ReaderBase):
                 pieces.append((start, positions, offsets[first:last], lengths[first:last]))
         return names, starts, stops, pieces
 
-    def read_many(self, records: Sequence[int] | np.ndarray) -> list[bytes]:
+    def _read_many(self, rec: np.ndarray) -> list[bytes]:
         """The stored bytes of each record, in the order asked: one request per coalesced run,
         all runs of the call in flight together (each record checked against its xxh3 when
         the reader checks them)."""
-        rec = np.asarray(records, dtype=np.int64)
         out = self._fetch(rec)
         if self.checksum is not None:
             self._check_records(rec, out)
@@ -162,12 +157,5 @@ class RemoteReader(ReaderBase):
 
         check_records(self.checksum[rec], out, again, failed, storage.RETRY.attempts)
 
-    def read_into(
-        self,
-        records: Sequence[int] | np.ndarray,
-        out: memoryview,
-        where: Sequence[int] | np.ndarray,
-    ) -> None:
-        """Copy record ``records[k]`` into ``out[where[k]:where[k]+length]``."""
-        for w, data in zip(np.asarray(where, dtype=np.int64).tolist(), self.read_many(records)):
-            out[w : w + len(data)] = data
+    def _read_into(self, rec: np.ndarray, out: memoryview, dest: np.ndarray) -> None:
+        copy_records(out, dest, self._read_many(rec))
