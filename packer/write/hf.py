@@ -37,7 +37,7 @@ from packer.write.fields import prepare_fields, read_part
 from packer.write.loading import Loaded, stored_image
 from packer.write.options import ConvertOptions, Limits, given
 from packer.write.pipeline import Prepared
-from packer.write.splits import SplitPlan
+from packer.write.splits import SplitPlan, prepared_split
 
 __all__ = [
     "HELD_GROUPS",
@@ -250,16 +250,15 @@ def plan_hf_splits(
     else:
         index_from = f"the given class index ({len(classes)} classes)"
     plan = SplitPlan(list(wanted), classes, index_split, {}, {})
-    problems = []
+    problems: list[str] = []
+
+    def scan_split(split: str) -> Prepared:
+        return prepare_one(hf.files[split], hf.features.get(split), classes=classes)
+
     for split in wanted:
-        try:
-            prepared = prepare_one(hf.files[split], hf.features.get(split), classes=classes)
-        except SourceError as exc:
-            problems.append(f"split {split!r}: {exc}")
+        prepared = prepared_split(split, scan_split, strict, problems)
+        if prepared is None:
             continue
-        if strict and prepared.source.skipped:
-            first_skip = prepared.source.skipped[0]
-            problems.append(f"split {split!r}: {first_skip.path}: {first_skip.reason} (--strict)")
         if prepared.source.kind != "image":
             raise SourceError(
                 f"split {split!r} of {str(hf.root)!r} holds samples with fields, not images and "

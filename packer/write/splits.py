@@ -38,7 +38,14 @@ from packer.source.images import is_image_name
 from packer.write.destination import DestinationLock, check_destination, partial_path, publish
 from packer.write.resume import Progress, changed_inputs, unstarted
 
-__all__ = ["SplitPlan", "SplitsBuild", "build_splits", "describe_splits", "plan_splits"]
+__all__ = [
+    "SplitPlan",
+    "SplitsBuild",
+    "build_splits",
+    "describe_splits",
+    "plan_splits",
+    "prepared_split",
+]
 
 
 @dataclass
@@ -56,6 +63,23 @@ class SplitPlan:
         """``train: 1000 class folders; val: labels file LOC_val_solution.csv, classes from
         train``."""
         return "; ".join(f"{s}: {self.index_of[s]}" for s in self.splits)
+
+
+def prepared_split(
+    split: str, prepare: Callable[[str], Any], strict: bool, problems: list[str]
+) -> Any:
+    """Split ``split``'s source scanned by ``prepare(split)``, or None once its
+    :class:`~packer.errors.SourceError` is added to ``problems``; with ``strict``, its first
+    skipped input is a problem too (the split is still returned)."""
+    try:
+        prepared = prepare(split)
+    except SourceError as exc:
+        problems.append(f"split {split!r}: {exc}")
+        return None
+    if strict and prepared.source.skipped:
+        first = prepared.source.skipped[0]
+        problems.append(f"split {split!r}: {first.path}: {first.reason} (--strict)")
+    return prepared
 
 
 def _shape(folder: Path) -> tuple[list[str], int]:
@@ -177,20 +201,20 @@ def plan_splits(
     else:
         index_from = own = f"the given class index ({len(classes)} classes)"
     plan = SplitPlan(wanted, list(classes), index_split, {}, {})
-    problems = []
-    for split in wanted:
+    problems: list[str] = []
+
+    def scan_split(split: str) -> Any:
         folders, images = shapes[split]
         file = assigned.get(split)
-        try:
-            _check_shape(src, split, folders, images, file is not None)
-            prepared = prepare_split(src / split, plan.classes, file, index_from)
-        except SourceError as exc:
-            problems.append(f"split {split!r}: {exc}")
+        _check_shape(src, split, folders, images, file is not None)
+        return prepare_split(src / split, plan.classes, file, index_from)
+
+    for split in wanted:
+        prepared = prepared_split(split, scan_split, strict, problems)
+        if prepared is None:
             continue
-        if strict and prepared.source.skipped:
-            first = prepared.source.skipped[0]
-            problems.append(f"split {split!r}: {first.path}: {first.reason} (--strict)")
         plan.prepared[split] = prepared
+        folders, file = shapes[split][0], assigned.get(split)
         if file is not None:
             plan.index_of[split] = f"labels file {os.path.basename(file)}, {index_from}"
         elif split == index_split:
