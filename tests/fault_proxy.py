@@ -8,10 +8,11 @@ requests matching a pattern get the faults of a schedule:
   truncated on the way, well formed to the client);
 - ``"flip"``: the whole body, one byte in its middle flipped (corrupted on the way);
 - ``"slow"``: the whole answer, after :data:`SLOW` seconds (a download in progress);
-- ``"held"``: the whole answer, once the test calls ``let_held_go()`` (60 s at most): a download
-  in progress for as long as the test needs, ``holding`` counting the answers held now;
-- ``"stall"``: the headers and half the body, then nothing until ``release()`` (or 60 s), then
-  the connection is closed (a client killed mid-download);
+- ``"held"``: the whole answer, once the test calls ``let_held_go()`` (:data:`HANG` s at most):
+  a download in progress for as long as the test needs, ``holding`` counting the answers held
+  now;
+- ``"stall"``: the headers and half the body, then nothing until ``release()`` (or
+  :data:`HANG` s), then the connection is closed (a client killed mid-download);
 - a bad answer to a ranged GET: ``"whole"`` (200 and the whole object: the Range ignored),
   ``"longer"`` (206 with 10 bytes more than asked), ``"badrange"`` (206 whose Content-Range
   names another start).
@@ -20,7 +21,8 @@ requests matching a pattern get the faults of a schedule:
 
 A pattern is matched against ``METHOD path``, followed by `` Range=bytes=A-B;`` for a ranged
 request (so a test can single out a whole-object download). ``sent`` logs the body bytes of each
-answer: ``(METHOD path, Range header or None, bytes)``.
+answer: ``(METHOD path, Range header or None, bytes)``. ``wait_until(test)`` waits for the
+proxy's state (a fault taken, an answer held or stalled) on an event, not a clock.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from __future__ import annotations
 import http.client
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
@@ -41,6 +43,9 @@ _CODES = {
 
 
 SLOW = 2.0  # seconds a "slow" answer waits
+# A hang guard: the most a held or stalled answer, or a wait_until, waits; only a test that
+# never lets go (a failed one) reaches it, never a slow machine
+HANG = 300.0
 
 
 class FaultProxy:
@@ -56,6 +61,8 @@ class FaultProxy:
         self.served: list[str] = []  # "METHOD path -> fault or status", in order
         self.sent: list[tuple[str, str | None, int]] = []  # (METHOD path, Range, body bytes)
         self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)  # a fault taken, an answer sent or held
+        self.stalling = 0  # "stall" answers cut and waiting for release() now
         self.released = threading.Event()
         self.unheld = threading.Event()
         self.holding = 0  # "held" answers waiting for let_held_go() now
@@ -81,8 +88,16 @@ class FaultProxy:
     def next_fault(self, request: str) -> str | None:
         with self.lock:
             if self.faults and self.match in request:
+                self.changed.notify_all()
                 return self.faults.pop(0)
         return None
+
+    def wait_until(self, test: Callable[[], bool], timeout: float = HANG) -> None:
+        """Wait until ``test()`` holds, woken at each change of the proxy's state (a fault
+        taken, an answer sent, held, let go or stalled); a test still false after ``timeout`` s (a
+        hang guard, no bound on a slow machine) fails the test."""
+        with self.changed:
+            assert self.changed.wait_for(test, timeout), f"still not so after {timeout:.0f} s"
 
 
 def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
@@ -113,9 +128,11 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             if fault == "held":
                 with proxy.lock:
                     proxy.holding += 1
-                proxy.unheld.wait(60)
+                    proxy.changed.notify_all()
+                proxy.unheld.wait(HANG)
                 with proxy.lock:
                     proxy.holding -= 1
+                    proxy.changed.notify_all()
             conn = http.client.HTTPConnection(*proxy.upstream, timeout=30)
             headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
             if fault == "whole" and ranged:
@@ -153,10 +170,17 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data[:cut])
-                proxy.sent.append((request, ranged, cut))
+                with proxy.lock:
+                    proxy.sent.append((request, ranged, cut))
+                    proxy.changed.notify_all()
             if fault == "stall":
                 self.wfile.flush()
-                proxy.released.wait(60)
+                with proxy.lock:
+                    proxy.stalling += 1
+                    proxy.changed.notify_all()
+                proxy.released.wait(HANG)
+                with proxy.lock:
+                    proxy.stalling -= 1
             if fault in ("drop", "stall"):
                 self.wfile.flush()
                 self.close_connection = True

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fault_proxy import FaultProxy
+from fault_proxy import HANG, FaultProxy
 from s3_server import S3Server
 
 import packer
@@ -47,10 +47,12 @@ def cached(cache_dir: Path) -> set[str]:
     return {e.url.rsplit("/", 1)[1] for e in ShardCache(cache_dir).entries() if not e.partial}
 
 
-def wait_for(test: Any, seconds: float = 20.0) -> None:
-    deadline = time.monotonic() + seconds
+def wait_for(test: Any) -> None:
+    """Poll ``test`` (the kernel's page cache, which tells no event) until true; a test still
+    false after :data:`HANG` s fails (a hang guard, no bound on a slow machine)."""
+    deadline = time.monotonic() + HANG
     while not test():
-        assert time.monotonic() < deadline, "timed out"
+        assert time.monotonic() < deadline, f"still not so after {HANG:.0f} s"
         time.sleep(0.02)
 
 
@@ -65,7 +67,8 @@ def test_dataset_prefetch_fetches_the_shards_of_given_samples(
     assert ds.prefetches
     wanted = np.flatnonzero(shards == shards[-1])[:2]  # two samples of the last shard
     assert ds.prefetch(wanted) == 1  # one shard, one download started
-    wait_for(lambda: cached(tmp_path) == {names[shards[-1]]})
+    assert wait_for_downloads(HANG)  # it ended (an event: the download's own)
+    assert cached(tmp_path) == {names[shards[-1]]}
     assert shard_gets(proxy)[names[shards[-1]]] >= 1
     assert ds.prefetch(wanted) == 0  # cached: nothing to start
     proxy.served.clear()
@@ -97,15 +100,16 @@ def test_sampler_fetches_the_next_blocks_while_one_is_read(
     it = iter(sampler)
     first = next(it)
     assert first == order[0]
-    wait_for(lambda: cached(tmp_path) == {names[b] for b in blocks[:3]})
-    time.sleep(0.2)  # nothing else is on its way
+    # the downloads it started before yielding it ended, and they were these and no other
+    assert wait_for_downloads(HANG)
     assert cached(tmp_path) == {names[b] for b in blocks[:3]}
     got = [first]
     for i in it:  # into the second block: the fourth is fetched
         got.append(i)
         if shards[i] == blocks[1]:
             break
-    wait_for(lambda: names[blocks[3]] in cached(tmp_path))
+    assert wait_for_downloads(HANG)
+    assert cached(tmp_path) == {names[b] for b in blocks[:4]}
     got += list(it)
     assert got == order
     data = [ds[i][0] for i in got]
@@ -179,7 +183,7 @@ def test_a_reader_in_order_has_the_next_shards_fetched(
     names, shards = ds.reader.shard_names, ds.shard_of_sample()
     for i in np.flatnonzero(shards == 0)[:2].tolist():  # two requests in shard 0
         ds[i]
-    assert wait_for_downloads(20)
+    assert wait_for_downloads(HANG)
     assert cached(tmp_path / "a") == {names[0], names[1], names[2]}
     ds.close()
     jumps = packer.open_dataset(
@@ -187,7 +191,7 @@ def test_a_reader_in_order_has_the_next_shards_fetched(
     )
     for shard in (4, 1, 3):  # a shuffled reader
         jumps[int(np.flatnonzero(shards == shard)[0])]
-    assert wait_for_downloads(20)
+    assert wait_for_downloads(HANG)
     assert cached(tmp_path / "b") == {names[4], names[1], names[3]}
     jumps.close()
     largest = max(s.bytes for s in ds.manifest.shards)
@@ -200,6 +204,6 @@ def test_a_reader_in_order_has_the_next_shards_fetched(
     )
     for i in np.flatnonzero(shards == 0)[:2].tolist():
         limited[i]
-    assert wait_for_downloads(20)
+    assert wait_for_downloads(HANG)
     assert cached(tmp_path / "c") == {names[0]}  # no shard ahead
     limited.close()

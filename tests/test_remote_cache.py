@@ -12,7 +12,6 @@ import pickle
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from fault_proxy import FaultProxy
+from fault_proxy import HANG, FaultProxy
 from s3_server import S3Server
 from torch.utils.data import ConcatDataset, DataLoader
 
@@ -46,6 +45,7 @@ def quick_retry(monkeypatch: pytest.MonkeyPatch, proxy: FaultProxy) -> Iterator[
     proxy.inject([])
     yield
     proxy.release()
+    proxy.let_held_go()  # a failed test's held answers too
     proxy.released.clear()
 
 
@@ -186,7 +186,7 @@ def test_npy_and_hdf5_shards_cached_when_asked(
     options = {"storage_options": _options(proxy), "cache_dir": tmp_path / "c"}
     cold = packer.open_dataset(url, output="bytes", **options)
     assert type(cold.reader).__name__ == "CachedShardReader" and _every(cold) == expected
-    assert wait_for_downloads(30)  # records came by range while their shards downloaded
+    assert wait_for_downloads(HANG)  # records came by range while their shards downloaded
     before = _shard_gets(proxy, f"cached-{name}")
     warm = pickle.loads(pickle.dumps(packer.open_dataset(url, output="bytes", **options)))
     assert _every(warm) == expected
@@ -230,10 +230,20 @@ def test_two_processes_share_one_cache(
 ) -> None:
     url = _upload(server, local["images.lmdb"], "shared.lmdb")
     cache = tmp_path / "cache"
-    first = load_manifest(local["images.lmdb"]).shards[0].name
-    proxy.inject(["slow"], match=f"GET /{BUCKET}/shared.lmdb/{first}")  # both want it at once
+    shard = load_manifest(local["images.lmdb"]).shards[0]
+    path = f"GET /{BUCKET}/shared.lmdb/{shard.name}"
+    proxy.inject(["held"], match=f"{path} Range=bytes=0-{shard.bytes - 1};")  # one download
     readers = [_reader(url, proxy, cache) for _ in range(2)]
-    outputs = [reader.communicate(timeout=60)[0].strip() for reader in readers]
+
+    def both_in() -> bool:  # the download held, and each reader had its first record by range
+        firsts = [
+            r for q, r, _ in proxy.sent if q.startswith(path) and r and not r.startswith("bytes=0-")
+        ]
+        return proxy.holding == 1 and len(firsts) >= 2
+
+    proxy.wait_until(both_in)  # both want the shard at once: an event, not a 2 s head start
+    proxy.let_held_go()
+    outputs = [reader.communicate(timeout=HANG)[0].strip() for reader in readers]
     assert [reader.returncode for reader in readers] == [0, 0]
     expected = _digest(packer.open_dataset(local["images.lmdb"], output="bytes"))
     assert outputs == [expected, expected]
@@ -252,17 +262,15 @@ def test_reader_killed_mid_download_blocks_nothing(
     first = load_manifest(local["images.lmdb"]).shards[0].name
     proxy.inject(["stall"], match=f"GET /{BUCKET}/killed.lmdb/{first}")
     reader = _reader(url, proxy, cache, "whole")
-    deadline = time.monotonic() + 30
-    while proxy.faults and time.monotonic() < deadline:  # the download has begun, and stalls
-        time.sleep(0.05)
+    proxy.wait_until(lambda: proxy.stalling == 1)  # the download has begun, and stalls
     assert not proxy.faults and list(cache.glob("*.part"))
     reader.send_signal(signal.SIGKILL)
-    reader.wait(timeout=10)
+    reader.wait(timeout=HANG)
     stale = ShardCache(cache).entries()
     assert [(e.partial, e.in_use) for e in stale] == [(True, False)]  # its lock died with it
     proxy.release()
     again = _reader(url, proxy, cache)  # must not wait on anything the killed one left
-    out = again.communicate(timeout=30)[0].strip()
+    out = again.communicate(timeout=HANG)[0].strip()
     assert again.returncode == 0
     assert out == _digest(packer.open_dataset(local["images.lmdb"], output="bytes"))
     assert not list(cache.glob("*.part"))  # the partial download was redone in its place
@@ -294,8 +302,9 @@ def test_a_download_under_way_counts_against_the_limit(
     server: S3Server, proxy: FaultProxy, local: dict[str, Path], tmp_path: Path
 ) -> None:
     """Room is made beside the downloads other readers have under way: shard 1 downloads
-    (slowly) when shard 2 is fetched, so shard 0, cached and unused, is evicted then. Counting
-    only finished shards kept it, and the cache ended one shard over its limit."""
+    (held at the proxy until shard 2 is in) when shard 2 is fetched, so shard 0, cached and
+    unused, is evicted then. Counting only finished shards kept it, and the cache ended one
+    shard over its limit."""
     url = _upload(server, local["images.lmdb"], "underway.lmdb")
     shards = load_manifest(local["images.lmdb"]).shards
     sizes = [s.bytes for s in shards[:3]]
@@ -304,14 +313,13 @@ def test_a_download_under_way_counts_against_the_limit(
     options = {"storage_options": _options(proxy), "cache_dir": cache, "cache_limit": limit}
     reader = packer.open_dataset(url, output="bytes", **options).reader
     reader.cached(0).close()  # cached, not in use
-    proxy.inject(["slow"], match=f"GET /{BUCKET}/underway.lmdb/{shards[1].name}")
+    proxy.inject(["held"], match=f"GET /{BUCKET}/underway.lmdb/{shards[1].name}")
     assert reader.prefetch([1]) == 1
-    deadline = time.monotonic() + 10
-    while not list(cache.glob("*.part")):  # shard 1's download is under way
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    proxy.wait_until(lambda: proxy.holding == 1)  # shard 1's download is under way, held
+    assert list(cache.glob("*.part"))
     reader.cached(2).close()
-    assert wait_for_downloads(30)
+    proxy.let_held_go()
+    assert wait_for_downloads(HANG)
     cached = {e.url.rsplit("/", 1)[1] for e in ShardCache(cache).entries()}
     assert cached == {shards[1].name, shards[2].name}  # shard 0 made the room
     assert _cached_bytes(cache) <= limit

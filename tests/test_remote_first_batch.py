@@ -6,7 +6,6 @@ shows every request, its Range and the bytes it carried."""
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from fault_proxy import FaultProxy
+from fault_proxy import HANG, FaultProxy
 from s3_server import S3Server
 from torch.utils.data import DataLoader, RandomSampler
 
@@ -38,8 +37,9 @@ def quiet_proxy(monkeypatch: pytest.MonkeyPatch, proxy: FaultProxy) -> Iterator[
     proxy.inject([])
     yield
     proxy.inject([])
+    proxy.let_held_go()  # a failed test's held answers too
     proxy.delay = 0.0
-    assert wait_for_downloads(30)  # nothing of this test's left running into the next
+    assert wait_for_downloads(HANG)  # nothing of this test's left running into the next
 
 
 @pytest.fixture(scope="module")
@@ -83,18 +83,12 @@ def _shard_traffic(proxy: FaultProxy, name: str) -> list[tuple[str, str | None, 
     ]
 
 
-def _wait_for(test: Any, seconds: float = 60.0) -> None:
-    """Poll ``test`` until true; the cap is a hang guard, not a bound any test is about."""
-    deadline = time.monotonic() + seconds
-    while not test():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 def _still_waiting(read: Any) -> tuple[threading.Thread, list[Any]]:
     """Start ``read()`` in a thread while a download is held; it must still be waiting for the
     download half a second on (a read served by range would have returned: no download can
-    end before ``let_held_go``). The thread and the list its result goes to."""
+    end before ``let_held_go``, so a slow machine never fails this; the tests' proof that the
+    read waited is their traffic, which shows no range fetched for it). The thread and the
+    list its result goes to."""
     got: list[Any] = []
     thread = threading.Thread(target=lambda: got.append(read()), daemon=True)
     thread.start()
@@ -113,10 +107,10 @@ def test_first_read_is_served_while_its_shard_downloads(
     remote = _open(urls[name], proxy, tmp_path)
     proxy.inject(["held"], match=f"GET /{BUCKET}/{name}/{shard.name} Range={_whole(shard)};")
     assert remote[0] == expected[0]  # sample 0 lies in shard 0: served, the download held
-    _wait_for(lambda: proxy.holding == 1)  # the whole shard was asked for: still on its way
+    proxy.wait_until(lambda: proxy.holding == 1)  # the whole shard was asked for: still on its way
     assert _cached(tmp_path) == set() and list(tmp_path.glob("*.part"))
     proxy.let_held_go()
-    assert wait_for_downloads(60) and _cached(tmp_path) == {shard.name}
+    assert wait_for_downloads(HANG) and _cached(tmp_path) == {shard.name}
     proxy.sent.clear()
     in_shard = np.flatnonzero(remote.shard_of_sample() == 0).tolist()
     assert len(in_shard) >= 2
@@ -152,7 +146,7 @@ def test_a_cold_shuffled_epoch_downloads_each_shard_once(
         missing_then += sum(sizes[s] for s in touched - cached)
         cached = _cached(tmp_path)
     assert got == [expected[i] for i in order]
-    assert wait_for_downloads(10)
+    assert wait_for_downloads(HANG)
     traffic = _shard_traffic(proxy, name)
     downloads = Counter(shard for shard, ranged, _ in traffic if ranged == _whole_of(sizes, shard))
     assert downloads == Counter(dict.fromkeys(sizes, 1))  # each shard once, whole
@@ -182,13 +176,13 @@ def test_a_corrupt_ranged_record_is_never_served(
     whole = f"{partial}0-{shard.bytes - 1};"
     proxy.inject(["held"], match=whole)  # the download waits: the read goes by range
     assert remote.reader.prefetch([0]) == 1
-    _wait_for(lambda: proxy.holding == 1)
+    proxy.wait_until(lambda: proxy.holding == 1)
     proxy.inject(["flip"], match=partial)
     assert remote[0] == expected[0] and proxy.faults == []
     again = _open(urls[name], proxy, tmp_path / "b")
     proxy.inject(["held"], match=whole)
     assert again.reader.prefetch([0]) == 1  # another cache folder: its own download
-    _wait_for(lambda: proxy.holding == 2)
+    proxy.wait_until(lambda: proxy.holding == 2)
     proxy.inject(["flip"] * 3, match=partial)
     with pytest.raises(PackerError, match=f"{shard.name}.*differs from its checksum"):
         again[0]
@@ -218,10 +212,10 @@ def test_past_its_share_a_read_waits_for_the_download(
     proxy.inject(["held"], match=f"GET /{BUCKET}/{name}/{shard.name} Range={_whole(shard)};")
     proxy.sent.clear()
     assert remote[in_shard[0]] == expected[in_shard[0]]  # within its share: by range, held
-    _wait_for(lambda: proxy.holding == 1)
+    proxy.wait_until(lambda: proxy.holding == 1)
     thread, got = _still_waiting(lambda: remote[in_shard[1]])  # past it: waits for the download
     proxy.let_held_go()
-    thread.join(60)
+    thread.join(HANG)
     assert got == [expected[in_shard[1]]]
     assert shard.name in _cached(tmp_path)  # (two reads in order: the next two on their way)
     traffic = _shard_traffic(proxy, name)
@@ -252,7 +246,7 @@ def test_an_lmdb_record_of_unknown_offset_waits_for_its_shard(
     proxy.sent.clear()
     thread, got = _still_waiting(lambda: remote[0])  # waits for the download
     proxy.let_held_go()
-    thread.join(60)
+    thread.join(HANG)
     assert got == [packer.open_dataset(out, output="bytes")[0]]
     assert [r for _, r, _ in _shard_traffic(proxy, "unknown.lmdb")] == [_whole(shard)]
     remote.close()
@@ -274,7 +268,7 @@ def test_read_into_mixes_cached_and_ranged_records(
     where = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
     out = bytearray(int(lengths.sum()))
     reader.read_into(records, memoryview(out), where)  # shard 0's records did not wait for it:
-    _wait_for(lambda: proxy.holding == 1)  # its download is held still
+    proxy.wait_until(lambda: proxy.holding == 1)  # its download is held still
     proxy.let_held_go()
     expected = packer.open_dataset(local[name], output="bytes").reader.read_many(records)
     got = [bytes(out[w : w + n]) for w, n in zip(where.tolist(), lengths.tolist())]

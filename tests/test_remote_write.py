@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from fault_proxy import FaultProxy, fault_proxy
+from fault_proxy import HANG, FaultProxy, fault_proxy
 from s3_server import S3Server
 
 import packer
@@ -210,7 +210,7 @@ class HoldingProxy(FaultProxy):
     def next_fault(self, request: str) -> str | None:
         if self.hold and self.hold in request:
             self.held.append(request)
-            self.released.wait(60)
+            self.released.wait(HANG)
             return "503"
         return super().next_fault(request)
 
@@ -246,7 +246,7 @@ def test_upload_killed_then_resumed_equals_an_uninterrupted_one(
         env = {**os.environ, "PYTHONPATH": str(Path(packer.__file__).parents[1])}
         child = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
         try:
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + HANG  # a hang guard: the conversion's pace is free
             while not (
                 len(proxy.held) == 1
                 and journal.is_file()
