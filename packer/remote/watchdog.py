@@ -17,12 +17,14 @@ socket is idle then, not busy).
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["CUT", "Stalled", "cut_reason", "cuts", "socket_factory", "watched_options"]
@@ -77,27 +79,29 @@ class _Watched(socket.socket):
         if self.cut_why:
             raise Stalled(self.cut_why)
 
-    def send(self, data: Any, *flags: Any) -> int:
+    def _sending(self, send: Callable[[], int], size: Callable[[], int]) -> int:
+        """``send()``'s bytes counted; the socket waits for the store while a send does not
+        take all ``size()`` bytes (or would block)."""
         self._check()
         try:
-            sent = super().send(data, *flags)
+            sent = send()
         except BlockingIOError:
             self.waiting = True
             raise
         self.moved += sent
-        self.waiting = sent < memoryview(data).nbytes
+        self.waiting = sent < size()
         return sent
 
+    def send(self, data: Any, *flags: Any) -> int:
+        return self._sending(
+            functools.partial(super().send, data, *flags), lambda: memoryview(data).nbytes
+        )
+
     def sendmsg(self, buffers: Any, *more: Any) -> int:
-        self._check()
-        try:
-            sent = super().sendmsg(buffers, *more)
-        except BlockingIOError:
-            self.waiting = True
-            raise
-        self.moved += sent
-        self.waiting = sent < sum(memoryview(b).nbytes for b in buffers)
-        return sent
+        return self._sending(
+            functools.partial(super().sendmsg, buffers, *more),
+            lambda: sum(memoryview(b).nbytes for b in buffers),
+        )
 
     def recv(self, size: int, *flags: Any) -> bytes:
         self._check()
