@@ -3,11 +3,8 @@
 A reader holds a :class:`HandleCache`. Handles open on first use *in each process* (the cache
 remembers ``os.getpid()`` and starts empty in a forked child), the cache keeps at most
 ``capacity`` of them open (least recently used closed first), and pickling drops them all, so a
-dataset travels to spawn/forkserver workers as paths and options only.
-
-HDF5 keeps a library-level cache of open files that a forked child inherits even when it
-reopens the path (h5py#934). Caches made with ``close_before_fork=True`` are therefore closed in
-the parent right before every ``fork`` and reopened lazily afterwards.
+dataset travels to spawn/forkserver workers as paths and options only. (No reader holds an
+h5py handle, so nothing has to close before a ``fork``: ``packer.formats.hdf5``, h5py#934.)
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ from typing import Any
 
 __all__ = ["HandleCache", "keep_freed_heap", "set_malloc"]
 
-_FORK_SENSITIVE: weakref.WeakSet[HandleCache] = weakref.WeakSet()
 _TRIM_THRESHOLD = 64 << 20
 _MMAP_THRESHOLD = 32 << 20  # glibc's largest allowed value on 64-bit
 
@@ -80,14 +76,12 @@ class HandleCache:
 
     Args:
         capacity: the most handles kept open at once in one process.
-        close_before_fork: close every handle in the parent before ``os.fork`` (HDF5).
     """
 
-    def __init__(self, capacity: int = 64, close_before_fork: bool = False) -> None:
+    def __init__(self, capacity: int = 64) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
-        self.close_before_fork = close_before_fork
         self._reset()
 
     def _reset(self) -> None:
@@ -97,8 +91,6 @@ class HandleCache:
         # The handles close when the cache goes (its dataset was dropped), not at process exit:
         # shared LMDB environments are released and descriptors never pile up.
         weakref.finalize(self, _close_remaining, self._handles, self._pid).atexit = False
-        if self.close_before_fork:
-            _FORK_SENSITIVE.add(self)
 
     def get(self, key: Any, opener: Callable[[], Any]) -> Any:
         """Return the handle for ``key`` in this process, opening it with ``opener()`` if needed."""
@@ -158,11 +150,10 @@ class HandleCache:
         return list(self._handles.values()) if self._pid == os.getpid() else []
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"capacity": self.capacity, "close_before_fork": self.close_before_fork}
+        return {"capacity": self.capacity}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.capacity = state["capacity"]
-        self.close_before_fork = state["close_before_fork"]
         self._reset()
 
 
@@ -172,12 +163,3 @@ def _close_remaining(handles: OrderedDict[Any, Any], pid: int) -> None:
     while handles:
         _, handle = handles.popitem(last=False)
         _close(handle)
-
-
-def _before_fork() -> None:
-    for cache in list(_FORK_SENSITIVE):
-        if cache._pid == os.getpid():
-            cache.close_all()
-
-
-os.register_at_fork(before=_before_fork)

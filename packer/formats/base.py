@@ -165,7 +165,6 @@ class ReaderBase(RecordReads):
 
     CACHE = 4096  # most handles one process keeps open (least recently used closed first)
     PER_SAMPLE_CACHE = 256  # the same for per-sample files (descriptors: one per video)
-    CLOSE_BEFORE_FORK = False
     RANGED = False  # each request's records are fetched by ranged GETs (a URL, no cache)
 
     def __init__(
@@ -184,7 +183,7 @@ class ReaderBase(RecordReads):
         self.offset: np.ndarray = records["offset"]
         self.length: np.ndarray = records["length"]
         default = self.PER_SAMPLE_CACHE if self.layout == "per-sample" else self.CACHE
-        self.handles = HandleCache(max_open_files or default, self.CLOSE_BEFORE_FORK)
+        self.handles = HandleCache(max_open_files or default)
         self.pinned = HandleCache(1)  # the dataset folder's descriptor, outside the LRU
         # Mapped on first use (only per-sample layouts need keys to read; they must name files).
         self._keys = KeyTable(
