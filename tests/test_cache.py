@@ -48,6 +48,22 @@ def test_limits() -> None:
         cache.check_fits(1001, "a shard")
 
 
+HANG = 300.0  # a hang guard, never reached by a slow run
+
+
+def _wait_blocked_on(inode: int) -> None:
+    """Until a process waits in ``flock`` on the file ``inode`` (a ``->`` line of /proc/locks):
+    the kernel's own record of the wait, not a sleep long enough on an idle machine."""
+    deadline = time.monotonic() + HANG
+    while True:
+        with open("/proc/locks") as fh:
+            waits = [line.split() for line in fh if " -> " in line]
+        if any(w[6].rsplit(":", 1)[1] == str(inode) for w in waits if len(w) > 6):
+            return
+        assert time.monotonic() < deadline, f"no wait on inode {inode} after {HANG:.0f} s"
+        time.sleep(0.01)
+
+
 def test_a_lock_unlinked_while_waiting_is_not_kept(tmp_path: Path) -> None:
     """An evictor unlinks a lock file it holds: a process that waited on that file locks the
     new one, never the removed one (else two processes would each hold "the" lock)."""
@@ -56,10 +72,10 @@ def test_a_lock_unlinked_while_waiting_is_not_kept(tmp_path: Path) -> None:
     got: list[int | None] = []
     waiter = threading.Thread(target=lambda: got.append(lock(path, fcntl.LOCK_SH)))
     waiter.start()
-    time.sleep(0.2)  # the waiter has opened the old file and waits on it
+    _wait_blocked_on(path.stat().st_ino)  # the waiter has opened the old file and waits on it
     os.unlink(path)
     os.close(evictor)  # type: ignore[arg-type]
-    waiter.join(10)
+    waiter.join(HANG)
     assert got and got[0] is not None
     assert os.fstat(got[0]).st_ino == os.stat(path).st_ino
     os.close(got[0])

@@ -11,7 +11,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -500,11 +499,14 @@ def test_keys_rewritten_in_place_are_refused_by_a_worker_that_maps_them_again(
     dataset = packer.open_dataset(root, output="bytes")
     old = list(dataset.keys)
     keys = root / KEYS_NAME
-    data, inode = keys.read_bytes(), keys.stat().st_ino
-    time.sleep(0.02)  # past the file system's clock tick: a later modification time
+    data, before = keys.read_bytes(), keys.stat()
     with open(keys, "r+b") as fh:  # in place: no new inode, no new size
         fh.write(data.replace(b"class_00", b"class_99"))
-    assert keys.stat().st_ino == inode and keys.stat().st_size == len(data)
+    # a rewrite a second later (set, not slept for: a write within the file system's clock
+    # tick keeps the old time, however long or short a sleep the machine gave)
+    os.utime(keys, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+    assert keys.stat().st_ino == before.st_ino and keys.stat().st_size == len(data)
+    assert keys.stat().st_mtime_ns > before.st_mtime_ns
     assert keys.read_bytes() != data
     with pytest.raises(FormatError, match="keys.txt' was replaced after the dataset was opened"):
         load_keys_through(dataset, "spawn", keys_only=True)

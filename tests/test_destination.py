@@ -97,31 +97,54 @@ def test_an_interrupted_conversion_is_never_silently_discarded(
     assert "nothing to resume" in fresh.summary()
 
 
-SLOW = """
-import sys, time, packer
-packer.convert(sys.argv[1], sys.argv[2], shard_size="5kB", workers=1, progress=False,
-               on_event=lambda name, n: time.sleep(0.4) if name == "shard" else None)
+HANG = 300.0  # a hang guard, never reached by a slow run
+
+STOPPER = """
+import os, signal, sys, packer
+def on_event(name, n):
+    if name == "shard" and n == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)  # a live conversion, paused mid-way
+packer.convert(sys.argv[1], sys.argv[2], shard_size=sys.argv[3], workers=1, progress=False,
+               on_event=on_event)
 print("done")
 """
+
+
+def _stopped_writer(tree: DemoTree, dst: Path, shard_size: str) -> subprocess.Popen[str]:
+    """A conversion to ``dst`` in a process that stops itself (SIGSTOP) after its first shard:
+    writing, its lock held, for as long as the test needs (an event: the process's state),
+    never a conversion slowed by sleeps that a loaded machine could let finish first."""
+    first = subprocess.Popen(
+        [sys.executable, "-c", STOPPER, str(tree.root), str(dst), shard_size],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + HANG
+    while True:
+        with open(f"/proc/{first.pid}/stat") as fh:
+            if fh.read().split(") ")[1][0] == "T":
+                return first
+        assert first.poll() is None and time.monotonic() < deadline, "it never stopped"
+        time.sleep(0.05)
 
 
 def test_two_conversions_to_one_destination(
     tree_files: Any, tree: DemoTree, tmp_path: Path
 ) -> None:
     dst = tmp_path / "out.npy"
-    first = subprocess.Popen(
-        [sys.executable, "-c", SLOW, str(tree.root), str(dst)], stdout=subprocess.PIPE, text=True
-    )
+    first = _stopped_writer(tree, dst, "5kB")
     lock = tmp_path / "out.npy.partial.lock"
-    deadline = time.monotonic() + 30
-    while not (lock.exists() and lock.read_text().strip()) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    second = subprocess.run(
-        [sys.executable, "-m", "packer", "convert", str(tree.root), str(dst), "-q", "--overwrite"],
-        capture_output=True,
-        text=True,
-    )
-    out, _ = first.communicate(timeout=120)
+    try:
+        assert lock.read_text().strip()  # its lock names it
+        second = subprocess.run(
+            [sys.executable, "-m", "packer", "convert", str(tree.root), str(dst), "-q"]
+            + ["--overwrite"],
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        first.send_signal(signal.SIGCONT)
+    out, _ = first.communicate(timeout=HANG)
     assert first.returncode == 0 and "done" in out
     assert second.returncode == 1
     assert (
@@ -141,31 +164,12 @@ def test_a_dead_writers_lock_is_taken_over(tree: DemoTree, tmp_path: Path) -> No
     assert verify(dst, progress=False).ok
 
 
-STOPPER = """
-import os, signal, sys, packer
-def on_event(name, n):
-    if name == "shard" and n == 0:
-        os.kill(os.getpid(), signal.SIGSTOP)  # a live conversion, paused mid-way
-packer.convert(sys.argv[1], sys.argv[2], shard_size="15kB", workers=1, progress=False,
-               on_event=on_event)
-print("done")
-"""
-
-
 def test_a_live_writer_is_named_and_its_folder_never_offered(
     tree_files: Any, tree: DemoTree, tmp_path: Path
 ) -> None:
     dst = tmp_path / "out.npy"
-    first = subprocess.Popen(
-        [sys.executable, "-c", STOPPER, str(tree.root), str(dst)], stdout=subprocess.PIPE, text=True
-    )
+    first = _stopped_writer(tree, dst, "15kB")
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # wait until it stops itself after shard 0
-            with open(f"/proc/{first.pid}/stat") as fh:
-                if fh.read().split(") ")[1][0] == "T":
-                    break
-            time.sleep(0.05)
         assert (tmp_path / "out.npy.partial" / "_progress" / "shard-00000.json").is_file()
         for extra in ([], ["--overwrite"], ["--resume"], ["--overwrite", "--resume"]):
             second = subprocess.run(
@@ -180,7 +184,7 @@ def test_a_live_writer_is_named_and_its_folder_never_offered(
             assert "add --resume" not in said and "Remove it yourself" not in said, extra
     finally:
         first.send_signal(signal.SIGCONT)
-    out, _ = first.communicate(timeout=120)
+    out, _ = first.communicate(timeout=HANG)
     assert first.returncode == 0 and "done" in out
     assert verify(dst, progress=False).ok
     reference = tmp_path / "ref.npy"

@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import io
+import multiprocessing
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -163,16 +165,18 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def _settled_fds(window_s: float = 0.25) -> int:
-    """The fewest open descriptors over a short window: the pipes of workers that are shutting
-    down close on their own (later on a loaded machine); a leaked one never does."""
+def _settled_fds() -> int:
+    """Open descriptors once the epoch's workers are gone: every worker process exited and
+    reaped, every queue's feeder thread ended, their objects collected (events, however late
+    a loaded machine lets them come; a hang guard of 300 s). A leaked descriptor stays."""
+    deadline = time.monotonic() + 300
+    while multiprocessing.active_children() or any(
+        t.name == "QueueFeederThread" for t in threading.enumerate()
+    ):
+        assert time.monotonic() < deadline, "the workers never ended (a hang guard)"
+        time.sleep(0.01)
     gc.collect()
-    lowest = _open_fds()
-    deadline = time.monotonic() + window_s
-    while time.monotonic() < deadline:
-        time.sleep(0.02)
-        lowest = min(lowest, _open_fds())
-    return lowest
+    return _open_fds()
 
 
 def _rss_kb() -> int:

@@ -53,7 +53,7 @@ def other_store(server: S3Server) -> Iterator[S3Server]:
     cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
     child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300  # a hang guard: moto starts at its own pace
         while True:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()

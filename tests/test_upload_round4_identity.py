@@ -57,7 +57,7 @@ def store_b(server: S3Server) -> Iterator[S3Server]:
     cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
     child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300  # a hang guard: moto starts at its own pace
         while True:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -227,7 +227,7 @@ def test_a_second_writer_through_another_spelling_is_refused_as_a_second_writer(
     def hold(name: str, number: int) -> None:
         if name == "shard":
             holding.set()
-            go.wait(60)
+            go.wait(300)  # a hang guard: the test lets it go
 
     def writer() -> None:
         try:
@@ -247,7 +247,7 @@ def test_a_second_writer_through_another_spelling_is_refused_as_a_second_writer(
     thread = threading.Thread(target=writer)
     thread.start()
     try:
-        assert holding.wait(60)
+        assert holding.wait(300)  # a hang guard, not a bound
         with pytest.raises(DestinationError, match="being written by another packer process"):
             convert_to_url(
                 source,
