@@ -1,4 +1,5 @@
-"""A tiny DDP training run for tests/test_training_kills.py (run as a script, one process per rank).
+"""A tiny DDP training run for tests/test_training_kills.py (one process per rank: a script, or
+:func:`forked_rank` in a child of the test process's forkserver).
 
 Rank and world size come from RANK / WORLD_SIZE, the gloo rendezvous from MASTER_PORT on
 127.0.0.1. It trains a linear layer on a 4-number summary of each decoded image, reading a packed
@@ -145,6 +146,21 @@ class Run:
             if self.rank == 0 and step == args.hold:
                 wait_for_kill(Path(args.dir))
         return step
+
+
+def forked_rank(argv: list[str], env: dict[str, str], out: str) -> None:
+    """One rank as a child of the test process's forkserver (torch already imported there: a
+    fork instead of a ~2 CPU-s interpreter start and torch import per rank): a session of its
+    own (the test kills its process group, the rank and its DataLoader workers, with SIGKILL),
+    the test's environment, stdout and stderr into ``out``; then :func:`main` on ``argv``."""
+    os.setsid()
+    with open(out, "w") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = [__file__, *argv]
+    main()
 
 
 def main() -> None:

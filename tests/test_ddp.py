@@ -1,5 +1,5 @@
-"""Real DDP reading: torch.distributed (gloo, CPU) in processes started by torch.multiprocessing,
-each rank with a DataLoader of 2 workers over a packed LMDB dataset."""
+"""Real DDP reading: torch.distributed (gloo, CPU) in processes started by torch.multiprocessing
+(forkserver), each rank with a DataLoader of 2 workers over a packed LMDB dataset."""
 
 from __future__ import annotations
 
@@ -109,7 +109,10 @@ def job(rank: int, world: int, port: int, root: str, out: str, task: dict[str, A
 
 def run(world: int, root: Path, out: Path, task: dict[str, Any]) -> list[dict[str, Any]]:
     out.mkdir()
-    mp.spawn(job, args=(world, free_port(), str(root), str(out), task), nprocs=world)
+    # forkserver: each rank a fresh process (nothing of the test's state inherited, as under
+    # spawn), forked from this test process's forkserver, which imported torch once
+    args = (world, free_port(), str(root), str(out), task)
+    mp.start_processes(job, args=args, nprocs=world, start_method="forkserver")
     return [json.loads((out / f"{r}.json").read_text()) for r in range(world)]
 
 

@@ -3,7 +3,8 @@ what the loop received is exactly one epoch, in exactly the order of an uninterr
 
 Each case launches tests/killrun_train.py (gloo DDP on 127.0.0.1, ShardedSampler, torchdata's
 StatefulDataLoader with forked workers, a linear model, a checkpoint every 2 steps written
-atomically by rank 0) four times on the same checkpoint file:
+atomically by rank 0) four times on the same checkpoint file, each rank a process of its own
+forked by the test process's forkserver (torch imported there once, not by every rank):
 
 1. 2 ranks × 2 workers, killed after a step chosen by a seeded RNG;
 2. 1 rank × 2 workers, killed while the checkpoint of a chosen step is half written;
@@ -41,17 +42,15 @@ after the epoch boundary.
 
 from __future__ import annotations
 
-import importlib.util
+import multiprocessing
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
-from types import ModuleType
 
+import killrun_train as train
 import numpy as np
 import pytest
 import torch
@@ -61,18 +60,9 @@ from packer.demo.image import make_image_tree
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")  # torchdata
 
-SCRIPT = Path(__file__).with_name("killrun_train.py")
 ROOT = Path(__file__).resolve().parents[1]
 BATCH, EVERY, N = 2, 2, 36  # batch per rank, checkpoint period in steps, samples per epoch
 TIMEOUT = 40.0  # seconds for one launch to reach its hold point or its end
-
-
-def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("killrun_train", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +90,26 @@ def outputs(run: Path) -> str:
     return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(run.glob("out*")))
 
 
-def kill(procs: list[subprocess.Popen]) -> None:
+class Rank:
+    """A rank of a run: :func:`killrun_train.forked_rank` in a child of this test process's
+    forkserver (its own session, stdout and stderr into its ``out`` file)."""
+
+    def __init__(self, args: list[str], env: dict[str, str], out: Path) -> None:
+        context = multiprocessing.get_context("forkserver")
+        self.process = context.Process(target=train.forked_rank, args=(args, env, str(out)))
+        self.process.start()
+        assert self.process.pid is not None
+        self.pid: int = self.process.pid
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def wait(self, timeout: float) -> None:
+        self.process.join(timeout)
+        assert self.process.exitcode is not None, f"rank {self.pid} still running"
+
+
+def kill(procs: list[Rank]) -> None:
     for proc in procs:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # the rank and its DataLoader workers
@@ -117,20 +126,11 @@ def launch(run: Path, data: list[str], ranks: int, workers: int, tag: str, *extr
     (run / "held").unlink(missing_ok=True)
     env = {**os.environ, "WORLD_SIZE": str(ranks), "MASTER_PORT": str(free_port())}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    args = [sys.executable, str(SCRIPT), "--data", *data, "--dir", str(run)]
+    args = ["--data", *data, "--dir", str(run)]
     args += ["--workers", str(workers), "--every", str(EVERY), "--log", tag, *extra]
     procs = []
     for rank in range(ranks):
-        with open(run / f"out.{tag}.{rank}", "w") as out:
-            procs.append(
-                subprocess.Popen(
-                    args,
-                    env={**env, "RANK": str(rank)},
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
+        procs.append(Rank(args, {**env, "RANK": str(rank)}, run / f"out.{tag}.{rank}"))
     holding = bool({"--hold", "--hold-in-save"} & set(extra))
     deadline = time.monotonic() + TIMEOUT
     try:
@@ -173,7 +173,6 @@ def steps_left(position: int, ranks: int) -> int:
 def test_killed_runs_resume_exactly_on_other_rank_and_worker_counts(
     data: dict[str, list[str]], kind: str, tmp_path: Path
 ) -> None:
-    train = load_script()
     expected = train.open_data(data[kind])
     assert len(expected) == N
     order = packer.ShardedSampler(expected, num_replicas=1, rank=0, seed=3).order()
@@ -215,7 +214,6 @@ def test_persistent_workers_resume_a_checkpoint_taken_after_an_epoch_boundary(
     """Two epochs with ``persistent_workers=True``: 2 ranks × 2 workers killed in epoch 1 (the
     workers crossed the boundary alive), resumed on 1 rank × 2 workers from a checkpoint taken in
     epoch 1: epoch 0 then epoch 1, each exactly once and in its own order."""
-    train = load_script()
     expected = train.open_data(data["dataset"])
     sampler = packer.ShardedSampler(expected, num_replicas=1, rank=0, seed=3)
     want = []
