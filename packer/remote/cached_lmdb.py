@@ -25,7 +25,7 @@ import numpy as np
 from packer.core.manifest import Manifest
 from packer.formats import lmdb
 from packer.formats.lmdb_env import Handle
-from packer.remote.cache import CacheEntry, ShardCache
+from packer.remote.cache import CacheEntry
 from packer.remote.cached_reader import CachedShards
 from packer.remote.reader import RemoteReader
 from packer.remote.storage import RemoteFolder
@@ -61,17 +61,10 @@ class CachedLMDBReader(CachedShards, lmdb.Reader):
     of a shard not cached yet served by a checked ranged GET while the shard downloads (see the
     module docstring)."""
 
-    def __init__(
-        self,
-        folder: RemoteFolder,
-        cache: ShardCache,
-        manifest: Manifest,
-        records: np.ndarray,
-        **options: Any,
+    def _format_init(
+        self, folder: RemoteFolder, manifest: Manifest, records: np.ndarray, **options: Any
     ) -> None:
         lmdb.Reader.__init__(self, folder.url, manifest, records, **options)
-        self._cached_init(folder, cache, manifest, records)
-        self._capacity(self.handles, manifest)
         self._ranges = RemoteReader(folder, manifest, records, "")
 
     def _ranged_many(self, rec: np.ndarray) -> list[bytes]:

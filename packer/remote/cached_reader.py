@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import closing
 from typing import Any
 
@@ -71,10 +71,20 @@ class CachedShards:
     kind: str
     handles: HandleCache
     length: np.ndarray
+    # the format reader's own __init__: (folder, manifest, records, **the reader options it takes)
+    _format_init: Callable[..., None]
 
-    def _cached_init(
-        self, folder: RemoteFolder, cache: ShardCache, manifest: Manifest, records: np.ndarray
+    def __init__(
+        self,
+        folder: RemoteFolder,
+        cache: ShardCache,
+        manifest: Manifest,
+        records: np.ndarray,
+        **options: Any,
     ) -> None:
+        """The format's reader of the output at ``folder`` (:meth:`_format_init`, given the
+        reader ``options``), reading its shards through ``cache``."""
+        self._format_init(folder, manifest, records, **options)
         self.url = folder.url
         self.remote = folder
         self.cache = cache
@@ -84,6 +94,7 @@ class CachedShards:
         self.record_digests: np.ndarray = records["checksum"]
         self._ranged = (-1, 0)  # (process, bytes it served by range)
         self._trail = (-1, -2, 0)  # (process, its last request's highest shard, requests in order)
+        self._capacity(self.handles, manifest)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_ranged": (-1, 0), "_trail": (-1, -2, 0)}
@@ -284,10 +295,9 @@ class CachedShardReader(CachedShards, RemoteReader):
 
     RANGED = False  # read from the cache but for a first few % of the bytes
 
-    def __init__(
+    def _format_init(
         self,
         folder: RemoteFolder,
-        cache: ShardCache,
         manifest: Manifest,
         records: np.ndarray,
         max_open_files: int | None = None,
@@ -295,15 +305,8 @@ class CachedShardReader(CachedShards, RemoteReader):
         sample_suffix: str = "",
     ) -> None:
         RemoteReader.__init__(
-            self,
-            folder,
-            manifest,
-            records,
-            sample_suffix,
-            max_open_files=max_open_files,
+            self, folder, manifest, records, sample_suffix, max_open_files=max_open_files
         )
-        self._cached_init(folder, cache, manifest, records)
-        self._capacity(self.handles, manifest)
 
     def _wait_map(self, file: int) -> memoryview:
         """Shard ``file`` mapped from the cache, downloaded (or waited for) first."""
