@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packer.core.manifest import ClassIndex
 from packer.errors import SourceError
 from packer.source.links import LOOP, folder_entry, loops_in
 
@@ -61,7 +62,7 @@ class SkippedInput:
 
 
 @dataclass
-class Scan:
+class Scan(ClassIndex):
     """The result of scanning a source folder."""
 
     root: str
@@ -70,11 +71,6 @@ class Scan:
     samples: list[Sample]
     skipped: list[SkippedInput] = field(default_factory=list)
     ignored: int = 0  # non-image files and folders that are not samples
-
-    @property
-    def class_to_idx(self) -> dict[str, int]:
-        """Map class name to label."""
-        return {name: i for i, name in enumerate(self.classes)}
 
     @property
     def total_bytes(self) -> int:
