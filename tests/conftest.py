@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from fault_proxy import FaultProxy, fault_proxy
-from s3_server import CREDENTIALS, S3Server, moto_endpoint, s3_bucket
+from s3_server import CREDENTIALS, S3Server, moto_endpoint, s3_bucket, share_botocore_models
 
 import packer
 from packer.core.manifest import MANIFEST_NAME
@@ -25,6 +25,8 @@ _FIRST: dict[str, str] = {}
 for _suffix, _module in FORMATS.items():
     _FIRST.setdefault(_module.NAME, _suffix)
 SUFFIXES = sorted(_FIRST.values())  # one suffix per format: .bmp .h5 .lmdb .npy
+
+share_botocore_models()  # botocore's JSON models parsed once per test process, not per client
 
 if os.environ.get("PACKER_TEST_CPU"):  # each test's CPU-seconds (tests/cpu_report.py)
     pytest_plugins = ["cpu_report"]

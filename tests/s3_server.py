@@ -3,7 +3,9 @@ the test process, reached by the real s3fs/botocore client through ``endpoint_ur
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import pickle
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,36 @@ CREDENTIALS = {
     "AWS_SESSION_TOKEN": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
+
+
+def share_botocore_models() -> None:
+    """Each new botocore session (every ``S3FileSystem`` packer or a test makes: ~5 a remote
+    test) parses the S3 service model, its endpoint rules and the endpoints again from gzipped
+    JSON into OrderedDicts, ~0.15 CPU-s a session. In a test process each file is parsed once:
+    the same tree handed to every session, as botocore's own loader does for the clients of one
+    session; a service model (moto, in this process too, changes the one it is given) kept
+    pickled, a fresh copy for each session. Spawned workers and CLI processes parse their own."""
+    from botocore import loaders
+
+    if getattr(loaders.JSONFileLoader.load_file, "shared", False):
+        return
+    load: Callable[[Any, str], Any] = loaders.JSONFileLoader.load_file
+    parsed: dict[str, Any] = {}
+    lock = threading.Lock()
+
+    def load_file(self: Any, file_path: str) -> Any:
+        if "/botocore/data/" not in file_path:
+            return load(self, file_path)  # moto's own models
+        with lock:
+            if file_path not in parsed:
+                tree = load(self, file_path)
+                copied = file_path.endswith("/service-2")
+                parsed[file_path] = pickle.dumps(tree, protocol=5) if copied else tree
+            tree = parsed[file_path]
+        return pickle.loads(tree) if isinstance(tree, bytes) else tree
+
+    load_file.shared = True  # type: ignore[attr-defined]
+    loaders.JSONFileLoader.load_file = load_file  # type: ignore[method-assign]
 
 
 @dataclass
