@@ -1,6 +1,7 @@
 """The fast JPEG decoders (simplejpeg, OpenCV, PyTurboJPEG where it loads): the same RGB pixels
 as Pillow, a refusal (None) for what they do not handle so Pillow decodes it, the pixel limit,
-clear errors for unknown and missing decoders, and real DataLoader workers under spawn.
+clear errors for unknown and missing decoders, and real DataLoader workers in fresh processes
+(forkserver: the dataset and its decoder choice pickled, as under spawn).
 
 Tolerance against Pillow: mean absolute difference < 1.5 and no pixel off by more than 16 (IDCT
 and upsampling implementations may differ between libjpeg builds; with the libjpeg-turbo builds
@@ -207,7 +208,7 @@ def test_video_dataset_takes_a_decoder(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("suffix", [".lmdb", "folder"])
-def test_dataloader_spawn_workers_decode_like_pillow(
+def test_dataloader_fresh_workers_decode_like_pillow(
     suffix: str, tree: DemoTree, packed: dict[str, Path]
 ) -> None:
     good = {str(p) for p in tree.good}
@@ -221,7 +222,7 @@ def test_dataloader_spawn_workers_decode_like_pillow(
 
     reference = open_one("pillow")
     loader = DataLoader(
-        open_one("simplejpeg"), batch_size=4, num_workers=2, multiprocessing_context="spawn"
+        open_one("simplejpeg"), batch_size=4, num_workers=2, multiprocessing_context="forkserver"
     )
     images, labels = zip(*[(x, y) for xs, ys in loader for x, y in zip(xs, ys)])
     assert len(images) == len(reference)

@@ -83,7 +83,7 @@ def test_every_format_reads_back_field_for_field_through_workers(
     assert ds[3]["txt"] == "" and ds[1]["json"] is None  # empty and absent stay apart
 
 
-@pytest.mark.parametrize("context", ["forkserver", "spawn"])
+@pytest.mark.parametrize("context", ["fork", "forkserver"])  # spawn: test_field_transport.py
 def test_workers_under_every_start_method(context: str, outputs: dict[str, Path]) -> None:
     ds = packer.open_dataset(outputs[".lmdb"], output="numpy")
     loader = DataLoader(
