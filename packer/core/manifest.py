@@ -51,7 +51,6 @@ __all__ = [
     "INDEX_NAME",
     "KEYS_NAME",
     "LAYOUT_VERSION",
-    "ClassIndex",
     "MANIFEST_NAME",
     "RECORDS_NAME",
     "RECORD_DTYPE",
@@ -124,19 +123,8 @@ class ShardInfo:
     xxh3_64: str
 
 
-class ClassIndex:
-    """What holds a dataset's ``classes``: the label of each, ImageFolder's ``class_to_idx``."""
-
-    classes: list[str]
-
-    @property
-    def class_to_idx(self) -> dict[str, int]:
-        """Map class name to label."""
-        return {name: i for i, name in enumerate(self.classes)}
-
-
 @dataclass
-class Manifest(ClassIndex):
+class Manifest:
     """What ``packer.json`` holds."""
 
     format: str
@@ -151,6 +139,11 @@ class Manifest(ClassIndex):
     layout_version: int = LAYOUT_VERSION
     packer_version: str = ""
     created: str = ""
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Map class name to label."""
+        return {name: i for i, name in enumerate(self.classes)}
 
     @property
     def data_bytes(self) -> int:

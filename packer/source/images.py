@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packer.core.manifest import ClassIndex
 from packer.errors import SourceError
 from packer.source.links import LOOP, folder_entry, loops_in
 
@@ -62,7 +61,7 @@ class SkippedInput:
 
 
 @dataclass
-class Scan(ClassIndex):
+class Scan:
     """The result of scanning a source folder."""
 
     root: str
@@ -71,6 +70,11 @@ class Scan(ClassIndex):
     samples: list[Sample]
     skipped: list[SkippedInput] = field(default_factory=list)
     ignored: int = 0  # non-image files and folders that are not samples
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Map class name to label."""
+        return {name: i for i, name in enumerate(self.classes)}
 
     @property
     def total_bytes(self) -> int:
