@@ -50,6 +50,19 @@ def share_botocore_models() -> None:
     load_file.shared = True  # type: ignore[attr-defined]
     loaders.JSONFileLoader.load_file = load_file  # type: ignore[method-assign]
 
+    # and each session listed botocore's ~400 service folders (a stat of each) again
+    list_services: Callable[[Any, str], list[str]] = loaders.Loader.list_available_services
+    listed: dict[tuple[tuple[str, ...], str], list[str]] = {}
+
+    def list_available_services(self: Any, type_name: str) -> list[str]:
+        key = (tuple(self.search_paths), type_name)
+        with lock:
+            if key not in listed:
+                listed[key] = list_services(self, type_name)
+            return list(listed[key])
+
+    loaders.Loader.list_available_services = list_available_services  # type: ignore[method-assign]
+
 
 @dataclass
 class S3Server:
