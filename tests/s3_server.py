@@ -4,6 +4,7 @@ the test process, reached by the real s3fs/botocore client through ``endpoint_ur
 from __future__ import annotations
 
 import pickle
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,19 +22,29 @@ CREDENTIALS = {
 }
 
 
+def _called_by_moto() -> bool:
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").startswith("moto."):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def share_botocore_models() -> None:
     """Each new botocore session (every ``S3FileSystem`` packer or a test makes: ~5 a remote
     test) parses the S3 service model, its endpoint rules and the endpoints again from gzipped
     JSON into OrderedDicts, ~0.15 CPU-s a session. In a test process each file is parsed once:
     the same tree handed to every session, as botocore's own loader does for the clients of one
-    session; a service model (moto, in this process too, changes the one it is given) kept
-    pickled, a fresh copy for each session. Spawned workers and CLI processes parse their own."""
+    session; moto, in this process too, changes the service model it is given: it gets a fresh
+    copy (kept pickled) each time. Spawned workers and CLI processes parse their own."""
     from botocore import loaders
 
     if getattr(loaders.JSONFileLoader.load_file, "shared", False):
         return
     load: Callable[[Any, str], Any] = loaders.JSONFileLoader.load_file
     parsed: dict[str, Any] = {}
+    copies: dict[str, bytes] = {}
     lock = threading.Lock()
 
     def load_file(self: Any, file_path: str) -> Any:
@@ -42,10 +53,13 @@ def share_botocore_models() -> None:
         with lock:
             if file_path not in parsed:
                 tree = load(self, file_path)
-                copied = file_path.endswith("/service-2")
-                parsed[file_path] = pickle.dumps(tree, protocol=5) if copied else tree
+                parsed[file_path] = tree
+                if file_path.endswith("/service-2"):
+                    copies[file_path] = pickle.dumps(tree, protocol=5)
             tree = parsed[file_path]
-        return pickle.loads(tree) if isinstance(tree, bytes) else tree
+            if file_path in copies and _called_by_moto():
+                return pickle.loads(copies[file_path])
+            return tree
 
     load_file.shared = True  # type: ignore[attr-defined]
     loaders.JSONFileLoader.load_file = load_file  # type: ignore[method-assign]
