@@ -6,6 +6,7 @@ whole when a read fails (:func:`cancel_downloads`; a running download stops at i
 from __future__ import annotations
 
 import atexit
+import multiprocessing.util
 import os
 import threading
 import time
@@ -48,7 +49,11 @@ def in_background(key: str, work: Callable[[], None]) -> bool:
     (:func:`cancel_downloads` drops the work waiting; a running download stops at its next
     chunk, :func:`cancelled`)."""
     with _FETCH_LOCK:
-        pool = _BACKGROUND.setdefault(os.getpid(), _Pool())
+        pool = _BACKGROUND.get(os.getpid())
+        if pool is None:
+            pool = _BACKGROUND[os.getpid()] = _Pool()
+            # a multiprocessing child (a DataLoader worker) runs no atexit hook: its finalizers
+            multiprocessing.util.Finalize(None, end_downloads, exitpriority=1)
         if key in pool.fetching:
             return False
         pool.fetching[key] = threading.Event()
@@ -131,7 +136,9 @@ def wait_for_downloads(timeout: float | None = None) -> bool:
 
 def end_downloads() -> None:
     """At a clean exit the downloads under way end first (the cache keeps them); after a
-    failed read cancelled them (:func:`cancel_downloads`), the process does not wait."""
+    failed read cancelled them (:func:`cancel_downloads`), the process does not wait. Run at
+    exit by ``atexit`` and, in a multiprocessing child (which runs no ``atexit`` hook), by its
+    finalizers."""
     with _FETCH_LOCK:
         pool = _BACKGROUND.get(os.getpid())
         waits = pool is not None and pool.generation == 0
