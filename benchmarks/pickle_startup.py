@@ -19,9 +19,13 @@ sample, timed by the parent: the dataset's own share of a worker's start-up) and
 ``unpickle_and_read_s`` (timed in the worker). ``whole_over_small`` is the ratio of the
 ``dataset_s``. Prints and writes one JSON object.
 
+``--where url`` serves the datasets over HTTP on the loopback (``tests/bounds_servers``, Range
+requests): ``small`` then fetches the manifest and tables again in the worker, ``whole`` carries
+them in its pickle.
+
 Usage::
 
-    python benchmarks/pickle_startup.py --samples 10000 100000 1000000
+    python benchmarks/pickle_startup.py --samples 10000 100000 1000000 --where local url
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
+from bounds_servers import file_server  # noqa: E402
 from tiny_dataset import write_tiny  # noqa: E402
 
 import packer  # noqa: E402
@@ -105,13 +110,14 @@ def spawn_session(payload: bytes, repeats: int) -> tuple[float, list[float], lis
     return first, sent, inside
 
 
-def measure(n: int, data: Path, repeats: int) -> dict[str, Any]:
+def measure(n: int, data: Path, repeats: int, endpoint: str | None = None) -> dict[str, Any]:
     root = data / f"tiny-{n}.npy"
     shutil.rmtree(root, ignore_errors=True)
     write_tiny(root, n)
-    dataset = packer.open_dataset(root, output="bytes")
+    where = f"{endpoint}/{root.name}" if endpoint else root
+    dataset = packer.open_dataset(where, output="bytes")
     payloads = {"baseline": type(dataset), "small": dataset, "whole": Whole(dataset)}
-    out: dict[str, Any] = {"samples": n}
+    out: dict[str, Any] = {"samples": n, "where": "url" if endpoint else "local"}
     for mode, payload in payloads.items():
         data = pickle.dumps(payload)
         first, sent, inside = spawn_session(data, repeats)
@@ -132,6 +138,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--where", nargs="+", choices=("local", "url"), default=["local"])
     parser.add_argument("--data", type=Path, default=Path("/tmp/packer-pickle-startup"))
     parser.add_argument("--out", type=Path, default=HERE / "results" / "pickle_startup.json")
     args = parser.parse_args(argv)
@@ -146,8 +153,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "start_method": "spawn",
         "repeats": args.repeats,
-        "runs": [measure(n, args.data, args.repeats) for n in args.samples],
+        "runs": [],
     }
+    for where in args.where:
+        if where == "local":
+            result["runs"] += [measure(n, args.data, args.repeats) for n in args.samples]
+            continue
+        with file_server(args.data) as served:
+            result["runs"] += [
+                measure(n, args.data, args.repeats, served.endpoint) for n in args.samples
+            ]
     text = json.dumps(result, indent=1)
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,14 +15,15 @@ import numpy as np
 import xxhash
 from torch.utils.data import Dataset
 
-from packer.core.contained import open_folder, replaced
 from packer.core.keytable import KeyTable
-from packer.core.manifest import KEYS_NAME, Manifest
+from packer.core.manifest import Manifest
 from packer.decode.outputs import check_output
 from packer.decode.registry import check_decoder
 from packer.errors import FormatError, InputFileError, PackerError
 from packer.formats.base import ReaderBase
+from packer.read.reopen import changed, mark, still_there
 from packer.read.scatter import OrderWatch
+from packer.read.spill import load, spill
 from packer.read.store import Packed
 from packer.remote.storage import is_url
 
@@ -182,8 +183,12 @@ class PackedSamples:
     training process), an output whose identity differs: what a worker serves is what the
     parent opened. So its pickle is a few KB at any number of samples. An attribute
     of :data:`REOPENED` the caller replaced (or a ``targets`` changed in place) is pickled as
-    it is. A dataset at a URL (or staged through the shard cache) pickles whole: its tables
-    were fetched, and a worker would fetch them again.
+    it is. A dataset at a URL (or staged through the shard cache) fetched its tables: its
+    opened state is pickled small by :mod:`packer.read.spill` (its arrays in one node-local
+    file, mapped and checked by the process that unpickles it, which fetches nothing again);
+    where that file is missing (another machine), that process opens the URL again on first
+    use, as a local dataset is opened again, and refuses a manifest whose digest differs from
+    the one the parent opened.
     """
 
     root: Path
@@ -206,10 +211,9 @@ class PackedSamples:
     def _opened_by(self, owner: type, args: dict[str, Any]) -> None:
         """Remember how this dataset was opened: ``owner.__init__(self, **args)``, the last
         step of that ``__init__`` (see the class docstring)."""
-        if is_url(str(self.root)) or str(self.root).startswith("file:"):
-            return  # a URL's tables were fetched: pickled with them, never fetched again
-        args = {**args, "root": Path(args["root"]).absolute()}  # a worker may run elsewhere
-        marks = {n: _mark(self.__dict__[n]) for n in self.REOPENED if n in self.__dict__}
+        if not self._remote():  # a URL stays as it was given
+            args = {**args, "root": Path(args["root"]).absolute()}  # a worker may run elsewhere
+        marks = {n: mark(self.__dict__[n]) for n in self.REOPENED if n in self.__dict__}
         self.__dict__["_reopen"] = (owner, args, marks)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -221,17 +225,31 @@ class PackedSamples:
         if remembered is None:
             return state
         owner, args, marks = remembered
-        for name, mark in marks.items():
-            if name in state and _mark(state[name]) == mark:
-                del state[name]  # made again by the open in the process that unpickles it
+        opened = {}
+        for name, made in marks.items():
+            if name in state and mark(state[name]) == made:
+                opened[name] = state.pop(name)  # made again where it is unpickled
         state["_reopen"] = (owner, args, self._identity())
+        if opened and self._remote():  # fetched: its arrays mapped from a node-local file
+            spilled = spill(opened)
+            if spilled is None:  # the file cannot be written here: pickled whole
+                del state["_reopen"]
+                state.update(opened)
+            else:
+                state["_spilled"] = spilled
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state = dict(state)
         remembered = state.pop("_reopen", None)
+        spilled = state.pop("_spilled", None)
         self.__dict__.update(state)
-        if remembered is not None:  # opened again on first use (a refusal is then a read's)
+        opened = None if spilled is None else load(spilled)
+        if opened is not None and remembered is not None:  # what the parent opened, mapped
+            self.__dict__.update(opened)
+            marks = {name: mark(value) for name, value in opened.items()}
+            self.__dict__["_reopen"] = (remembered[0], remembered[1], marks)
+        elif remembered is not None:  # opened again on first use (a refusal is then a read's)
             self.__dict__["_pending"] = remembered
 
     def __getattr__(self, name: str) -> Any:
@@ -242,11 +260,12 @@ class PackedSamples:
         del kept["_pending"], self.__dict__["_pending"]
         owner, args, identity = pending
         try:
-            _still_there(identity)  # the folder and keys.txt it opened, by their identity
+            if identity["path"] is not None:  # a local output: the folder, keys.txt it opened
+                still_there(identity)
             owner.__init__(self, **args)
             found = self._identity()
             if found != identity:
-                raise FormatError(_changed(kept.get("root", args["root"]), identity, found))
+                raise FormatError(changed(kept.get("root", args["root"]), identity, found))
         except BaseException:
             self.__dict__.clear()
             self.__dict__.update(kept, _pending=pending)  # refused again at the next use
@@ -258,14 +277,21 @@ class PackedSamples:
         """What this dataset opened: its manifest's digest (every table's xxh3 is in it), the
         folder's and every shard's identity (a local output)."""
         text = json.dumps(self.manifest.to_dict(), sort_keys=True, ensure_ascii=True)
+        digest = xxhash.xxh3_64_hexdigest(text.encode("ascii"))
+        if self._remote():  # its tables' xxh3 are in the manifest; its shards are checked
+            return {"manifest": digest, "folder": (), "shards": None, "keys": None, "path": None}
         shards, keys = self.reader.shard_ids, self.reader.keys.pinned
         return {
-            "manifest": xxhash.xxh3_64_hexdigest(text.encode("ascii")),
+            "manifest": digest,
             "folder": tuple(self.reader.root_id or ()),
             "shards": None if shards is None else [tuple(s) for s in shards],
             "keys": None if keys is None else tuple(keys[1]),
             "path": os.path.abspath(self.reader.root),
         }
+
+    def _remote(self) -> bool:
+        """Whether this dataset was opened at a URL (or staged through the shard cache)."""
+        return is_url(str(self.root)) or str(self.root).startswith("file:")
 
     def _watch_order(self, positions: Sequence[int] | np.ndarray) -> None:
         if not self.reader.RANGED:  # a local dataset, or one read through the cache
@@ -335,49 +361,3 @@ class PackedSamples:
 
     def _describe(self, i: int) -> str:
         return f"{self.UNIT[:-1]} {i} ({self.keys[i]!r} in {str(self.root)!r})"
-
-
-def _mark(value: Any) -> tuple[int, str | None]:
-    """What tells a value from the one an open made: its ``id``, and a writable array's
-    digest (``targets`` can be changed in place)."""
-    if isinstance(value, np.ndarray) and value.flags.writeable:
-        return id(value), xxhash.xxh3_64_hexdigest(np.ascontiguousarray(value).data)
-    return id(value), None
-
-
-def _still_there(identity: dict[str, Any]) -> None:
-    """The folder and ``keys.txt`` a dataset opened are still the ones at its path (before it
-    is opened again there: a replaced one is named as such).
-
-    Raises:
-        FormatError: either was replaced since.
-    """
-    path, folder, keys = identity["path"], identity["folder"], identity["keys"]
-    fd = open_folder(path, folder or None)
-    try:
-        if keys is not None:
-            try:
-                st = os.stat(KEYS_NAME, dir_fd=fd, follow_symlinks=False)
-            except OSError:
-                raise replaced(Path(path) / KEYS_NAME) from None
-            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != keys:
-                raise replaced(Path(path) / KEYS_NAME)
-    finally:
-        os.close(fd)
-
-
-_WHAT = {
-    "manifest": "its packer.json is another (converted or written again, or edited)",
-    "folder": "its folder was replaced (--overwrite)",
-    "shards": "a shard was replaced",
-}
-
-
-def _changed(root: Any, was: dict[str, Any], now: dict[str, Any]) -> str:
-    what = "; ".join(_WHAT[k] for k in _WHAT if was.get(k) != now.get(k))
-    return (
-        f"{str(root)!r} was replaced after the dataset was opened: {what}. This process "
-        "(a DataLoader worker, or wherever the dataset was unpickled) opened it again and "
-        "refuses to serve other samples than the process that opened it; open the dataset "
-        "again (and start a new DataLoader) to read what is there now"
-    )

@@ -35,13 +35,13 @@ class HeldKeys(KeyTable):
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state["blob"] = self._load()[0].tobytes()
+        state["blob"] = np.ascontiguousarray(self._load()[0])  # out of band with protocol 5
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         blob = state["blob"]
-        self._blob = np.frombuffer(blob, np.uint8) if blob else np.zeros(0, np.uint8)
+        self._blob = np.frombuffer(blob, np.uint8) if len(blob) else np.zeros(0, np.uint8)
 
 
 class RemoteReader(ReaderBase):
