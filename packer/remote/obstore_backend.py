@@ -1,6 +1,6 @@
 """The obstore backend of :class:`packer.remote.storage.RemoteFolder`: ranged GETs of ``s3://`` and
 ``http(s)://`` objects through obstore (Rust's ``object_store``), ~0.2 CPU ms per GET against
-~1.4 ms through s3fs/aiobotocore (``benchmarks/README.md``, "A faster backend").
+~1.4 ms through s3fs/aiobotocore (``benchmarks/results/HISTORY.md``, "A faster read backend").
 
 **Choice.** ``storage_options={"backend": "obstore" | "fsspec"}`` (taken out before fsspec sees
 the options), else ``$PACKER_REMOTE_BACKEND``, else obstore when it is installed, reads the URL's
