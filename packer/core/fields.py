@@ -13,10 +13,10 @@ anything else is ``bytes``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from packer.core.manifest import bytes_checksum
+from packer.core.manifest_options import FieldSpec  # declared with the options that list them
 from packer.core.manifest_schema import FIELD_KINDS, FIELD_NAME
 from packer.errors import SourceError
 
@@ -47,18 +47,6 @@ _BY_SUFFIX = {
     "npy": "array",
     **{s: "audio" for s in ("audio", *(a[1:] for a in AUDIO_SUFFIXES))},
 }
-
-
-@dataclass(frozen=True)
-class FieldSpec:
-    """One field of a dataset: its name (``jpg``, ``seg.png``, ``txt``) and its kind."""
-
-    name: str
-    kind: str
-
-    def to_dict(self) -> dict[str, str]:
-        """The manifest's entry."""
-        return {"name": self.name, "kind": self.kind}
 
 
 def check_field_name(name: str, where: str = "") -> str:

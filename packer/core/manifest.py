@@ -13,17 +13,13 @@ A sample is a run of ``count`` consecutive records starting at ``first``: an ima
 a clip's video is one record per frame. A record's ``file`` is the shard number (layout
 ``"shards"``) or the sample number (layout ``"per-sample"``: the file is named after the
 sample's key); ``offset`` is where its bytes start in that file (an LMDB record number for
-LMDB). A manifest looks like::
+LMDB). A manifest looks like (``samples`` of a shard counts its records)::
 
-    {"format": "lmdb", "layout_version": 2, "kind": "image", "num_samples": 1281167,
-     "classes": ["n01440764", ...], "shards": [{"name": "shard-00000.mdb", "samples": 9000,
-     "bytes": 1073741824, "xxh3_64": "9f1c..."}], "skipped": [{"path": "...", "reason": "..."}],
-     "files": {"index.npy": "...", "records.npy": "...", "keys.txt": "..."},
-     "source": {"root": "/data/train", "files": 1281168, "bytes": 140000000000},
-     "options": {"layout": "shards", "shard_size": 1073741824, ...},
-     "packer_version": "0.2.0", "created": "..."}
-
-(``samples`` of a shard counts its records.)
+    {"format": "lmdb", "layout_version": 2, "kind": "image", "num_samples": 1281167, "classes":
+     ["n01440764", ...], "shards": [{"name": "shard-00000.mdb", "samples": 9000, "bytes": 1073741824,
+     "xxh3_64": "9f1c..."}], "skipped": [{"path": "...", "reason": "..."}], "files": {"index.npy":
+     "...", ...}, "source": {"root": "/data/train", "files": 1281168, "bytes": 140000000000},
+     "options": {"layout": "shards", ...}, "packer_version": "0.2.0", "created": "..."}
 """
 
 from __future__ import annotations
@@ -33,7 +29,8 @@ import json
 import os
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +40,7 @@ import xxhash
 from packer._version import __version__
 from packer.core import manifest_schema as schema
 from packer.core.keytable import escape_key, unescape_key
+from packer.core.manifest_options import ManifestOptions, parse_options
 from packer.core.manifest_schema import Invalid, check_manifest, check_manifest_size
 from packer.core.tablefile import check_runs, fd_checksum, parse_table, read_checked, temp_name
 from packer.errors import FormatError
@@ -134,11 +132,16 @@ class Manifest:
     shards: list[ShardInfo]
     skipped: list[dict[str, str]] = field(default_factory=list)
     source: dict[str, Any] = field(default_factory=dict)
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)  # as found: .opts reads them
     files: dict[str, str] = field(default_factory=dict)  # index/keys file name -> xxh3_64
     layout_version: int = LAYOUT_VERSION
     packer_version: str = ""
     created: str = ""
+
+    @cached_property
+    def opts(self) -> ManifestOptions:
+        """The options, typed and checked (:mod:`packer.core.manifest_options`)."""
+        return parse_options(self.options, self.kind)  # a wrong one: Invalid, a FormatError
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -170,8 +173,8 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "manifest") -> Manifest:
-        """Build from parsed JSON, every field checked (:mod:`packer.core.manifest_schema`); fields
-        this packer does not know are dropped.
+        """Build from parsed JSON, every field checked (:mod:`packer.core.manifest_schema`), the
+        options typed (:attr:`opts`); fields this packer does not know are dropped (options: kept).
 
         Raises:
             FormatError: a field is missing, of the wrong type or out of range, naming
@@ -179,18 +182,19 @@ class Manifest:
         """
         try:
             check_manifest(data)
+            opts = parse_options(data["options"], data["kind"])
         except Invalid as exc:
             raise FormatError(
                 f"{where} is not a valid packer manifest: {exc}. It was damaged or edited; "
                 "convert the source again (packer convert SRC DST --overwrite)"
             ) from None
-        known = {f.name for f in fields(cls)}
-        data = {k: v for k, v in data.items() if k in known}
-        data["shards"] = [ShardInfo(**{f: s[f] for f in _SHARD_FIELDS}) for s in data["shards"]]
-        return cls(**data)
-
-
-_SHARD_FIELDS = ("name", "samples", "bytes", "xxh3_64")
+        data = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        data["shards"] = [
+            ShardInfo(s["name"], s["samples"], s["bytes"], s["xxh3_64"]) for s in data["shards"]
+        ]
+        manifest = cls(**data)
+        manifest.__dict__["opts"] = opts  # what the cached property would parse again
+        return manifest
 
 
 def fsync_dir(path: Path) -> None:
@@ -234,11 +238,7 @@ def load_manifest(root: str | os.PathLike[str]) -> Manifest:
     root = Path(root)
     path = root / MANIFEST_NAME
     if not path.is_file():
-        hint = (
-            " (an interrupted conversion leaves no manifest; convert again)"
-            if root.is_dir()
-            else ""
-        )
+        hint = " (an interrupted conversion leaves no manifest; convert again)" * root.is_dir()
         raise FormatError(
             f"{str(root)!r} is not a complete packer dataset: no {MANIFEST_NAME}{hint}"
         )

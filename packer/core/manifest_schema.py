@@ -2,7 +2,8 @@
 
 Every field a reader, ``verify`` or ``inspect`` uses has a type and a range here; a manifest that
 breaks one is refused with the field's place (``shards[2].bytes``), the value found and what was
-expected, so a damaged or edited manifest never reaches code that would trip over it.
+expected, so a damaged or edited manifest never reaches code that would trip over it. The options
+are declared and checked with their types in :mod:`packer.core.manifest_options`, on these checks.
 
 Fields this packer does not know are ignored (and dropped by ``Manifest.from_dict``): a later
 packer of the same layout version may add informational fields, and nothing here reads them.
@@ -38,7 +39,6 @@ KINDS = ("image", "video", "splits", "fields")
 FIELD_KINDS = ("image", "text", "json", "int", "array", "audio", "bytes")
 # a field name: lower-case letters, digits, "_", "-" and inner single dots, at most 64 characters
 FIELD_NAME = re.compile(r"(?!.*\.\.)[a-z0-9_](?:[a-z0-9_.-]{0,62}[a-z0-9_-])?")
-LAYOUTS = ("shards", "per-sample")
 TABLE_NAMES = ("index.npy", "records.npy", "keys.txt")  # manifest.py's INDEX/RECORDS/KEYS_NAME
 INT64_MAX = 2**63 - 1  # tables and readers hold counts, sizes and offsets as int64
 _HEX64 = re.compile(r"[0-9a-f]{16}")
@@ -62,8 +62,9 @@ def check_manifest_size(path: str, size: int) -> None:
         )
 
 
-class Invalid(Exception):
-    """One field breaks the schema: where it is, the value found, what was expected."""
+class Invalid(FormatError):
+    """One field breaks the schema: where it is, the value found, what was expected
+    (:meth:`packer.core.manifest.Manifest.from_dict` says which file too)."""
 
     def __init__(self, where: str, found: Any, expected: str) -> None:
         shown = "missing" if found is _MISSING else _short(found)
@@ -71,6 +72,7 @@ class Invalid(Exception):
 
 
 _MISSING = object()
+MISSING = _MISSING  # a required field that is not there (Invalid says "missing")
 Check = Callable[[Any, str], None]
 
 
@@ -189,39 +191,6 @@ RESIZE_FIELDS = {
     "reencode": boolean,
 }
 RESIZE = record(RESIZE_FIELDS, required=tuple(RESIZE_FIELDS))
-OPTIONS = record(
-    {
-        "layout": text(LAYOUTS),
-        "shard_size": COUNT,
-        "check": text(),
-        "max_file_size": COUNT,
-        "max_pixels": COUNT,
-        "storage": mapping(number),
-        "pixels": list_of(integer(1), length=3),
-        "resize": RESIZE,
-        "quality": optional(integer(1, 100)),
-        "max_side": SIDE,
-        "short_side": SIDE,
-        "fps": optional(number),
-        "skip_bad_frames": optional(boolean),
-        "splits": mapping(COUNT),
-        "class_index_from": text(),
-        "kind": text(("image", "video", "fields")),  # a root of splits: its splits' kind
-        "part": list_of(COUNT, length=2),
-        "fields": list_of(
-            record(
-                {
-                    "name": text(pattern=FIELD_NAME, expected="a plain field name"),
-                    "kind": text(FIELD_KINDS),
-                },
-                required=("name", "kind"),
-            )
-        ),
-        "categories": list_of(record({"id": integer(), "name": text()}, required=("id", "name"))),
-        "source_kind": text(),
-        "planned_shards": COUNT,
-    }
-)
 SOURCE = record(
     {
         "root": optional(text()),
@@ -241,7 +210,7 @@ _FIELDS: dict[str, Check] = {
     "shards": list_of(SHARD),
     "skipped": list_of(SKIPPED),
     "source": SOURCE,
-    "options": OPTIONS,
+    "options": record({}),  # each option: packer.core.manifest_options
     "files": mapping(text(pattern=_HEX64)),
     "layout_version": integer(1),
     "packer_version": text(),
@@ -262,18 +231,10 @@ def check_manifest(data: Any) -> None:
         raise Invalid("shards", f"a list of {len(shards):,}", f"at most {MAX_MANIFEST_SHARDS:,}")
     MANIFEST(data, "")
     if data["kind"] == "splits":
-        if "splits" not in data["options"]:
-            raise Invalid("options.splits", _MISSING, "the splits of a manifest of kind 'splits'")
         return
-    if data["kind"] == "fields":
-        names = [f["name"] for f in data["options"].get("fields", [])]
-        if not names or len(set(names)) != len(names):
-            raise Invalid("options.fields", names, "one or more fields with distinct names")
     for name in TABLE_NAMES:
         if name not in data["files"]:
             raise Invalid(f"files.{name}", _MISSING, "the table's xxh3_64 checksum")
-    if "layout" not in data["options"]:
-        raise Invalid("options.layout", _MISSING, "one of " + ", ".join(map(repr, LAYOUTS)))
 
 
 # What a reader trusts without a table to check it against: the checksum a manifest carries over
