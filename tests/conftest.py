@@ -8,6 +8,7 @@ import compileall
 import json
 import multiprocessing
 import os
+import sys
 from collections.abc import Callable, Iterator
 from multiprocessing import forkserver
 from pathlib import Path
@@ -27,6 +28,12 @@ for _suffix, _module in FORMATS.items():
 SUFFIXES = sorted(_FIRST.values())  # one suffix per format: .bmp .h5 .lmdb .npy
 
 share_botocore_models()  # botocore's JSON models parsed once per test process, not per client
+
+# With PYTHONDONTWRITEBYTECODE set (this machine, some CI images), pytest rewrote and compiled
+# all ~140 test modules again in every xdist worker: 4 of a worker's 10 CPU-s of collection.
+# The test processes write their bytecode (tests/__pycache__, ignored by git); the processes
+# they start inherit the variable (the kill tests set it themselves: no .pyc write to kill at).
+sys.dont_write_bytecode = False
 
 if os.environ.get("PACKER_TEST_CPU"):  # each test's CPU-seconds (tests/cpu_report.py)
     pytest_plugins = ["cpu_report"]
