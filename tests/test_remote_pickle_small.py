@@ -10,6 +10,7 @@ import pickle
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -78,65 +79,61 @@ def test_without_the_node_copy_the_worker_fetches_the_tables_itself(
     assert _gets(served, index) == before + 1  # fetched the table itself, checked
 
 
-def _refused_after(state: bytes, home: Path) -> packer.datasets.PackedDataset:
-    shutil.rmtree(home / "tables")  # no node copy: the clone opens the URL again
-    return pickle.loads(state)
+class Pickled(NamedTuple):
+    """A 100-sample dataset served from its own folder, opened and pickled."""
+
+    server: FileServer
+    root: Path
+    dataset: Any
+    state: bytes
+    home: Path
 
 
-def test_a_dataset_written_again_at_the_url_after_pickling_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def pickled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pickled]:
     monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "home"))
-    www = tmp_path / "www"
-    write_tiny(www / "out.npy", 100)
-    with file_server(www) as own:
+    root = write_tiny(tmp_path / "www" / "out.npy", 100)
+    with file_server(root.parent) as own:
         dataset = packer.open_dataset(f"{own.endpoint}/out.npy", output="bytes")
-        state = pickle.dumps(dataset)
-        shutil.rmtree(www / "out.npy")
-        write_tiny(www / "out.npy", 101)  # consistent, and another dataset
-        mapped = pickle.loads(state)  # the node's copy: what the parent opened, no request
-        assert len(mapped) == 100 and mapped[99] == dataset[99]
-        clone = _refused_after(state, tmp_path / "home")
-        with pytest.raises(FormatError, match="was replaced after the dataset was opened"):
-            clone[0]
-        with pytest.raises(FormatError, match="its packer.json is another"):
-            len(clone)  # refused again, never half open
+        yield Pickled(own, root, dataset, pickle.dumps(dataset), tmp_path / "home")
 
 
-def test_a_manifest_edited_at_the_url_after_pickling_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "home"))
-    www = tmp_path / "www"
-    root = write_tiny(www / "out.npy", 100)
-    with file_server(www) as own:
-        state = pickle.dumps(packer.open_dataset(f"{own.endpoint}/out.npy", output="bytes"))
-        manifest = load_manifest(root)
-        manifest.classes[0] = "renamed"  # the tables untouched: only the digest tells
-        write_manifest(root, manifest)
-        with pytest.raises(FormatError, match="its packer.json is another"):
-            _refused_after(state, tmp_path / "home")[0]
+def _refused_after(made: Pickled) -> Any:
+    shutil.rmtree(made.home / "tables")  # no node copy: the clone opens the URL again
+    return pickle.loads(made.state)
 
 
-def test_a_node_copy_with_a_flipped_byte_is_not_used(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_dataset_written_again_at_the_url_after_pickling_is_refused(pickled: Pickled) -> None:
+    shutil.rmtree(pickled.root)
+    write_tiny(pickled.root, 101)  # consistent, and another dataset
+    mapped = pickle.loads(pickled.state)  # the node's copy: what the parent opened, no request
+    assert len(mapped) == 100 and mapped[99] == pickled.dataset[99]
+    clone = _refused_after(pickled)
+    with pytest.raises(FormatError, match="was replaced after the dataset was opened"):
+        clone[0]
+    with pytest.raises(FormatError, match="its packer.json is another"):
+        len(clone)  # refused again, never half open
+
+
+def test_a_manifest_edited_at_the_url_after_pickling_is_refused(pickled: Pickled) -> None:
+    manifest = load_manifest(pickled.root)
+    manifest.classes[0] = "renamed"  # the tables untouched: only the digest tells
+    write_manifest(pickled.root, manifest)
+    with pytest.raises(FormatError, match="its packer.json is another"):
+        _refused_after(pickled)[0]
+
+
+def test_a_node_copy_with_a_flipped_byte_is_not_used(pickled: Pickled) -> None:
     """The mapped file is checked against the digest the parent pickled: a damaged copy is
     never served; the clone fetches the tables again."""
-    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "home"))
-    www = tmp_path / "www"
-    write_tiny(www / "out.npy", 100)
-    with file_server(www) as own:
-        dataset = packer.open_dataset(f"{own.endpoint}/out.npy", output="bytes")
-        state = pickle.dumps(dataset)
-        (copy,) = (tmp_path / "home" / "tables").iterdir()
-        raw = bytearray(copy.read_bytes())
-        raw[len(raw) // 2] ^= 1
-        copy.write_bytes(raw)
-        before = _gets(own, "out.npy/index.npy")
-        clone = pickle.loads(state)
-        assert [clone[i] for i in range(100)] == [dataset[i] for i in range(100)]
-        assert _gets(own, "out.npy/index.npy") == before + 1
+    (copy,) = (pickled.home / "tables").iterdir()
+    raw = bytearray(copy.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    copy.write_bytes(raw)
+    before = _gets(pickled.server, "out.npy/index.npy")
+    clone = pickle.loads(pickled.state)
+    assert [clone[i] for i in range(100)] == [pickled.dataset[i] for i in range(100)]
+    assert _gets(pickled.server, "out.npy/index.npy") == before + 1
 
 
 def _as_list(batch: list) -> list:
