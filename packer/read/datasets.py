@@ -146,8 +146,7 @@ class PackedDataset(PackedSamples, ImageDataset):
             decoder,
         )
         self._attach(packed)
-        shape = packed.manifest.options.get("pixels")
-        self.pixels = tuple(int(n) for n in shape) if shape else None
+        self.pixels = packed.manifest.opts.pixels
         self._opened_by(
             PackedDataset,
             dict(

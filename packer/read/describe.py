@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from packer.core.contained import check_relative
-from packer.core.fields import ABSENT, fields_of, kind_noun
+from packer.core.fields import ABSENT, kind_noun
 from packer.core.manifest import load_manifest
 from packer.core.sizes import format_size
 from packer.errors import FormatError
@@ -37,7 +37,7 @@ def field_stats(packed: Packed) -> list[dict[str, Any]]:
     """Each field of a dataset with fields: its name, kind, how many samples have it and its
     stored bytes in all (none for a class-folder dataset)."""
     out = []
-    for j, spec in enumerate(fields_of(packed.manifest.options)):
+    for j, spec in enumerate(packed.manifest.opts.fields):
         records = packed.first + j
         absent = (packed.reader.length[records] == 0) & (packed.checksums[records] == ABSENT)
         stored = int(packed.reader.length[records].sum(dtype=np.int64))
@@ -58,11 +58,11 @@ def describe(
     packed = _open(root, storage_options)
     m = packed.manifest
     counts = per_class(packed)
-    storage = m.options.get("storage", {})
+    storage = m.opts.storage
     lines = [
         f"{root}: packer {m.format} dataset (layout v{m.layout_version}, {kind_noun(m.kind)})",
         f"samples: {m.num_samples}    "
-        + (f"fields: {len(fields_of(m.options))}    " if m.kind == "fields" else "")
+        + (f"fields: {len(m.opts.fields)}    " if m.kind == "fields" else "")
         + (f"classes: {len(m.classes)}    " if m.kind != "fields" else "")
         + f"stored bytes: {format_size(int(storage.get('record_bytes', 0)))}    created: {m.created}",
         f"source: {m.source.get('root')} ({m.source.get('files')} files, "
@@ -92,22 +92,20 @@ def describe(
         lines.append(
             "keys: " + ", ".join(keys[:num_keys]) + (" ..." if len(keys) > num_keys else "")
         )
-    if m.options.get("pixels"):
-        shape = "×".join(str(n) for n in m.options["pixels"])
+    if m.opts.pixels:
+        shape = "×".join(str(n) for n in m.opts.pixels)
         lines.append(f"pixels: {shape} uint8 per sample, decoded at conversion (no decode at read)")
-    resize = m.options.get("resize")
+    resize = m.opts.resize
     if resize:
         limit = (
-            f"short side {resize['short_side']}"
-            if resize.get("short_side")
-            else f"max side {resize['max_side']}"
-            if resize.get("max_side")
+            f"short side {resize.short_side}"
+            if resize.short_side
+            else f"max side {resize.max_side}"
+            if resize.max_side
             else "no size limit"
         )
-        kept = (
-            "every image re-encoded" if resize.get("reencode") else "smaller images kept as found"
-        )
-        lines.append(f"resize: {limit}, quality {resize['quality']} ({kept})")
+        kept = "every image re-encoded" if resize.reencode else "smaller images kept as found"
+        lines.append(f"resize: {limit}, quality {resize.quality} ({kept})")
     lines.append(f"skipped inputs: {len(m.skipped)}")
     if show_skipped:
         lines += [f"  {s['path']}: {s['reason']}" for s in m.skipped]
@@ -158,7 +156,7 @@ def inspect_dict(
     }
     if packed is None:
         out["splits"] = {
-            name: inspect_dict(_split(root, name), storage_options) for name in m.options["splits"]
+            name: inspect_dict(_split(root, name), storage_options) for name in m.opts.splits
         }
         return out
     out["per_class"] = per_class(packed)

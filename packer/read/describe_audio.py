@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from packer.core.fields import ABSENT, fields_of
+from packer.core.fields import ABSENT
 from packer.decode.audio import AudioError, probe_audio
 from packer.read.store import Packed
 
@@ -25,7 +25,7 @@ def audio_stats(packed: Packed) -> list[dict[str, Any]]:
     ``longest``, ``sample_rates`` and ``channels`` (``{value: clips}``), ``unknown_duration``
     and ``unreadable`` (clips counted apart). [] for a dataset without audio fields."""
     out = []
-    for j, spec in enumerate(fields_of(packed.manifest.options)):
+    for j, spec in enumerate(packed.manifest.opts.fields):
         if spec.kind != "audio":
             continue
         records = packed.first + j

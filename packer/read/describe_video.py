@@ -18,7 +18,7 @@ def describe_video(path: str | os.PathLike[str]) -> str:
     """
     packed = open_packed(Path(path), kind="video", check_files=False)  # tables checked
     manifest, counts = packed.manifest, packed.counts
-    storage = manifest.options.get("storage", {})
+    storage, opts = manifest.opts.storage, manifest.opts
     lines = [
         f"videos: {len(counts)}    frames: {int(counts.sum())}    frames per video: "
         f"mean {float(counts.mean()) if len(counts) else 0.0:.1f}, "
@@ -27,17 +27,19 @@ def describe_video(path: str | os.PathLike[str]) -> str:
         f"{format_size(storage.get('data_bytes', 0))}    padding overhead: "
         f"{storage.get('padding_overhead', 1.0):.3f}× (bytes on disk / bytes of frames)",
     ]
-    options = manifest.options
-    encoded = bool(manifest.source.get("video_files")) or any(
-        options.get(name) for name in ("max_side", "short_side")
-    )
+    encoded = bool(manifest.source.get("video_files") or opts.max_side or opts.short_side)
     frame_options = [
-        f"{name}={options[name]}"
-        for name in ("max_side", "short_side", "fps", "skip_bad_frames")
-        if options.get(name) not in (None, False)
+        f"{name}={value}"
+        for name, value in [
+            ("max_side", opts.max_side),
+            ("short_side", opts.short_side),
+            ("fps", opts.fps),
+            ("skip_bad_frames", opts.skip_bad_frames),
+        ]
+        if value not in (None, False)
     ]
     if encoded:  # quality only means something for frames packer encoded
-        frame_options.insert(0, f"quality={options.get('quality', 90)}")
+        frame_options.insert(0, f"quality={90 if opts.quality is None else opts.quality}")
     if not manifest.source.get("video_files") and not frame_options:
         lines.append("frames: stored as found in the frame folders (not re-encoded)")
     elif encoded:

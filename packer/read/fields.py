@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from packer.core.fields import ABSENT, FieldSpec, fields_of
+from packer.core.fields import ABSENT, FieldSpec
 from packer.decode.audio import AudioOptions, check_audio_options
 from packer.decode.values import decode_value
 from packer.errors import InputFileError, PackerError
@@ -95,7 +95,7 @@ class FieldDataset(PackedSamples, SampleDataset):
         packed = opened(root, "fields", None, options)
         root = packed.given
         options = packed.options
-        specs = fields_of(packed.manifest.options)
+        specs = list(packed.manifest.opts.fields)
         self.specs, self.key_place = _chosen(specs, fields, root)
         check_audio_options(self.audio, [s.kind for s in self.specs], root)
         self.as_tuple = fields is not None
@@ -151,11 +151,11 @@ class FieldDataset(PackedSamples, SampleDataset):
     @property
     def categories(self) -> dict[int, str]:
         """A COCO source's categories, id to name (empty for other sources)."""
-        return {c["id"]: c["name"] for c in self.manifest.options.get("categories", [])}
+        return {c.id: c.name for c in self.manifest.opts.categories}
 
     def _chosen_fraction(self) -> float:
         """The chosen fields' share of the dataset's bytes."""
-        if len(self.columns) == len(fields_of(self.manifest.options)):
+        if len(self.columns) == len(self.manifest.opts.fields):
             return 1.0
         total = int(self.reader.length.sum())
         return self.stored_bytes(range(len(self))) / total if total else 1.0

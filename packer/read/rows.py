@@ -37,7 +37,7 @@ def validate_tables(
         FormatError: the first problem, naming the table row.
     """
     module = by_name(manifest.format)
-    layout = manifest.options.get("layout", "shards")
+    layout = manifest.opts.layout
     if layout not in module.LAYOUTS:
         raise FormatError(f"{str(path)!r}: layout {layout!r} is not one of {module.NAME}'s")
     plain = re.compile(r"shard-\d{5}" + re.escape(module.SHARD_SUFFIX))
@@ -88,7 +88,7 @@ def _check_block(
         raise _bad(path, what, rows.start, outside_classes)
     counts = index["count"][rows].astype(np.int64)
     if manifest.kind == "fields":  # one record per field, an absent one empty: never more, fewer
-        fields = len(manifest.options.get("fields") or ())
+        fields = len(manifest.opts.fields)
         if (wrong := counts != fields).any():
             raise _bad(
                 path, f"a sample of other than {fields} records, one per field", rows.start, wrong

@@ -171,7 +171,7 @@ def _keys(path: Path, manifest: Manifest, fd: int) -> KeyTable:
     """``keys.txt``, mapped once through the folder's descriptor and checked against the
     manifest: the keys of this open dataset, whatever replaces the file later."""
     data, ident = read_checked(path, KEYS_NAME, manifest.digest(KEYS_NAME, str(path)), True, fd)
-    plain = manifest.options.get("layout", "shards") == "per-sample"
+    plain = manifest.opts.layout == "per-sample"
     pinned = (_folder_id(fd), ident)
     return KeyTable.loaded(path / KEYS_NAME, data, manifest.num_samples, plain, pinned)
 
@@ -321,7 +321,7 @@ def _split_name(root: Path, manifest: Manifest, split: str | None) -> str | None
     Raises:
         FormatError: as :func:`split_root`.
     """
-    names = list(manifest.options.get("splits", {})) if manifest.kind == "splits" else []
+    names = list(manifest.opts.splits) if manifest.kind == "splits" else []
     if not names:
         if split is not None:
             raise FormatError(f"{str(root)!r} has no splits; open it without split=")

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from packer.core.contained import check_relative, open_beneath, open_folder
 from packer.core.cpus import available_cpus
-from packer.core.fields import ABSENT, fields_of, record_matches
+from packer.core.fields import ABSENT, record_matches
 from packer.core.manifest import (
     INDEX_NAME,
     KEYS_NAME,
@@ -146,8 +146,7 @@ def _verify_splits(
     report = VerifyReport(root)  # type: ignore[arg-type]  # a URL stays a str
     if isinstance(root, Path):
         report.problems += _odd_entries(root, "", recurse=False)
-    splits = manifest.options.get("splits", {})
-    for split in splits if isinstance(splits, dict) else []:
+    for split in manifest.opts.splits:
         try:
             if "/" in check_relative(split, "split name"):
                 raise PackerError(f"split name {split!r} is not a plain folder name")
@@ -181,7 +180,7 @@ def _check_sample(
 ) -> list[tuple[str, bytes, str]]:
     """Check one sample's records against their checksums; return the sound ones' bytes with
     their kind (``image``, or a field's kind; absent fields left out)."""
-    fields = fields_of(packed.manifest.options)
+    fields = packed.manifest.opts.fields
     first, count = int(packed.first[sample]), int(packed.counts[sample])
     records = np.arange(first, first + count)
     try:
@@ -345,8 +344,7 @@ def _check_samples(
     skip = _skip_bad_shards(packed, bad_files, keys, report)
     unit = "video" if manifest.kind == "video" else "sample"
     pool = ThreadPoolExecutor(workers or available_cpus()) if full else None
-    shape = manifest.options.get("pixels")
-    pixels = tuple(int(n) for n in shape) if shape else None
+    pixels = manifest.opts.pixels
     try:
         for i in tqdm(range(manifest.num_samples), unit=unit, desc="verify", disable=not progress):
             if skip[i]:
