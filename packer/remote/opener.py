@@ -172,7 +172,7 @@ def fetched_manifest(
 def _remote_manifest(folder: RemoteFolder, split: str | None) -> tuple[RemoteFolder, Manifest]:
     """The manifest at ``folder`` (of ``split``'s folder for an output holding splits)."""
     manifest = _fetch_manifest(folder)
-    names = list(manifest.options.get("splits", {})) if manifest.kind == "splits" else []
+    names = list(manifest.opts.splits) if manifest.kind == "splits" else []
     if not names and split is None:
         return folder, manifest
     if split not in names:
@@ -202,7 +202,7 @@ def _remote_index(folder: RemoteFolder, manifest: Manifest, data: bytes) -> np.n
 def _remote_keys(folder: RemoteFolder, manifest: Manifest, data: bytes) -> HeldKeys:
     """``keys.txt`` (fetched) checked; in a per-sample layout every key must be a plain
     relative name (checked on first use, as for a local dataset)."""
-    plain = manifest.options.get("layout", "shards") == "per-sample"
+    plain = manifest.opts.layout == "per-sample"
     data = _remote_table(folder, manifest, KEYS_NAME, data)
     keys = HeldKeys(Path(KEYS_NAME), manifest.num_samples, plain)
     keys._blob = np.frombuffer(data, np.uint8) if data else np.zeros(0, np.uint8)
@@ -241,7 +241,7 @@ class CacheOptions:
         Raises:
             PackerError: ``cache=False`` for LMDB, a bad limit, or one below the largest shard.
         """
-        layout = manifest.options.get("layout", "shards")
+        layout = manifest.opts.layout
         if manifest.format == "lmdb":
             if self.cache is False:
                 raise FormatError(
@@ -291,7 +291,7 @@ def open_remote(
     shard_cache = (cache or CacheOptions()).wanted(manifest, where)
     tables = [INDEX_NAME, RECORDS_NAME, KEYS_NAME]
     _recorded(folder, manifest, tuple(tables))
-    shards = manifest.options.get("layout", "shards") == "shards"
+    shards = manifest.opts.layout == "shards"
     # the listing first: s3fs then knows each table's size from it, and asks no HEAD before
     # each table's GET; it checks the shards, and gives the ETags the cache keys hold
     listed = shards and (check_files or shard_cache is not None)
