@@ -176,7 +176,7 @@ class ReaderBase(RecordReads):
     ) -> None:
         self.root = Path(root)
         self.kind = manifest.kind
-        self.layout = str(manifest.options.get("layout", "shards"))
+        self.layout = manifest.opts.layout
         self.shard_names = [s.name for s in manifest.shards]
         # Views of the (memory-mapped) record table: no copy per process.
         self.file: np.ndarray = records["file"]
