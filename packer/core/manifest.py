@@ -140,8 +140,8 @@ class Manifest:
 
     @cached_property
     def opts(self) -> ManifestOptions:
-        """The options, typed and checked (:mod:`packer.core.manifest_options`)."""
-        return parse_options(self.options, self.kind)  # a wrong one: Invalid, a FormatError
+        """The options typed (:mod:`packer.core.manifest_options`), parsed by :meth:`from_dict`."""
+        return parse_options(self.options, None)  # one being built (an empty part's): types only
 
     @property
     def class_to_idx(self) -> dict[str, int]:

@@ -152,8 +152,9 @@ class ManifestOptions:
 DECLARED = tuple(f.name for f in fields(ManifestOptions) if f.name != "unknown")
 
 
-def parse_options(raw: Any, kind: str) -> ManifestOptions:
-    """The typed options of a manifest of ``kind`` whose ``options`` are ``raw`` (parsed JSON).
+def parse_options(raw: Any, kind: str | None) -> ManifestOptions:
+    """The typed options of a manifest of ``kind`` whose ``options`` are ``raw`` (parsed JSON);
+    ``kind`` None: only their types and values are checked, not what a kind needs.
 
     Raises:
         Invalid: the first option of the wrong type or value (``options.NAME``), or one a
@@ -174,7 +175,7 @@ def parse_options(raw: Any, kind: str) -> ManifestOptions:
         names = [f.name for f in values.get("fields", ())]
         if not names or len(set(names)) != len(names):
             raise Invalid("options.fields", names, "one or more fields with distinct names")
-    if kind != "splits" and "layout" not in raw:
+    if kind not in (None, "splits") and "layout" not in raw:
         raise Invalid("options.layout", MISSING, "one of " + ", ".join(map(repr, LAYOUTS)))
     unknown = {k: v for k, v in raw.items() if k not in DECLARED}
     return ManifestOptions(**values, unknown=unknown)
