@@ -257,7 +257,7 @@ def _convert_splits(plan: ConversionPlan) -> ConvertResult:
     )
     result.notes.append(
         f"image classes: {len(manifest.classes)} in splits {', '.join(splits.splits)} ({counts}); "
-        f"one class index, from {manifest.options['class_index_from']!r}"
+        f"one class index, from {manifest.opts.class_index_from!r}"
     )
     detail = splits.describe()
     result.class_index = {"source": "splits", "detail": detail, "splits": splits.index_of}

@@ -116,7 +116,7 @@ def _complete(dst: Path, is_part: bool) -> ConvertResult | None:
         manifest = part_manifest(dst) if is_part else load_manifest(dst)
     except (PackerError, OSError, ValueError, KeyError, TypeError):
         return None
-    if manifest.options.get("source_kind") != "pack":
+    if manifest.opts.source_kind != "pack":
         return None
     return ConvertResult(
         dst=dst,

@@ -38,12 +38,12 @@ class ConvertResult:
             "kind": m.kind,
             "samples": m.num_samples,
             "classes": len(m.classes),
-            "splits": m.options.get("splits") if m.kind == "splits" else None,
+            "splits": dict(m.opts.splits) if m.kind == "splits" else None,
             "files": len(m.shards) or m.num_samples,
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "seconds": round(self.seconds, 3),
-            "storage": m.options.get("storage", {}),
+            "storage": dict(m.opts.storage),
             "notes": self.notes,
             "class_index": self.class_index,
             "warnings": self.warnings,
@@ -56,12 +56,12 @@ class ConvertResult:
         rate = self.bytes_in / self.seconds if self.seconds > 0 else 0.0
         what = "videos" if m.kind == "video" else "samples"
         files = (
-            f"{len(m.options.get('splits', {}))} splits"
+            f"{len(m.opts.splits)} splits"
             if m.kind == "splits"
             else f"{len(m.shards) or m.num_samples} file(s)"
         )
         held = (
-            f"{len(m.options.get('fields', []))} fields"
+            f"{len(m.opts.fields)} fields"
             if m.kind == "fields"
             else f"{len(m.classes)} class{'' if len(m.classes) == 1 else 'es'}"
         )
@@ -70,7 +70,7 @@ class ConvertResult:
             f"read {format_size(self.bytes_in)}, wrote {format_size(self.bytes_out)} "
             f"in {self.seconds:.1f} s ({format_size(rate)}/s)",
         ]
-        storage = m.options.get("storage", {})
+        storage = m.opts.storage
         if m.kind == "video":
             lines.append(
                 f"frames: {storage.get('frames', 0)} (mean {storage.get('mean_frames', 0):.1f}, "

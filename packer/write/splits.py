@@ -352,13 +352,13 @@ def _manifest(src: Path, plan: SplitPlan, results: dict[str, Manifest]) -> Manif
 def describe_splits(root: Path | str, manifest: Manifest | None = None) -> str:
     """``packer inspect`` lines for a split output (a folder, or a URL with its manifest)."""
     manifest = load_manifest(Path(root)) if manifest is None else manifest
-    counts = manifest.options.get("splits", {})
+    counts = manifest.opts.splits
     lines = [
         f"{root}: packer {manifest.format} dataset with {len(counts)} splits, "
-        f"{len(manifest.classes)} classes (index from {manifest.options.get('class_index_from')!r})",
+        f"{len(manifest.classes)} classes (index from {manifest.opts.class_index_from!r})",
     ]
     lines += [f"  {name}: {n} samples ({root}/{name})" for name, n in counts.items()]
-    index_of = manifest.options.get("class_index") or {}
+    index_of = manifest.opts.class_index
     if index_of:
         lines.append("  class index: " + "; ".join(f"{s}: {w}" for s, w in index_of.items()))
     return "\n".join(lines)
