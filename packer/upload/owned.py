@@ -68,8 +68,7 @@ def old_manifests(cat: Any, listing: dict[str, Any]) -> list[str]:
         top = parse_manifest(cat(MANIFEST_NAME), MANIFEST_NAME, ".")
     except (PackerError, OSError, ValueError):
         return names
-    splits = top.options.get("splits") if top.kind == "splits" else None
-    for split in sorted(splits) if isinstance(splits, dict) else []:
+    for split in sorted(top.opts.splits) if top.kind == "splits" else []:
         name = f"{split}/{MANIFEST_NAME}"
         plain = isinstance(split, str) and "/" not in split and split not in ("", ".", "..")
         if plain and name in listing:
@@ -94,7 +93,7 @@ def listed_by_manifests(cat: Any, listing: dict[str, Any]) -> set[str]:
             continue
         owned.update(prefix + s.name for s in manifest.shards)
         owned.update(prefix + f for f in manifest.files)
-        if manifest.options.get("layout") != "per-sample":
+        if manifest.opts.layout != "per-sample":
             continue
         try:
             keys = decode_keys(_checked(cat, prefix, KEYS_NAME, manifest.files))
