@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset, default_collate
 
-from packer.core.fields import fields_of
 from packer.core.manifest import MANIFEST_NAME, Manifest, load_manifest
 from packer.errors import PackerError
 from packer.read.collate import collate_bytes
@@ -155,7 +154,7 @@ def _image_field(manifest: Manifest | None, path: str | os.PathLike[str]) -> str
     """
     if manifest is None or manifest.kind != "fields":
         return None
-    specs = fields_of(manifest.options)
+    specs = manifest.opts.fields
     images = [s.name for s in specs if s.kind == "image"]
     if not images:
         fields = ", ".join(s.name for s in specs)
