@@ -13,8 +13,6 @@ anything else is ``bytes``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from packer.core.manifest import bytes_checksum
 from packer.core.manifest_options import FieldSpec  # declared with the options that list them
 from packer.core.manifest_schema import FIELD_KINDS, FIELD_NAME
@@ -28,7 +26,6 @@ __all__ = [
     "FieldSpec",
     "check_field_name",
     "field_kind",
-    "fields_of",
     "kind_noun",
     "record_matches",
 ]
@@ -68,11 +65,6 @@ def check_field_name(name: str, where: str = "") -> str:
 def field_kind(name: str) -> str:
     """The kind of field ``name``, from its last dot-separated part (``seg.png`` is an image)."""
     return _BY_SUFFIX.get(name.rsplit(".", 1)[-1], "bytes")
-
-
-def fields_of(options: dict[str, Any]) -> list[FieldSpec]:
-    """The fields a manifest's ``options`` declares (empty for a class-folder dataset)."""
-    return [FieldSpec(f["name"], f["kind"]) for f in options.get("fields", [])]
 
 
 def record_matches(data: bytes | memoryview, digest: int) -> bool:
