@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
 import re
-import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 from harness.sleepy import SleepyDataset
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import DataLoader
 
 from packer.cli.measure import doctor
+from packer.diagnosis import timing as timing_module
 from packer.diagnosis.diagnose import SampleCost, diagnose, load_loader
 from packer.diagnosis.stalls import (
     advise_workers,
@@ -84,36 +85,53 @@ def test_batch_build_time_from_waits() -> None:
     assert batch_build_seconds([0.2, 0.1, 0.1], 0.0, 0) == pytest.approx(0.1)
 
 
-HANG = 300.0  # a hang guard on the workers' start, never reached by a run however slow
+class LoopClock:
+    """The clock of the timing loop (:mod:`packer.diagnosis.timing`), moved only by the loop's
+    steps and by the simulated workers' batches: the waits it measures are exact."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
 
 
-class StartTogether(Dataset):
-    """``n`` items (their indices), each a ``delay`` s sleep (no CPU, a storage wait); in
-    DataLoader workers, each worker's first item waits until all ``workers`` have one: they
-    begin together on an event (a barrier), however long the machine takes to start them."""
+class RoundsOfWorkers(DataLoader):
+    """A DataLoader whose ``num_workers`` workers are simulated on a :class:`LoopClock`: each
+    builds a whole batch in ``build_s``, all start together and keep building, so batch ``k``
+    is ready at ``(k // num_workers + 1) × build_s``; the batches are the real sampler's indices.
+    The stall then is in the waits exactly, whatever the machine's load (real workers on a
+    loaded machine were woken up to a second late, and their waits showed no period)."""
 
-    def __init__(self, workers: int, n: int = 400, delay: float = 0.05) -> None:
-        self.barrier = multiprocessing.get_context("fork").Barrier(workers)
-        self.n, self.delay, self.started = n, delay, False
+    def __init__(self, clock: LoopClock, build_s: float, **options: Any) -> None:
+        super().__init__(**options)
+        self.clock, self.build_s = clock, build_s
 
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        if not self.started and get_worker_info() is not None:  # a worker's first item
-            self.started = True
-            self.barrier.wait(HANG)
-        time.sleep(self.delay)
-        return i
+    def __iter__(self) -> Iterator[list[int]]:  # type: ignore[override]
+        start = self.clock.now
+        for k, batch in enumerate(self.batch_sampler):  # type: ignore[arg-type]
+            ready = start + (k // self.num_workers + 1) * self.build_s
+            self.clock.now = max(self.clock.now, ready)
+            yield list(batch)
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
-def test_diagnose_finds_the_stall_with_period_num_workers() -> None:
-    dataset = StartTogether(workers=3)
-    loader = DataLoader(dataset, batch_size=4, num_workers=3, multiprocessing_context="fork")
-    report = diagnose(loader, steps=25, step_ms=5)  # 7 rounds of 3 batches past the first
-    assert report.steps == 25 and report.num_workers == 3 and report.batch_size == 4
+def test_diagnose_finds_the_stall_with_period_num_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = LoopClock()
+    monkeypatch.setattr(timing_module, "time", clock)
+    # each sample: a real 50 ms sleep where diagnose times the cost of one (its floor holds
+    # under any load); a batch of 4 in the simulated workers: 200 ms on the loop's clock
+    dataset = SleepyDataset(delay=0.05)
+    loader = RoundsOfWorkers(clock, 0.2, dataset=dataset, batch_size=4, num_workers=3)
+    report = diagnose(loader, steps=16, step_ms=5)
+    assert report.steps == 16 and report.num_workers == 3 and report.batch_size == 4
+    slow = [0.2 - 0.015] * 5  # each round: the first batch waits the round less three steps
+    assert report.waits[3::3] == pytest.approx(slow) and set(report.waits[4::3]) == {0.0}
     assert report.stall.kind == "periodic" and report.stall.period == 3, report.waits
+    assert report.stall.slow_batches == [3, 6, 9, 12, 15]
     assert report.sample_ms is not None and report.sample_ms >= 50  # a 50 ms sleep each
     assert report.batch_ms == pytest.approx(4 * report.sample_ms)
     assert report.workers.needed == recommend_workers(report.batch_ms / 1e3, 0.005)
