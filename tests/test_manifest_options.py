@@ -5,6 +5,7 @@ and every option packer reads or writes is declared."""
 from __future__ import annotations
 
 import json
+import pickle
 import re
 import shutil
 from dataclasses import fields
@@ -172,3 +173,15 @@ def test_the_options_as_found_are_read_only_where_they_are_wanted_whole() -> Non
             'options = {k: v for k, v in manifest.options.items() if k != "storage"}',
         ),
     ]
+
+
+def test_a_pickled_manifest_carries_its_options_once(packed: dict[str, Path]) -> None:
+    """The typed options are not pickled beside the options as found (a dataset at a URL pickles
+    its manifest): the clone parses them again when it reads them, to the same values."""
+    manifest = load_manifest(packed[".npy"])
+    assert manifest.opts.layout == "shards"
+    data = pickle.dumps(manifest, protocol=5)
+    assert b"ManifestOptions" not in data
+    clone = pickle.loads(data)
+    assert "opts" not in vars(clone) and clone == manifest
+    assert clone.opts == manifest.opts

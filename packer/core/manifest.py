@@ -143,6 +143,9 @@ class Manifest:
         """The options typed (:mod:`packer.core.manifest_options`), parsed by :meth:`from_dict`."""
         return parse_options(self.options, None)  # one being built (an empty part's): types only
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if k != "opts"}  # pickled small: parsed again
+
     @property
     def class_to_idx(self) -> dict[str, int]:
         """Map class name to label."""
@@ -209,10 +212,7 @@ def fsync_dir(path: Path) -> None:
 def _write_atomic(path: Path, payload: bytes | Iterable[bytes]) -> None:
     tmp = path.with_name(temp_name(path.name))
     with open(tmp, "wb") as fh:
-        if isinstance(payload, bytes):
-            fh.write(payload)
-        else:
-            fh.writelines(payload)
+        fh.writelines([payload] if isinstance(payload, bytes) else payload)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
@@ -379,8 +379,7 @@ def decode_keys(data: bytes) -> list[str]:
 
 
 def write_keys(root: str | os.PathLike[str], keys: Iterable[str]) -> str:
-    """Write ``keys.txt`` (see :func:`encode_keys`) durably and atomically; return its
-    checksum."""
+    """Write ``keys.txt`` (:func:`encode_keys`) durably and atomically; return its checksum."""
     path = Path(root) / KEYS_NAME
     _write_atomic(path, encode_keys(keys))
     fsync_dir(Path(root))
