@@ -52,9 +52,12 @@ def traced(
     *,
     cwd: Path | None = None,
     preload: tuple[str, ...] = (),
+    follow: bool = True,
     timeout: float = 300,
 ) -> Traced:
-    """``packer ARGS`` in a process of its own, under ``strace -f STRACE`` from its imports on."""
+    """``packer ARGS`` in a process of its own, under ``strace -f STRACE`` from its imports on;
+    ``follow=False``: its main thread alone (no ``-f``: the log's lines carry no thread id), for
+    a process whose other threads make most of its calls (an upload's event loop)."""
     assert STRACE is not None, "strace is not installed: run `make test`, or apt-get install strace"
     modules = ",".join(("packer.cli.app", *preload))
     command = [sys.executable, "-c", WAIT_THEN_RUN, modules, *args]
@@ -65,7 +68,7 @@ def traced(
         if ready != "ready\n":
             proc.kill()
             return Traced(proc.wait(), ready + proc.stdout.read(), proc.stderr.read(), proc.pid)
-        attach = [STRACE, "-f", *strace, "-p", str(proc.pid)]
+        attach = [STRACE, *(["-f"] if follow else []), *strace, "-p", str(proc.pid)]
         with subprocess.Popen(attach, stderr=subprocess.PIPE, text=True) as tracer:
             assert tracer.stderr is not None
             said = tracer.stderr.readline()  # "strace: Process N attached ...": traced now
