@@ -54,7 +54,9 @@ def test_table_reads_back_row_for_row_through_workers(
         batch_size=4,
         num_workers=2,
         collate_fn=packer.collate_fields,
-        multiprocessing_context="spawn" if table.endswith(".parquet") else "fork",
+        # forkserver: pickled into a fresh process, as under spawn (spawn for field batches:
+        # tests/test_field_transport.py), torch not imported again
+        multiprocessing_context="forkserver" if table.endswith(".parquet") else "fork",
     )
     seen = 0
     for batch in loader:
