@@ -57,7 +57,9 @@ def _cpu() -> float:
 
 def _write(record: dict[str, Any]) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    with open(Path(os.environ["PACKER_TEST_CPU"]) / f"{worker}.jsonl", "a") as out:
+    folder = Path(os.environ["PACKER_TEST_CPU"])
+    folder.mkdir(parents=True, exist_ok=True)  # the first record makes it
+    with open(folder / f"{worker}.jsonl", "a") as out:
         out.write(json.dumps(record) + "\n")
 
 
