@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from packer.cli.measure import doctor
 from packer.diagnosis import timing as timing_module
-from packer.diagnosis.diagnose import SampleCost, diagnose, load_loader
+from packer.diagnosis.diagnose import SampleCost, diagnose, load_loader, sample_cost
 from packer.diagnosis.stalls import (
     advise_workers,
     batch_build_seconds,
@@ -122,22 +122,23 @@ class RoundsOfWorkers(DataLoader):
 def test_diagnose_finds_the_stall_with_period_num_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = LoopClock()
     monkeypatch.setattr(timing_module, "time", clock)
-    # each sample: a real 50 ms sleep where diagnose times the cost of one (its floor holds
-    # under any load); a batch of 4 in the simulated workers: 200 ms on the loop's clock
+    # each sample: a real 50 ms sleep, timed in this process as a floor (its CPU share is the
+    # process's, other threads' under load included: no bound); the advice gets the cost the
+    # dataset is made to have, a batch of 4 in the simulated workers 200 ms on the loop's clock
     dataset = SleepyDataset(delay=0.05)
     loader = RoundsOfWorkers(clock, 0.2, dataset=dataset, batch_size=4, num_workers=3)
-    report = diagnose(loader, steps=16, step_ms=5)
+    measured = sample_cost(loader)
+    assert measured is not None and measured.ms >= 50 and 0 <= measured.cpu_share <= 1
+    report = diagnose(loader, steps=16, step_ms=5, cost=SampleCost(ms=50.0, cpu_share=0.0))
     assert report.steps == 16 and report.num_workers == 3 and report.batch_size == 4
     slow = [0.2 - 0.015] * 5  # each round: the first batch waits the round less three steps
     assert report.waits[3::3] == pytest.approx(slow) and set(report.waits[4::3]) == {0.0}
     assert report.stall.kind == "periodic" and report.stall.period == 3, report.waits
     assert report.stall.slow_batches == [3, 6, 9, 12, 15]
-    assert report.sample_ms is not None and report.sample_ms >= 50  # a 50 ms sleep each
-    assert report.batch_ms == pytest.approx(4 * report.sample_ms)
-    assert report.workers.needed == recommend_workers(report.batch_ms / 1e3, 0.005)
+    assert report.sample_ms == 50.0 and report.batch_ms == 200.0
+    assert report.workers.needed == recommend_workers(0.2, 0.005) == 50
     # a sleeping sample hardly computes: workers beyond the CPUs hide its wait, said so
-    assert report.cpu_share is not None and report.cpu_share < 0.2
-    assert report.recommended_workers == min(report.workers.needed, 20 * report.cpus)
+    assert report.recommended_workers == min(50, 20 * report.cpus)
     assert report.recommended_workers > report.cpus and "CPUs" in report.workers.reason
     assert 0 < report.wait_fraction <= 1
     text = str(report)
