@@ -261,6 +261,31 @@ def test_mp4_converts_to_right_frame_count(files_tree: VideoTree, tmp_path: Path
     assert "PyAV cannot decode" in result.manifest.skipped[0]["reason"]
 
 
+def test_mp4_workers_after_pyav_ran_here_start_from_a_forkserver(
+    files_tree: VideoTree, tmp_path: Path
+) -> None:
+    """A process that ran PyAV (FFmpeg) forks no decoding worker: one forked while an FFmpeg
+    thread held a lock hung in its first decode (seen twice in the suite). Its workers come from
+    a forkserver and give the same bytes as one worker."""
+    import av
+
+    from packer.write import loading
+
+    with av.open(str(next(iter(files_tree.videos)))) as container:  # FFmpeg runs here
+        next(container.decode(video=0))
+    pool = loading._executor(2, cpu_bound=True)
+    try:
+        assert pool._mp_context.get_start_method() == "forkserver"  # type: ignore[attr-defined]
+    finally:
+        pool.shutdown()
+    two = convert_video(files_tree.root, tmp_path / "two.npy", progress=False, workers=2)
+    one = convert_video(files_tree.root, tmp_path / "one.npy", progress=False, workers=1)
+    a, b = open_video_dataset(two.dst, output="bytes"), open_video_dataset(one.dst, output="bytes")
+    assert [a.read_frames(i, range(a.frame_counts[i])) for i in range(len(a))] == [
+        b.read_frames(i, range(b.frame_counts[i])) for i in range(len(b))
+    ]
+
+
 def test_mp4_resize_and_fps(files_tree: VideoTree, tmp_path: Path) -> None:
     small = convert_video(files_tree.root, tmp_path / "s.h5", max_side=32, fps=12.5, progress=False)
     dataset = open_video_dataset(small.dst, num_frames=2, output="numpy")

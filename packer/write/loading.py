@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import multiprocessing
 import os
 import signal
 import stat
+import sys
 import threading
 import time
 from collections import deque
@@ -198,12 +200,15 @@ def skip_unexpected(loader: Callable[[T], Loaded], sample: T) -> Loaded:
         return Loaded(None, f"unexpected error: {type(exc).__name__}: {exc}")
 
 
-def _die_with_parent(parent: int) -> None:
-    """Pool-worker initializer: exit when the converting process dies, even by SIGKILL.
+def _die_with_parent(parent: int | None) -> None:
+    """Pool-worker initializer: exit when the converting process dies, even by SIGKILL
+    (``parent``; None: the worker's own parent, a forkserver, which ends with that process).
 
     Forked pool workers hold the task pipe open themselves, so they never see EOF when the
     parent is killed; without this they would linger forever.
     """
+    if parent is None:
+        parent = os.getppid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(1, signal.SIGKILL) == 0:  # PR_SET_PDEATHSIG (Linux): no thread needed
@@ -225,9 +230,16 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _executor(workers: int, cpu_bound: bool) -> Executor:
-    if cpu_bound:
-        return ProcessPoolExecutor(workers, initializer=_die_with_parent, initargs=(os.getpid(),))
-    return ThreadPoolExecutor(workers, thread_name_prefix="packer-load")
+    if not cpu_bound:
+        return ThreadPoolExecutor(workers, thread_name_prefix="packer-load")
+    if "av" in sys.modules:  # PyAV (FFmpeg) ran here: its threads' locks may be held at a
+        # fork, and a forked worker decoding then hangs for ever (seen in the suite, mp4
+        # conversions): the workers start from a forkserver, a process that never ran FFmpeg
+        context = multiprocessing.get_context("forkserver")
+        return ProcessPoolExecutor(
+            workers, mp_context=context, initializer=_die_with_parent, initargs=(None,)
+        )
+    return ProcessPoolExecutor(workers, initializer=_die_with_parent, initargs=(os.getpid(),))
 
 
 def _load_batch(loader: Callable[[T], Loaded], batch: list[T]) -> list[Loaded]:
