@@ -132,18 +132,16 @@ def _found(path: Path, size: int) -> bool:
 def _write(path: Path, views: list[memoryview], spans: tuple[tuple[int, int], ...]) -> None:
     part = path.with_name(f".{path.name}.{os.getpid()}.part")
     fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    ends = (0, *(stop for _, stop in spans))
     try:
-        for view, (at, _) in zip(views, spans):
-            while view:
-                wrote = os.pwrite(fd, view, at)
-                view, at = view[wrote:], at + wrote
-        os.ftruncate(fd, spans[-1][1] if spans else 0)
+        with os.fdopen(fd, "wb") as out:  # each buffer after the padding to its start
+            for view, (start, _), end in zip(views, spans, ends):
+                out.write(b"\0" * (start - end))
+                out.write(view)
     except BaseException:
-        os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(part)
         raise
-    os.close(fd)
     os.rename(part, path)  # whole or absent: a reader checks its digest anyway
 
 
