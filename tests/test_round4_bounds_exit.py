@@ -121,4 +121,4 @@ def test_a_failed_read_drops_the_prefetches_waiting(served: FileServer, tmp_path
         assert downloads.cancel_downloads() == 0  # the failed read dropped them already
         stalled = {s.split()[1] for s in own.seen if s.endswith("-> stall")}
     assert len(stalled) <= downloads.PREFETCH_THREADS, own.seen  # the waiting never went
-    assert downloads.wait_for_downloads(60)  # the running stopped once the store let go
+    assert downloads.wait_for_downloads(300)  # a hang guard: the running stop at once
