@@ -6,8 +6,10 @@ since. A real HTTP server with Range requests on the loopback (``bounds_servers.
 
 from __future__ import annotations
 
+import os
 import pickle
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -155,3 +157,20 @@ def test_dataloader_workers_read_a_url_dataset_from_small_pickles(served: FileSe
     got = [item for batch in loader for item in batch]
     assert got == [dataset[i] for i in range(len(dataset))]
     assert _gets(served, index) == before  # each worker mapped the node's copy
+
+
+def test_node_copies_unused_for_a_week_are_removed_when_one_is_written(
+    served: FileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "home"))
+    tables = tmp_path / "home" / "tables"
+    tables.mkdir(parents=True)
+    old, recent = tables / "old.bin", tables / "recent.bin"
+    old.write_bytes(b"x")
+    recent.write_bytes(b"y")
+    week = time.time() - 7 * 86400
+    os.utime(old, (week - 60, week - 60))
+    os.utime(recent, (week + 3600, week + 3600))
+    pickle.dumps(packer.open_dataset(_url(served, SIZES[0]), output="bytes"))
+    assert not old.exists() and recent.exists()
+    assert len(list(tables.glob("*-*.bin"))) == 1  # the new copy
